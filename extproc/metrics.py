@@ -1,0 +1,55 @@
+"""Prometheus metrics, named as LLMKube's router names them so existing dashboards keep working.
+
+Every metric lives in ``REGISTRY`` (not the global default registry) so tests and several
+in-process servers never collide.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+_SWAP_BUCKETS = (0.5, 1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600)
+_DECISION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1, 1)
+
+RESIDENT = Gauge(
+    "llmkube_modelpool_resident", "1 for the member that owns the pool's slot, else 0",
+    ["namespace", "pool", "member"], registry=REGISTRY)
+SWAPS = Counter(
+    "llmkube_modelpool_swaps_total", "Swaps finished, by source, target and outcome",
+    ["namespace", "pool", "from", "to", "outcome"], registry=REGISTRY)
+SWAP_DURATION = Histogram(
+    "llmkube_modelpool_swap_duration_seconds", "Time from swap start to target Ready",
+    ["namespace", "pool"], buckets=_SWAP_BUCKETS, registry=REGISTRY)
+HOLD_DURATION = Histogram(
+    "llmkube_modelpool_hold_duration_seconds", "Time a request was held, by how it ended",
+    ["namespace", "pool", "outcome"], buckets=_SWAP_BUCKETS, registry=REGISTRY)
+COALESCED = Counter(
+    "llmkube_modelpool_coalesced_total", "Held requests that joined a swap already under way",
+    ["namespace", "pool"], registry=REGISTRY)
+HELD = Gauge(
+    "llmkube_modelpool_held_requests", "Requests currently held waiting for a swap",
+    ["namespace", "pool"], registry=REGISTRY)
+SWAP_DEFERRED = Counter(
+    "modelpool_extproc_swap_deferred_total", "Times a swap step was deferred, by reason",
+    ["namespace", "pool", "reason"], registry=REGISTRY)
+
+REQUESTS = Counter(
+    "modelpool_extproc_requests_total", "Requests decided, by pool and outcome",
+    ["namespace", "pool", "outcome"], registry=REGISTRY)
+ERRORS = Counter(
+    "modelpool_extproc_errors_total", "Error answers sent to clients, by code and status",
+    ["code", "status"], registry=REGISTRY)
+STREAMS_IN_FLIGHT = Gauge(
+    "modelpool_extproc_streams_in_flight", "Open ext_proc streams (parked or admitted)",
+    registry=REGISTRY)
+DECISION_SECONDS = Histogram(
+    "modelpool_extproc_decision_seconds", "Time from the deciding message to the answer, "
+    "held time excluded", buckets=_DECISION_BUCKETS, registry=REGISTRY)
+KUBE_REQUESTS = Counter(
+    "modelpool_extproc_kube_requests_total", "Kubernetes API calls, by verb, resource and "
+    "HTTP status", ["verb", "resource", "code"], registry=REGISTRY)
+WATCH_RESTARTS = Counter(
+    "modelpool_extproc_watch_restarts_total", "Watch restarts, by resource and reason",
+    ["resource", "reason"], registry=REGISTRY)

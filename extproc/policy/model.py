@@ -1,0 +1,91 @@
+"""Plain value types the three layers exchange: pool specs, member observations, status views.
+
+Nothing here does I/O. The platform layer builds ``PoolSpec`` and ``MemberObservation`` from
+Kubernetes objects (or a static file); the policy consumes them and produces a ``PoolView``
+that the platform's status writer turns into ``.status`` of the ModelPool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class PoolPhase(str, Enum):
+    """The ModelPool's lifecycle phase (``status.phase``)."""
+
+    PENDING = "Pending"
+    READY = "Ready"
+    SWAPPING = "Swapping"
+    DEGRADED = "Degraded"
+
+
+# InferenceService status.phase values that matter to the policy.
+PHASE_READY = "Ready"
+PHASE_FAILED = "Failed"
+PHASE_STOPPED = "Stopped"
+
+
+@dataclass(frozen=True, slots=True)
+class PoolKey:
+    """Identifies a pool: its namespace and name."""
+
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSpec:
+    """What a ModelPool asks for, already defaulted and validated."""
+
+    key: PoolKey
+    members: tuple[str, ...]
+    default: str = ""
+    swap_budget: float = 300.0
+    fairness_window: float = 30.0
+    generation: int = 0
+    # model name -> member; every member also answers to its own name
+    aliases: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class MemberObservation:
+    """What the cluster says about one member InferenceService and its pods."""
+
+    name: str
+    exists: bool = True
+    phase: str = ""
+    replicas: int = 0
+    pods: int = 0  # pods that exist, terminating ones included: they still hold GPU memory
+
+    @property
+    def ready(self) -> bool:
+        """True when the member is serving."""
+        return self.exists and self.phase == PHASE_READY and self.replicas > 0
+
+    @property
+    def unloaded(self) -> bool:
+        """True when the member holds no GPU memory: scaled to zero and no pod left."""
+        return self.replicas == 0 and self.pods == 0
+
+
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    """A snapshot of one pool for the status writer, metrics and logs."""
+
+    key: PoolKey
+    phase: PoolPhase
+    resident: str  # "" when no member owns the slot
+    pending: str  # the swap target, "" when not mid-swap
+    members: tuple[MemberObservation, ...]
+    generation: int
+    missing_members: tuple[str, ...] = ()
+    deferred_reason: str = ""  # "" | "PodsBusy" | "IdleCheckFailed" | ...
+    deferred_message: str = ""
+    failed_member: str = ""  # the last member that failed to load, while its backoff runs
+    failed_message: str = ""
+    held: int = 0
+    in_flight: int = 0

@@ -1,0 +1,200 @@
+"""Every tunable of the service, in one typed object fed by CLI flags and the environment.
+
+Precedence: a command-line flag beats its environment variable, which beats the default
+declared here. Each field's environment variable is ``MODELPOOL_`` + the field name in
+upper case (``MODELPOOL_SWAP_BUDGET``); each flag is ``--`` + the name with dashes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+ENV_PREFIX = "MODELPOOL_"
+
+
+def _opt(default: Any, help: str, *, group: str, metavar: str | None = None) -> Any:
+    """Declare a settings field with its help text and help-section group."""
+    meta = {"help": help, "group": group, "metavar": metavar}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def parse_duration(text: str | float | int) -> float:
+    """Parse ``300``, ``300s``, ``5m``, ``1h30m`` or ``250ms`` into seconds."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    s = text.strip()
+    if not s:
+        raise ValueError("empty duration")
+    try:
+        return float(s)
+    except ValueError:
+        pass
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    total, number = 0.0, ""
+    i = 0
+    while i < len(s):
+        ch = s[i]
+        if ch.isdigit() or ch == ".":
+            number += ch
+            i += 1
+            continue
+        unit = "ms" if s.startswith("ms", i) else ch
+        if unit not in units or not number:
+            raise ValueError(f"invalid duration {text!r} (use e.g. 300s, 5m, 250ms)")
+        total += float(number) * units[unit]
+        number = ""
+        i += len(unit)
+    if number:
+        raise ValueError(f"invalid duration {text!r}: number without a unit at the end")
+    return total
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The service's configuration; see ``modelpool-extproc serve --help``."""
+
+    # --- listeners -------------------------------------------------------------------------
+    listen: str = _opt("127.0.0.1:9002", "gRPC address for ext_proc and grpc.health.v1 "
+                       "(use 0.0.0.0:9002 in a pod)", group="listeners", metavar="HOST:PORT")
+    metrics_listen: str = _opt("127.0.0.1:9090", "HTTP address serving /metrics and /healthz "
+                               "(empty disables it)", group="listeners", metavar="HOST:PORT")
+    tls_cert: str = _opt("", "PEM certificate for TLS on the gRPC listener (with --tls-key)",
+                         group="listeners", metavar="FILE")
+    tls_key: str = _opt("", "PEM private key for TLS on the gRPC listener", group="listeners",
+                        metavar="FILE")
+    tls_client_ca: str = _opt("", "PEM CA bundle; when set, clients must present a certificate "
+                              "it signed (mutual TLS)", group="listeners", metavar="FILE")
+    shutdown_grace: float = _opt(30.0, "on SIGTERM, stop accepting streams and let in-flight "
+                                 "ones finish for up to this long", group="listeners",
+                                 metavar="DURATION")
+
+    # --- where pools come from ---------------------------------------------------------------
+    pools_file: str = _opt("", "static pool definitions (YAML); when empty, pools are watched "
+                           "from Kubernetes", group="pools", metavar="FILE")
+    kubeconfig: str = _opt("", "kubeconfig for the API server (default: in-cluster config, "
+                           "then $KUBECONFIG / ~/.kube/config)", group="pools", metavar="FILE")
+    namespaces: list[str] = _opt([], "namespaces to watch (repeatable, or comma separated); "
+                                 "empty means all namespaces", group="pools", metavar="NS")
+
+    # --- routing -------------------------------------------------------------------------------
+    route_header: str = _opt("x-modelpool-member", "request header that tells Envoy which "
+                             "member to route to; a client-sent value is always overwritten",
+                             group="routing", metavar="NAME")
+    route_template: str = _opt("{member}.{namespace}", "value of the routing header; "
+                               "placeholders {member}, {pool}, {namespace}", group="routing",
+                               metavar="TEMPLATE")
+    passthrough_unknown: bool = _opt(False, "let requests naming a model that is in no pool "
+                                     "continue untouched instead of answering 404",
+                                     group="routing")
+    max_body_bytes: int = _opt(25 * 1024 * 1024, "largest request body accepted (413 above); "
+                               "keep Envoy's buffer limit above it", group="routing",
+                               metavar="BYTES")
+
+    # --- swap policy ---------------------------------------------------------------------------
+    swap_budget: float = _opt(300.0, "default time a request may be held for a swap when the "
+                              "ModelPool sets no spec.swapBudget", group="swap",
+                              metavar="DURATION")
+    fairness_window: float = _opt(30.0, "after a cross-model request has waited this long, new "
+                                  "requests for the incumbent are held too so it can drain "
+                                  "(0 = pure coalescing); per pool: annotation "
+                                  "modelpool.inference.llmkube.dev/fairness-window",
+                                  group="swap", metavar="DURATION")
+    swap_timeout: float = _opt(900.0, "a swap whose target is not Ready after this long is "
+                               "declared failed, so a stuck member cannot wedge its pool",
+                               group="swap", metavar="DURATION")
+    failure_backoff: float = _opt(30.0, "after a member failed to load, requests for it fail "
+                                  "fast for this long instead of thrashing the slot",
+                                  group="swap", metavar="DURATION")
+    retry_after_default: int = _opt(5, "Retry-After seconds when a pool has no swap history",
+                                    group="swap", metavar="SECONDS")
+    retry_after_max: int = _opt(120, "upper clamp for computed Retry-After values",
+                                group="swap", metavar="SECONDS")
+    park_timeout_override: bool = _opt(True, "send override_message_timeout when a stream is "
+                                       "parked (needs max_message_timeout in Envoy's ext_proc "
+                                       "filter)", group="swap")
+    idle_gate: bool = _opt(False, "before scaling an incumbent down, ask its runtime whether it "
+                           "is idle (llama.cpp /slots); an unreachable probe defers the swap",
+                           group="swap")
+    idle_probe_url: str = _opt("http://{member}.{namespace}.svc:8080/slots", "URL template of "
+                               "the idle probe", group="swap", metavar="TEMPLATE")
+
+    # --- observability -------------------------------------------------------------------------
+    log_level: str = _opt("info", "debug, info, warning or error", group="observability",
+                          metavar="LEVEL")
+    log_bodies: bool = _opt(False, "log request bodies and authorization headers at debug level "
+                            "(off: they may hold secrets and prompts)", group="observability")
+
+    def replace(self, **changes: Any) -> Settings:
+        """Return a copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+_DURATION_FIELDS = {"shutdown_grace", "swap_budget", "fairness_window", "swap_timeout",
+                    "failure_backoff"}
+
+
+def _convert(name: str, kind: Any, raw: Any) -> Any:
+    if name in _DURATION_FIELDS:
+        return parse_duration(raw)
+    if kind in (bool, "bool"):
+        if isinstance(raw, bool):
+            return raw
+        lowered = str(raw).strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off", ""):
+            return False
+        raise ValueError(f"{name}: expected true/false, got {raw!r}")
+    if kind in (int, "int"):
+        return int(raw)
+    if kind in (list[str], "list[str]"):
+        items = raw if isinstance(raw, list) else [raw]
+        return [part.strip() for item in items for part in str(item).split(",") if part.strip()]
+    return str(raw)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one flag per settings field, grouped as in the dataclass, to ``parser``."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for f in dataclasses.fields(Settings):
+        group_name = f.metadata["group"]
+        group = groups.get(group_name) or parser.add_argument_group(group_name)
+        groups[group_name] = group
+        flag = "--" + f.name.replace("_", "-")
+        env = ENV_PREFIX + f.name.upper()
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        shown = "" if default in ("", []) else f" (default: {default})"
+        help_text = f"{f.metadata['help']}{shown} [env {env}]"
+        if f.type in (bool, "bool"):
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
+                               default=None, help=help_text)
+        elif f.type in (list[str], "list[str]"):
+            group.add_argument(flag, dest=f.name, action="append", default=None,
+                               metavar=f.metadata["metavar"], help=help_text)
+        else:
+            group.add_argument(flag, dest=f.name, default=None,
+                               metavar=f.metadata["metavar"], help=help_text)
+
+
+def from_sources(args: argparse.Namespace | None = None,
+                 environ: dict[str, str] | None = None) -> Settings:
+    """Build Settings from parsed flags, then the environment, then the defaults."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(Settings):
+        raw = getattr(args, f.name, None) if args is not None else None
+        if raw is None:
+            raw = environ.get(ENV_PREFIX + f.name.upper())
+        if raw is None:
+            continue
+        try:
+            values[f.name] = _convert(f.name, f.type, raw)
+        except ValueError as exc:
+            raise SystemExit(f"modelpool-extproc: bad value for {f.name}: {exc}") from None
+    return Settings(**values)
