@@ -1,0 +1,112 @@
+"""Validate objects against a CRD's openAPIV3Schema with jsonschema, the way the API server would.
+
+Kubernetes' structural schemas are OpenAPI v3 plus ``x-kubernetes-*`` extensions. Two of the
+extensions change what is valid (``x-kubernetes-int-or-string``, ``nullable``); the rest only
+affect pruning, merging or storage and are dropped. Defaults are applied before validation,
+as the API server does on create.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+SHARED_CRDS = PROJECT_ROOT.parent / "shared" / "reference" / "crds"
+OUR_CRDS = PROJECT_ROOT / "crds"
+
+FORMATS = jsonschema.FormatChecker()
+
+
+@FORMATS.checks("date-time", raises=ValueError)
+def _date_time(value: object) -> bool:
+    if not isinstance(value, str):
+        return True
+    # RFC 3339 needs a full date, a time and an offset
+    if "T" not in value.upper() or not (value.endswith(("Z", "z")) or value[-6] in "+-"):
+        raise ValueError(f"not an RFC 3339 date-time: {value!r}")
+    datetime.datetime.fromisoformat(value.upper().replace("Z", "+00:00"))
+    return True
+
+
+@FORMATS.checks("int32")
+def _int32(value: object) -> bool:
+    return not isinstance(value, int) or -(2**31) <= value < 2**31
+
+
+@FORMATS.checks("int64")
+def _int64(value: object) -> bool:
+    return not isinstance(value, int) or -(2**63) <= value < 2**63
+
+
+def to_jsonschema(node: Any) -> Any:
+    """Convert a Kubernetes structural schema node into plain JSON Schema."""
+    if isinstance(node, list):
+        return [to_jsonschema(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key.startswith("x-kubernetes-") or key in ("nullable", "default"):
+            continue
+        if key in ("properties", "patternProperties", "definitions"):
+            out[key] = {name: to_jsonschema(sub) for name, sub in value.items()}
+        else:
+            out[key] = to_jsonschema(value)
+    if node.get("x-kubernetes-int-or-string"):
+        out.pop("type", None)
+        out = {"anyOf": [{"type": "integer"}, {"type": "string"}], **out}
+    if node.get("nullable") and "type" in out:
+        out["type"] = [out["type"], "null"]
+    return out
+
+
+def apply_defaults(schema: dict[str, Any], obj: Any) -> Any:
+    """Return a copy of ``obj`` with the schema's defaults filled in (API-server style)."""
+    obj = copy.deepcopy(obj)
+    _default(schema, obj)
+    return obj
+
+
+def _default(schema: dict[str, Any], obj: Any) -> None:
+    if isinstance(obj, dict):
+        for name, sub in (schema.get("properties") or {}).items():
+            if name not in obj and "default" in sub:
+                obj[name] = copy.deepcopy(sub["default"])
+            if name in obj:
+                _default(sub, obj[name])
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for name, value in obj.items():
+                if name not in (schema.get("properties") or {}):
+                    _default(extra, value)
+    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        for item in obj:
+            _default(schema["items"], item)
+
+
+def load_crds(path: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """Map (group, version, kind) to the openAPIV3Schema of every CRD in a file or folder."""
+    files = sorted(path.rglob("*.yaml")) if path.is_dir() else [path]
+    schemas: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for file in files:
+        for doc in yaml.safe_load_all(file.read_text()):
+            if not doc or doc.get("kind") != "CustomResourceDefinition":
+                continue
+            spec = doc["spec"]
+            for version in spec["versions"]:
+                key = (spec["group"], version["name"], spec["names"]["kind"])
+                schemas[key] = version["schema"]["openAPIV3Schema"]
+    return schemas
+
+
+def errors(schema: dict[str, Any], obj: dict[str, Any]) -> list[str]:
+    """Validation errors of ``obj`` (after defaulting) under ``schema``; empty when valid."""
+    validator = jsonschema.Draft4Validator(to_jsonschema(schema), format_checker=FORMATS)
+    found = validator.iter_errors(apply_defaults(schema, obj))
+    return sorted(f"{'.'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in found)
