@@ -1,0 +1,124 @@
+"""What goes into a pool's state machine (events) and what comes out (commands).
+
+Events are facts the runtime observed; commands are things the runtime must do. Request ids
+are opaque integers chosen by the caller and unique per pool while the request lives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .model import MemberObservation, PoolSpec
+
+# ---- events -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RequestArrived:
+    """A request for ``member`` wants to pass."""
+
+    rid: int
+    member: str
+
+
+@dataclass(frozen=True, slots=True)
+class RequestEnded:
+    """The request's stream closed: it finished if admitted, or its client left if held."""
+
+    rid: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemberObserved:
+    """The cluster's current view of one member changed."""
+
+    obs: MemberObservation
+
+
+@dataclass(frozen=True, slots=True)
+class SpecChanged:
+    """The ModelPool's spec (members, default, budget, fairness) changed."""
+
+    spec: PoolSpec
+
+
+@dataclass(frozen=True, slots=True)
+class IdleProbed:
+    """Answer of the idle gate for ``member``: True idle, False busy, None unreachable."""
+
+    member: str
+    idle: bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Time passed; deadlines up to now are due."""
+
+
+Event = RequestArrived | RequestEnded | MemberObserved | SpecChanged | IdleProbed | Tick
+
+# ---- commands ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """Let request ``rid`` through to ``member``."""
+
+    rid: int
+    member: str
+    held_for: float = 0.0  # seconds it was held; 0 when admitted at once
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Park request ``rid`` until a later Admit or Reject; it must end by ``deadline``."""
+
+    rid: int
+    member: str
+    deadline: float
+    coalesced: bool  # joined a swap that was already under way for this member
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """Answer request ``rid`` with an error: status, OpenAI error code, message, Retry-After."""
+
+    rid: int
+    status: int
+    code: str
+    message: str
+    retry_after: int
+    held_for: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Scale:
+    """Set ``member``'s replicas."""
+
+    member: str
+    replicas: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeIdle:
+    """Ask ``member``'s runtime whether it is idle; answer with IdleProbed."""
+
+    member: str
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """Something operators should hear about (an Event, a log line, a metric).
+
+    kind is one of SwapStarted, SwapCompleted, SwapFailed, SwapDeferred, MemberLost.
+    """
+
+    kind: str
+    message: str
+    source: str = ""
+    target: str = ""
+    duration: float = 0.0
+    released: int = 0
+
+
+Command = Admit | Hold | Reject | Scale | ProbeIdle | Notice

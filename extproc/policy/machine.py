@@ -1,0 +1,486 @@
+"""The swap policy of one pool: a pure, deterministic state machine (sans I/O).
+
+Rules of this file
+------------------
+* Everything that decides who owns the pool's GPU slot, and when a request may pass, lives
+  here. Nothing here awaits, sleeps, reads a clock, or talks to gRPC or Kubernetes: callers
+  feed events (with the current time) in and carry the returned commands out.
+* An event that cannot happen in the current state (an unknown request id, a member that is
+  not in the pool) is a caller bug and raises ``PolicyError``; it is never ignored.
+
+Invariants (the property tests in tests/policy check each of them)
+------------------------------------------------------------------
+1. At most one member is scaled up: the target is scaled up only when every other member
+   has ``replicas == 0`` and **no pods left** (a terminating pod still holds GPU memory).
+2. Drain before unload: a member with admitted requests in flight is never scaled down.
+3. No admission to a member that is not resident and Ready.
+4. Every held request ends admitted, rejected or abandoned, at the latest at its deadline
+   (``swapBudget`` after it arrived).
+5. Fairness: once a swap has waited ``fairness_window``, new requests for the incumbent are
+   held too, so the incumbent drains and waiting requests get the slot.
+6. A Degraded pool (a member does not exist) makes no replica changes.
+
+Theory of operation
+-------------------
+A request for the resident, Ready member is admitted at once (coalescing). Any other request
+is held, and if no swap is under way one starts, targeting the member of the oldest held
+request. A swap moves through stages::
+
+    DRAIN  --others idle-->  [PROBE --runtime idle-->]  UNLOAD  --others gone-->  LOAD
+    LOAD   --target Ready--> done: held requests for the target admitted together
+    LOAD   --target Failed / swap_timeout--> failed: its held requests rejected fast
+
+The swap is never cancelled because its waiters left: it completes so the now-warm member
+serves the next request. The stage transitions are all in ``_advance``; they are triggered
+by state (counts reaching zero, observations), not by particular events, so any event order
+converges.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+
+from .events import (Admit, Command, Event, Hold, IdleProbed, MemberObserved, Notice,
+                     ProbeIdle, Reject, RequestArrived, RequestEnded, Scale, SpecChanged,
+                     Tick)
+from .model import PHASE_FAILED, MemberObservation, PoolPhase, PoolSpec, PoolView
+
+# While the idle gate says busy (or cannot tell), ask again after this long.
+PROBE_RETRY_SECONDS = 1.0
+# Swap durations remembered per pool for Retry-After estimates.
+HISTORY_LENGTH = 16
+
+
+class PolicyError(RuntimeError):
+    """An event that cannot happen in the machine's current state."""
+
+
+class Stage(str, Enum):
+    """Where a swap stands."""
+
+    DRAIN = "Draining"
+    PROBE = "Probing"
+    UNLOAD = "Unloading"
+    LOAD = "Loading"
+
+
+@dataclass(slots=True)
+class Swap:
+    """A swap under way: the member that will own the slot and its progress."""
+
+    target: str
+    incumbent: str
+    started: float
+    stage: Stage = Stage.DRAIN
+    load_started: float = 0.0
+    scaled_down: set[str] = field(default_factory=set)
+    scaled_up: bool = False
+    # The target's phase when LOAD began: a Failed phase only counts once the member has
+    # moved since, so a stale Failed from an earlier attempt does not fail a fresh load.
+    phase_at_load: str | None = None
+    saw_progress: bool = False
+    probing: set[str] = field(default_factory=set)
+    probe_retry_at: float = math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Process-wide policy knobs that a PoolSpec does not carry."""
+
+    swap_timeout: float = 900.0
+    failure_backoff: float = 30.0
+    retry_after_default: int = 5
+    retry_after_max: int = 120
+    idle_gate: bool = False
+
+
+@dataclass(slots=True)
+class _Held:
+    member: str
+    arrived: float
+    deadline: float
+
+
+class PoolMachine:
+    """Decides, for one pool, who owns the slot and when each request may pass."""
+
+    def __init__(self, spec: PoolSpec, limits: Limits, now: float, *,
+                 resident_hint: str = "", pending_hint: str = "") -> None:
+        self.spec = spec
+        self.limits = limits
+        self.obs: dict[str, MemberObservation] = {}
+        self.resident = ""
+        self.swap: Swap | None = None
+        self.in_flight: dict[int, str] = {}
+        self._busy: dict[str, int] = {}
+        self.held: dict[int, _Held] = {}
+        self._failed_until: dict[str, float] = {}
+        self._failed_message = ""
+        self._history: deque[float] = deque(maxlen=HISTORY_LENGTH)
+        self._deferred = ("", "")
+        # An owner is picked by a request, by adoption, or by warming spec.default once.
+        self._owner_picked = False
+        self._resident_hint = resident_hint
+        self._pending_hint = pending_hint
+        self.version = 0  # bumped whenever the status-relevant state changes
+        self._now = now
+
+    # ---- public API --------------------------------------------------------------------
+
+    def handle(self, event: Event, now: float) -> list[Command]:
+        """Apply one event at time ``now`` and return the commands it causes."""
+        if now < self._now:
+            now = self._now  # clocks handed in are monotonic; tolerate equal readings
+        self._now = now
+        out: list[Command] = []
+        match event:
+            case RequestArrived(rid, member):
+                self._arrive(rid, member, now, out)
+            case RequestEnded(rid):
+                self._end(rid, now, out)
+            case MemberObserved(obs):
+                self._observe(obs, out)
+            case SpecChanged(spec):
+                self._respec(spec, out)
+            case IdleProbed(member, idle):
+                self._probed(member, idle, now, out)
+            case Tick():
+                pass
+            case _:
+                raise PolicyError(f"unknown event {event!r}")
+        self._expire(now, out)
+        self._advance(now, out)
+        return out
+
+    def next_deadline(self) -> float:
+        """The earliest time at which a Tick would change something (inf if none)."""
+        times = [h.deadline for h in self.held.values()]
+        if self.swap is not None:
+            times.append(self.swap.probe_retry_at)
+            if self.swap.stage is Stage.LOAD:
+                times.append(self.swap.load_started + self.limits.swap_timeout)
+        return min(times, default=math.inf)
+
+    def view(self) -> PoolView:
+        """A snapshot for the status writer, metrics and logs."""
+        missing = self._missing()
+        if missing:
+            phase = PoolPhase.DEGRADED
+        elif self.swap is not None:
+            phase = PoolPhase.SWAPPING
+        elif self._routable(self.resident):
+            phase = PoolPhase.READY
+        else:
+            phase = PoolPhase.PENDING
+        failed = next((m for m, t in self._failed_until.items() if t > self._now), "")
+        return PoolView(
+            key=self.spec.key, phase=phase, resident=self.resident,
+            pending=self.swap.target if self.swap else "",
+            members=tuple(self.obs.get(m, MemberObservation(m, exists=False, phase=""))
+                          for m in self.spec.members),
+            generation=self.spec.generation, missing_members=missing,
+            deferred_reason=self._deferred[0], deferred_message=self._deferred[1],
+            failed_member=failed, failed_message=self._failed_message if failed else "",
+            held=len(self.held), in_flight=len(self.in_flight))
+
+    def retry_after(self) -> int:
+        """Seconds a client should wait before retrying: the expected rest of the swap."""
+        if not self._history:
+            return self.limits.retry_after_default
+        expected = sum(self._history) / len(self._history)
+        if self.swap is not None:
+            expected -= self._now - self.swap.started
+        return max(1, min(self.limits.retry_after_max, math.ceil(expected)))
+
+    # ---- events --------------------------------------------------------------------------
+
+    def _arrive(self, rid: int, member: str, now: float, out: list[Command]) -> None:
+        if member not in self.spec.members:
+            raise PolicyError(f"{member!r} is not a member of pool {self.spec.key}")
+        if rid in self.held or rid in self.in_flight:
+            raise PolicyError(f"request {rid} arrived twice")
+        self._owner_picked = True
+        if self._routable(member) and not self._fairness_holds(member, now):
+            self._admit(rid, member, 0.0, out)
+            return
+        failed_until = self._failed_until.get(member, 0.0)
+        if failed_until > now:
+            out.append(Reject(rid, 503, "member_failed",
+                              f"model {member!r} failed to load: {self._failed_message}",
+                              max(1, math.ceil(failed_until - now))))
+            return
+        if self._missing():
+            out.append(Reject(rid, 503, "pool_degraded",
+                              f"pool {self.spec.key} is degraded: member(s) "
+                              f"{', '.join(self._missing())} do not exist",
+                              self.limits.retry_after_default))
+            return
+        coalesced = self.swap is not None and self.swap.target == member
+        self.held[rid] = _Held(member, now, now + self.spec.swap_budget)
+        out.append(Hold(rid, member, now + self.spec.swap_budget, coalesced))
+
+    def _end(self, rid: int, now: float, out: list[Command]) -> None:
+        member = self.in_flight.pop(rid, None)
+        if member is not None:
+            self._busy[member] -= 1
+            return
+        if self.held.pop(rid, None) is None:
+            raise PolicyError(f"request {rid} ended but is neither held nor in flight")
+
+    def _observe(self, obs: MemberObservation, out: list[Command]) -> None:
+        if obs.name not in self.spec.members:
+            raise PolicyError(f"{obs.name!r} is not a member of pool {self.spec.key}")
+        before = self.obs.get(obs.name)
+        self.obs[obs.name] = obs
+        if before != obs:
+            self.version += 1
+        swap = self.swap
+        if swap is not None and obs.name == swap.target and swap.scaled_up \
+                and obs.phase != swap.phase_at_load:
+            swap.saw_progress = True
+        if obs.name == self.resident and not obs.ready and before is not None \
+                and before.ready and (swap is None or swap.target != obs.name):
+            # Self-heal: the resident died out of band (OOM, node drain, spec edit). Stop
+            # routing to it now; the next request for it drives a swap back.
+            self.resident = ""
+            self.version += 1
+            out.append(Notice("MemberLost", f"resident member {obs.name} left Ready "
+                              f"(phase {obs.phase or 'unknown'}, pods {obs.pods})",
+                              source=obs.name))
+
+    def _respec(self, spec: PoolSpec, out: list[Command]) -> None:
+        if spec.key != self.spec.key:
+            raise PolicyError(f"spec for {spec.key} sent to pool {self.spec.key}")
+        self.spec = spec
+        self.version += 1
+        for name in list(self.obs):
+            if name not in spec.members:
+                del self.obs[name]
+        # Requests for members that left the pool can never be served.
+        for rid, held in list(self.held.items()):
+            if held.member not in spec.members:
+                del self.held[rid]
+                out.append(Reject(rid, 404, "model_not_found",
+                                  f"model {held.member!r} was removed from pool {spec.key}",
+                                  0, self._now - held.arrived))
+        if self.resident and self.resident not in spec.members:
+            self.resident = ""
+
+    def _probed(self, member: str, idle: bool | None, now: float, out: list[Command]) -> None:
+        swap = self.swap
+        if swap is None or swap.stage is not Stage.PROBE or member not in swap.probing:
+            return  # a late answer for a probe the machine no longer waits for
+        if idle:
+            swap.probing.discard(member)
+            return
+        reason = "PodsBusy" if idle is False else "IdleCheckFailed"
+        text = (f"{member} reports requests in progress" if idle is False
+                else f"cannot reach {member}'s runtime to confirm it is idle")
+        self._defer(reason, f"swap to {swap.target} deferred: {text}", out)
+        swap.probing.clear()
+        swap.stage = Stage.DRAIN
+        swap.probe_retry_at = now + PROBE_RETRY_SECONDS
+
+    # ---- time ----------------------------------------------------------------------------
+
+    def _expire(self, now: float, out: list[Command]) -> None:
+        for rid, held in list(self.held.items()):
+            if held.deadline <= now:
+                del self.held[rid]
+                out.append(Reject(rid, 503, "swap_budget_exceeded",
+                                  f"model {held.member!r} did not become ready within the "
+                                  f"pool's swap budget ({self.spec.swap_budget:g}s); the swap "
+                                  "continues, retry shortly", self.retry_after(),
+                                  now - held.arrived))
+        swap = self.swap
+        if swap is not None and swap.stage is Stage.LOAD \
+                and now - swap.load_started >= self.limits.swap_timeout:
+            self._fail_swap(f"{swap.target} not Ready after {self.limits.swap_timeout:g}s",
+                            now, out)
+
+    # ---- the swap engine -----------------------------------------------------------------
+
+    def _advance(self, now: float, out: list[Command]) -> None:
+        """Move the swap along as far as the current state allows (state-triggered)."""
+        if any(m not in self.obs for m in self.spec.members):
+            return  # decide nothing before the cluster has been seen in full
+        for _ in range(4 * len(self.spec.members) + 8):  # each pass moves one step
+            if not self._step(now, out):
+                return
+        raise PolicyError("swap engine did not settle")  # a bug: transitions must converge
+
+    def _step(self, now: float, out: list[Command]) -> bool:
+        swap = self.swap
+        if swap is None:
+            return self._maybe_start(now, out)
+        if self._missing():
+            return False  # Degraded: make no replica changes until members exist again
+        others = [m for m in self.spec.members if m != swap.target]
+        if swap.stage is Stage.DRAIN:
+            if now < swap.probe_retry_at and swap.probe_retry_at != math.inf:
+                return False
+            swap.probe_retry_at = math.inf
+            if any(self._busy.get(m, 0) for m in others):
+                return False
+            live = [m for m in others if self.obs[m].pods > 0 and self.obs[m].replicas > 0]
+            if self.limits.idle_gate and live:
+                swap.stage, swap.probing = Stage.PROBE, set(live)
+                out.extend(ProbeIdle(m) for m in live)
+                return True
+            swap.stage = Stage.UNLOAD
+            return True
+        if swap.stage is Stage.PROBE:
+            if any(self._busy.get(m, 0) for m in others):
+                swap.stage, swap.probing = Stage.DRAIN, set()  # a new request came in
+                return True
+            if swap.probing:
+                return False
+            swap.stage = Stage.UNLOAD
+            return True
+        if swap.stage is Stage.UNLOAD:
+            if any(self._busy.get(m, 0) for m in others):
+                raise PolicyError("a member with requests in flight is being unloaded")
+            for m in others:
+                if self.obs[m].replicas > 0 and m not in swap.scaled_down:
+                    swap.scaled_down.add(m)
+                    out.append(Scale(m, 0))
+                if m == self.resident:
+                    self.resident = ""
+                    self.version += 1
+            if not all(self.obs[m].unloaded for m in others):
+                return False  # wait for pods to be gone, not for phase Stopped
+            self._clear_deferral()
+            swap.stage, swap.load_started = Stage.LOAD, now
+            self.version += 1
+            return True
+        # Stage.LOAD
+        target = self.obs[swap.target]
+        if not swap.scaled_up:
+            swap.scaled_up, swap.phase_at_load = True, target.phase
+            if target.replicas < 1:
+                out.append(Scale(swap.target, 1))
+            else:
+                swap.saw_progress = True  # already asked up: its phase is current
+            return True
+        if target.ready:
+            self._complete_swap(now, out)
+            return True
+        if target.phase == PHASE_FAILED and swap.saw_progress:
+            self._fail_swap(f"{swap.target} reported phase Failed", now, out)
+            return True
+        return False
+
+    def _maybe_start(self, now: float, out: list[Command]) -> bool:
+        if self._missing():
+            return False
+        target = self._next_target()
+        if not target:
+            return False
+        self._owner_picked = True
+        self.swap = Swap(target=target, incumbent=self.resident, started=now)
+        self.version += 1
+        out.append(Notice("SwapStarted", f"swap {self.resident or '(none)'} -> {target} "
+                          "started", source=self.resident, target=target))
+        return True
+
+    def _next_target(self) -> str:
+        """The member the slot should go to next, or "" to stay put."""
+        self._adopt()
+        hint, self._pending_hint = self._pending_hint, ""  # consulted once, at start-up
+        if hint in self.spec.members and not self._routable(hint):
+            return hint  # resume the swap a previous process started
+        for held in self.held.values():  # oldest first: insertion order
+            if not self._routable(held.member):
+                return held.member
+        scaled = [m for m in self.spec.members if self.obs[m].replicas > 0]
+        if self._routable(self.resident) and len(scaled) > 1:
+            return self.resident  # a second member was scaled up behind our back: undo it
+        if not self.resident and not self._owner_picked and self.spec.default \
+                and all(o.unloaded for o in self.obs.values()):
+            return self.spec.default  # cold pool: warm the default member
+        return ""
+
+    def _adopt(self) -> None:
+        """With no resident, take a member that is already Ready (start-up, self-heal)."""
+        if self.resident:
+            return
+        ready = [m for m in self.spec.members if self.obs[m].ready]
+        if ready:
+            self.resident = self._resident_hint if self._resident_hint in ready else ready[0]
+            self._owner_picked = True
+            self.version += 1
+
+    def _complete_swap(self, now: float, out: list[Command]) -> None:
+        swap = self.swap
+        assert swap is not None
+        self.swap = None
+        self.resident = swap.target
+        self.version += 1
+        duration = now - swap.started
+        self._history.append(duration)
+        self._failed_until.pop(swap.target, None)
+        released = 0
+        for rid, held in list(self.held.items()):
+            if held.member == swap.target:
+                del self.held[rid]
+                self._admit(rid, held.member, now - held.arrived, out)
+                released += 1
+        out.append(Notice("SwapCompleted", f"swap {swap.incumbent or '(none)'} -> "
+                          f"{swap.target} completed in {duration:.1f}s, {released} released",
+                          source=swap.incumbent, target=swap.target, duration=duration,
+                          released=released))
+
+    def _fail_swap(self, reason: str, now: float, out: list[Command]) -> None:
+        swap = self.swap
+        assert swap is not None
+        self.swap = None
+        self.version += 1
+        self._failed_until[swap.target] = now + self.limits.failure_backoff
+        self._failed_message = reason
+        retry = max(1, math.ceil(self.limits.failure_backoff))
+        for rid, held in list(self.held.items()):
+            if held.member == swap.target:
+                del self.held[rid]
+                out.append(Reject(rid, 503, "member_failed",
+                                  f"model {held.member!r} failed to load: {reason}", retry,
+                                  now - held.arrived))
+        if self.obs[swap.target].replicas > 0:
+            out.append(Scale(swap.target, 0))  # free the slot for the next member
+        out.append(Notice("SwapFailed", f"swap {swap.incumbent or '(none)'} -> {swap.target} "
+                          f"failed: {reason}", source=swap.incumbent, target=swap.target,
+                          duration=now - swap.started))
+
+    # ---- helpers -------------------------------------------------------------------------
+
+    def _admit(self, rid: int, member: str, held_for: float, out: list[Command]) -> None:
+        self.in_flight[rid] = member
+        self._busy[member] = self._busy.get(member, 0) + 1
+        out.append(Admit(rid, member, held_for))
+
+    def _routable(self, member: str) -> bool:
+        return bool(member) and member == self.resident and self.obs[member].ready
+
+    def _fairness_holds(self, member: str, now: float) -> bool:
+        """True when ``member`` is the incumbent of a swap that has waited long enough."""
+        swap = self.swap
+        window = self.spec.fairness_window
+        return (swap is not None and window > 0 and swap.target != member
+                and now - swap.started >= window)
+
+    def _missing(self) -> tuple[str, ...]:
+        return tuple(m for m in self.spec.members if m in self.obs and not self.obs[m].exists)
+
+    def _defer(self, reason: str, message: str, out: list[Command]) -> None:
+        if self._deferred != (reason, message):
+            self._deferred = (reason, message)
+            self.version += 1
+            out.append(Notice("SwapDeferred", message, target=self.swap.target if self.swap
+                              else "", source=reason))
+
+    def _clear_deferral(self) -> None:
+        if self._deferred != ("", ""):
+            self._deferred = ("", "")
+            self.version += 1
