@@ -38,6 +38,7 @@ converges.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -117,6 +118,9 @@ class PoolMachine:
         self.in_flight: dict[int, str] = {}
         self._busy: dict[str, int] = {}
         self.held: dict[int, _Held] = {}
+        # (deadline, rid) of held requests; entries of requests no longer held are skipped
+        # lazily, so every event costs O(log n) even with thousands of requests parked.
+        self._deadlines: list[tuple[float, int]] = []
         self._failed_until: dict[str, float] = {}
         self._failed_message = ""
         self._history: deque[float] = deque(maxlen=HISTORY_LENGTH)
@@ -157,7 +161,8 @@ class PoolMachine:
 
     def next_deadline(self) -> float:
         """The earliest time at which a Tick would change something (inf if none)."""
-        times = [h.deadline for h in self.held.values()]
+        self._drop_stale_deadlines()
+        times = [self._deadlines[0][0]] if self._deadlines else []
         if self.swap is not None:
             times.append(self.swap.probe_retry_at)
             if self.swap.stage is Stage.LOAD:
@@ -220,6 +225,7 @@ class PoolMachine:
             return
         coalesced = self.swap is not None and self.swap.target == member
         self.held[rid] = _Held(member, now, now + self.spec.swap_budget)
+        heapq.heappush(self._deadlines, (now + self.spec.swap_budget, rid))
         out.append(Hold(rid, member, now + self.spec.swap_budget, coalesced))
 
     def _end(self, rid: int, now: float, out: list[Command]) -> None:
@@ -286,10 +292,17 @@ class PoolMachine:
 
     # ---- time ----------------------------------------------------------------------------
 
+    def _drop_stale_deadlines(self) -> None:
+        heap = self._deadlines
+        while heap and heap[0][1] not in self.held:
+            heapq.heappop(heap)
+
     def _expire(self, now: float, out: list[Command]) -> None:
-        for rid, held in list(self.held.items()):
-            if held.deadline <= now:
-                del self.held[rid]
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            _, rid = heapq.heappop(heap)
+            held = self.held.pop(rid, None)
+            if held is not None:
                 out.append(Reject(rid, 503, "swap_budget_exceeded",
                                   f"model {held.member!r} did not become ready within the "
                                   f"pool's swap budget ({self.spec.swap_budget:g}s); the swap "
