@@ -1,0 +1,98 @@
+"""Render envoy/envoy.yaml with other ports and member clusters (tests, the local stack)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+TEMPLATE = Path(__file__).resolve().parent.parent / "envoy" / "envoy.yaml"
+EXTPROC_CLUSTER = "extproc"
+EXTPROC_FILTER = "envoy.filters.http.ext_proc"
+HCM_FILTER = "envoy.filters.network.http_connection_manager"
+
+
+def load_template(path: Path | str = TEMPLATE) -> dict[str, Any]:
+    """Parse the standalone Envoy config that all rendered configs derive from."""
+    with open(path, encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+def render(
+    listen_port: int,
+    admin_port: int,
+    extproc_port: int,
+    members: dict[str, int],
+    access_log_path: str | None = None,
+    *,
+    ext_proc: dict[str, Any] | None = None,
+    template: Path | str = TEMPLATE,
+) -> dict[str, Any]:
+    """Return the template config with new ports and member clusters.
+
+    `members` maps cluster name (the routing header value, e.g. "judge.demo") to the port of
+    that member on 127.0.0.1; it replaces the template's member clusters. `access_log_path`
+    replaces /dev/stdout. `ext_proc` is shallow-merged into the ext_proc filter's typed_config
+    (e.g. {"failure_mode_allow": False} for a fail-closed variant).
+    """
+    if not members:
+        raise ValueError("members must name at least one cluster")
+    cfg = load_template(template)
+    _set_port(cfg["admin"]["address"], admin_port)
+
+    listener = cfg["static_resources"]["listeners"][0]
+    _set_port(listener["address"], listen_port)
+    hcm = _named(listener["filter_chains"][0]["filters"], HCM_FILTER)["typed_config"]
+    if access_log_path is not None:
+        for log in hcm.get("access_log", []):
+            log["typed_config"]["path"] = access_log_path
+    if ext_proc:
+        _named(hcm["http_filters"], EXTPROC_FILTER)["typed_config"].update(ext_proc)
+
+    clusters = cfg["static_resources"]["clusters"]
+    extproc = _named(clusters, EXTPROC_CLUSTER)
+    _set_port(_endpoint_address(extproc), extproc_port)
+    # Any template member cluster serves as the model for the new ones (same options).
+    model = next(c for c in clusters if c["name"] != EXTPROC_CLUSTER)
+    cfg["static_resources"]["clusters"] = [extproc] + [
+        _member_cluster(model, name, port) for name, port in members.items()
+    ]
+    return cfg
+
+
+def dump(cfg: dict[str, Any]) -> str:
+    """Serialize a rendered config as YAML."""
+    return yaml.safe_dump(cfg, sort_keys=False)
+
+
+def write(path: Path | str, *args: Any, **kwargs: Any) -> Path:
+    """Render (same arguments as `render`) and write the config to `path`; return the path."""
+    path = Path(path)
+    path.write_text(dump(render(*args, **kwargs)), encoding="utf-8")
+    return path
+
+
+def _member_cluster(model: dict[str, Any], name: str, port: int) -> dict[str, Any]:
+    cluster = copy.deepcopy(model)
+    cluster["name"] = name
+    cluster["load_assignment"]["cluster_name"] = name
+    _set_port(_endpoint_address(cluster), port)
+    return cluster
+
+
+def _endpoint_address(cluster: dict[str, Any]) -> dict[str, Any]:
+    endpoints = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    return endpoints[0]["endpoint"]["address"]
+
+
+def _set_port(address: dict[str, Any], port: int) -> None:
+    address["socket_address"]["port_value"] = int(port)
+
+
+def _named(items: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    for item in items:
+        if item.get("name") == name:
+            return item
+    raise KeyError(f"{name!r} not found in Envoy config template")

