@@ -1,0 +1,193 @@
+"""Kubernetes plumbing for the member simulator: resumable watches and the few API calls it makes.
+
+Everything goes through the official ``kubernetes.aio`` client over HTTP, so the simulator
+runs unchanged against the devstack emulator or a real API server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import re
+import string
+from typing import Any, Awaitable, Callable
+
+import aiohttp
+from kubernetes.aio import client, watch
+from kubernetes.aio.client.exceptions import ApiException
+
+log = logging.getLogger("devstack.simulator")
+
+GROUP = "inference.llmkube.dev"
+VERSION = "v1alpha1"
+PLURAL = "inferenceservices"
+SERVICE_LABEL = "inference.llmkube.dev/service"
+# Real API servers reject strategic merge patches on custom resources, and the client picks
+# strategic merge for dict bodies unless told otherwise.
+MERGE_PATCH = "application/merge-patch+json"
+# Holds the Pod object in place (deletionTimestamp set) while the "model unloads", the way a
+# kubelet keeps a terminating pod until its containers have exited.
+FINALIZER = "sim.llmkube.dev/unload"
+# The kill-pod annotation value a pod was created under: a pod whose value differs from the
+# InferenceService's current one has been asked to die. Stored on the pod so it survives restarts.
+KILL_SEEN = "sim.llmkube.dev/kill-pod-seen"
+
+WATCH_SECONDS = 30  # server-side watch timeout; the watch then resumes from the last version
+BACKOFF_MIN, BACKOFF_MAX = 0.2, 5.0
+TRANSIENT = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m)?\s*$")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from "3s", "250ms", "1.5", "2m"; raises ValueError on anything else."""
+    match = _DURATION.match(text)
+    if not match:
+        raise ValueError(f"not a duration: {text!r}")
+    value, unit = float(match.group(1)), match.group(2) or "s"
+    return value * {"ms": 0.001, "s": 1.0, "m": 60.0}[unit]
+
+
+def pod_name(member: str) -> str:
+    """``<member>-<5 random chars>``, as a Deployment's pods are named."""
+    return f"{member}-" + "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
+
+
+def is_terminating(pod: dict[str, Any]) -> bool:
+    """True once deletion of the pod has begun."""
+    return bool(pod["metadata"].get("deletionTimestamp"))
+
+
+class Kube:
+    """The simulator's handful of API calls, on one ``kubernetes.aio`` ApiClient."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.api_client = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+
+    def to_dict(self, model: Any) -> Any:
+        """A generated model as the plain camelCase dict the API sent."""
+        return self.api_client.sanitize_for_serialization(model)
+
+    async def list_pods(self, namespace: str, member: str) -> list[dict[str, Any]]:
+        """The member's pods, oldest first."""
+        listing = await self.core.list_namespaced_pod(
+            namespace, label_selector=f"{SERVICE_LABEL}={member}")
+        pods = [self.to_dict(p) for p in listing.items]
+        return sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "")
+
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The pod, or None when it no longer exists."""
+        try:
+            return self.to_dict(await self.core.read_namespaced_pod(name, namespace))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def create_pod(self, namespace: str, member: str, kill_seen: str) -> dict[str, Any]:
+        """Create the member's pod (Pending, holding the unload finalizer)."""
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": pod_name(member),
+                "labels": {"app": member, SERVICE_LABEL: member},
+                "annotations": {KILL_SEEN: kill_seen},
+                "finalizers": [FINALIZER],
+            },
+            "spec": {"containers": [{"name": "llm", "image": "devstack/fake-llm:latest"}]},
+        }
+        return self.to_dict(await self.core.create_namespaced_pod(namespace, body))
+
+    async def set_pod_phase(self, namespace: str, name: str, phase: str, ready: bool) -> None:
+        """Write the pod's status phase and Ready condition through /status."""
+        status = {"phase": phase, "conditions": [
+            {"type": "Ready", "status": "True" if ready else "False"}]}
+        await self.core.patch_namespaced_pod_status(
+            name, namespace, {"status": status}, _content_type=MERGE_PATCH)
+
+    async def begin_delete_pod(self, namespace: str, name: str) -> None:
+        """Ask for deletion; the finalizer keeps the object, now with a deletionTimestamp."""
+        try:
+            await self.core.delete_namespaced_pod(name, namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    async def remove_pod(self, namespace: str, name: str) -> None:
+        """Make the pod disappear: drop the finalizer and delete (either order finishes it)."""
+        try:
+            await self.core.patch_namespaced_pod(
+                name, namespace, {"metadata": {"finalizers": None}}, _content_type=MERGE_PATCH)
+            await self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """Merge-patch the InferenceService's status through the /status subresource."""
+        await self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, name, {"status": status},
+            _content_type=MERGE_PATCH)
+
+
+class Backoff:
+    """Exponential delay with jitter between reconnect attempts, capped at BACKOFF_MAX."""
+
+    def __init__(self) -> None:
+        self.delay = BACKOFF_MIN
+
+    def reset(self) -> None:
+        """Back to the shortest delay after a success."""
+        self.delay = BACKOFF_MIN
+
+    async def sleep(self) -> None:
+        """Wait the current delay, then double it."""
+        await asyncio.sleep(self.delay * random.uniform(0.8, 1.2))
+        self.delay = min(self.delay * 2, BACKOFF_MAX)
+
+
+ListFn = Callable[..., Awaitable[Any]]
+
+
+async def watch_forever(kube: Kube, list_fn: ListFn, args: tuple, what: str,
+                        on_list: Callable[[list[dict[str, Any]]], None],
+                        on_event: Callable[[str, dict[str, Any]], None],
+                        **list_kwargs: Any) -> None:
+    """List, then watch from that version; resume after timeouts, re-list on 410, back off on errors.
+
+    ``on_list`` gets every object after each (re-)list, so objects deleted while the watch was
+    down are noticed; ``on_event`` gets ADDED / MODIFIED / DELETED with the raw object.
+    Runs until cancelled.
+    """
+    backoff = Backoff()
+    version: str | None = None
+    while True:
+        try:
+            if version is None:
+                listing = kube.to_dict(await list_fn(*args, **list_kwargs))
+                version = listing["metadata"].get("resourceVersion")
+                on_list(listing.get("items") or [])
+            stream = watch.Watch().stream(
+                list_fn, *args, resource_version=version, allow_watch_bookmarks=True,
+                timeout_seconds=WATCH_SECONDS, _request_timeout=WATCH_SECONDS + 10, **list_kwargs)
+            async with stream:
+                async for event in stream:
+                    obj = event["raw_object"]
+                    version = obj.get("metadata", {}).get("resourceVersion") or version
+                    if event["type"] != "BOOKMARK":
+                        on_event(event["type"], obj)
+            backoff.reset()
+        except ApiException as exc:
+            if exc.status == 410:
+                log.info("watch %s expired, re-listing", what)
+                version = None
+                continue
+            log.warning("watch %s failed: %s", what, exc)
+            await backoff.sleep()
+        except TRANSIENT as exc:
+            log.warning("watch %s lost its connection: %r", what, exc)
+            await backoff.sleep()

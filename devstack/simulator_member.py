@@ -1,0 +1,304 @@
+"""One simulated member: a level-based reconcile loop that plays LLMKube's controller for it.
+
+Rules of this file: all work for one member runs in that member's single task, so a quick
+1→0→1 flip is handled strictly in order (the unload finishes, the pod is gone, then a new pod
+is created). Every pass re-reads the member's pods from the API and acts on what it finds, so
+a restarted simulator converges from whatever state it is handed. Timed waits (load delay,
+stuck) wake on every change and re-check, so run-time annotation edits take effect at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from devstack.simulator_kube import (
+    KILL_SEEN, TRANSIENT, Backoff, Kube, is_terminating, parse_duration)
+from devstack.simulator_server import UpstreamServer
+from devstack.simulator_timeline import Timeline
+from kubernetes.aio.client.exceptions import ApiException
+
+log = logging.getLogger("devstack.simulator")
+
+ANN_LOAD_DELAY = "sim.llmkube.dev/load-delay"
+ANN_UNLOAD_DELAY = "sim.llmkube.dev/unload-delay"
+ANN_FAIL = "sim.llmkube.dev/fail"
+ANN_KILL = "sim.llmkube.dev/kill-pod"
+ANN_STUCK = "sim.llmkube.dev/stuck"
+
+
+@dataclass
+class SimContext:
+    """What every member actor shares: API access, the record, defaults, port assignment."""
+
+    kube: Kube
+    timeline: Timeline
+    default_load_delay: float
+    default_unload_delay: float
+    port_for: Callable[[str], int]
+    log_dir: Path
+
+
+def _annotations(isvc: dict[str, Any] | None) -> dict[str, str]:
+    return ((isvc or {}).get("metadata") or {}).get("annotations") or {}
+
+
+def _flag(isvc: dict[str, Any] | None, key: str) -> bool:
+    return _annotations(isvc).get(key, "").strip().lower() == "true"
+
+
+def desired_replicas(isvc: dict[str, Any] | None) -> int:
+    """spec.replicas; absent means 1, the Deployment default LLMKube inherits."""
+    if isvc is None:
+        return 0
+    replicas = (isvc.get("spec") or {}).get("replicas")
+    return 1 if replicas is None else int(replicas)
+
+
+def kill_requested(isvc: dict[str, Any] | None, pod: dict[str, Any]) -> bool:
+    """True when the kill-pod annotation changed since the pod was created."""
+    seen = (pod["metadata"].get("annotations") or {}).get(KILL_SEEN, "")
+    return _annotations(isvc).get(ANN_KILL, "") != seen
+
+
+async def _wait_event(event: asyncio.Event, timeout: float | None) -> bool:
+    """True if the event fired within the timeout (None waits without limit)."""
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+        return True
+    except asyncio.TimeoutError:
+        return False
+
+
+class MemberActor:
+    """Reconciles one InferenceService: its pod, its status and its fake upstream process."""
+
+    def __init__(self, ctx: SimContext, namespace: str, name: str) -> None:
+        self.ctx, self.kube = ctx, ctx.kube
+        self.namespace, self.name = namespace, name
+        self.isvc: dict[str, Any] | None = None
+        self.wake = asyncio.Event()
+        self.server: UpstreamServer | None = None
+        self.server_pod: str | None = None  # the pod the running server belongs to
+        self.reported: str | None = None  # the last phase this actor wrote
+        self.task: asyncio.Task | None = None
+
+    def observe(self, isvc: dict[str, Any] | None) -> None:
+        """Take the latest InferenceService (None: deleted) and schedule a pass."""
+        self.isvc = isvc
+        self.wake.set()
+
+    def poke(self) -> None:
+        """Schedule a pass (a pod of this member changed)."""
+        self.wake.set()
+
+    def start(self) -> None:
+        """Start the member's task."""
+        self.task = asyncio.create_task(self._run(), name=f"sim-{self.namespace}-{self.name}")
+
+    async def stop(self) -> None:
+        """Cancel the task and stop the upstream process; the API state is left as it is."""
+        if self.task:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+        await self._stop_server()
+
+    # -- the loop --------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        backoff = Backoff()
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            try:
+                await self.reconcile()
+                backoff.reset()
+            except (ApiException, *TRANSIENT) as exc:
+                # level-based: the next pass redoes whatever this one did not finish
+                log.warning("member %s/%s: pass failed: %r", self.namespace, self.name, exc)
+                self.wake.set()
+                await backoff.sleep()
+
+    def _phase(self) -> str | None:
+        if self.reported:
+            return self.reported
+        return ((self.isvc or {}).get("status") or {}).get("phase")
+
+    async def reconcile(self) -> None:
+        """One pass: make pods, process and status agree with spec.replicas and annotations."""
+        isvc = self.isvc
+        pods = await self.kube.list_pods(self.namespace, self.name)
+        live = [p for p in pods if not is_terminating(p)]
+        # someone else started deleting a pod (kubectl delete pod, or our unload cut short by
+        # a restart): it dies now, as a kubelet would finish it
+        for pod in pods:
+            if is_terminating(pod):
+                await self._kill(pod)
+        for pod in live[1:]:  # one pod per member; extras only appear if someone made them
+            await self._kill(pod)
+        pod = live[0] if live else None
+        if self.server and (pod is None or pod["metadata"]["name"] != self.server_pod):
+            await self._lost_pod()  # the pod vanished out of band with the server still up
+        if pod and isvc is not None and kill_requested(isvc, pod):
+            await self._kill(pod)
+            pod = None
+        if isvc is None:
+            if pod:
+                await self._kill(pod)
+            return
+        if desired_replicas(isvc) < 1:
+            if pod:
+                await self._unload(pod)
+            await self._report_stopped()
+            return
+        if pod is None:
+            pod = await self._create_pod()
+        await self._ensure_loaded(pod)
+
+    # -- steps -----------------------------------------------------------------------------
+
+    async def _report(self, phase: str, replicas: int, ready: int, **extra: Any) -> None:
+        await self.kube.patch_status(self.namespace, self.name,
+                                     {"phase": phase, "replicas": replicas,
+                                      "readyReplicas": ready, **extra})
+        self.reported = phase
+
+    def _record(self, event: str, pod: str | None = None, **extra: Any) -> None:
+        self.ctx.timeline.record(self.namespace, self.name, event, pod, **extra)
+
+    def _delay(self, key: str, default: float) -> float:
+        text = _annotations(self.isvc).get(key)
+        if not text:
+            return default
+        try:
+            return parse_duration(text)
+        except ValueError:
+            log.warning("member %s: bad %s=%r, using %ss", self.name, key, text, default)
+            return default
+
+    async def _create_pod(self) -> dict[str, Any]:
+        pod = await self.kube.create_pod(self.namespace, self.name,
+                                         _annotations(self.isvc).get(ANN_KILL, ""))
+        self._record("pod_created", pod["metadata"]["name"])
+        await self._report("Creating", 1, 0)
+        return pod
+
+    async def _ensure_loaded(self, pod: dict[str, Any]) -> None:
+        name = pod["metadata"]["name"]
+        phase = self._phase()
+        if self.server:
+            if phase != "Ready":
+                await self._report_ready()
+            return
+        if phase == "Failed" and _flag(self.isvc, ANN_FAIL):
+            return  # stays failed until the annotation is cleared or the pod is replaced
+        if phase == "Ready":
+            # a simulator restart: the pod (and the model in it) survived, only our process
+            # did not, so the server comes back without a new load delay
+            await self._start_server(name, adopted=True)
+            return
+        if phase != "Creating":
+            await self._report("Creating", 1, 0)
+        outcome = await self._wait_loaded(pod)
+        if outcome == "aborted":
+            self.wake.set()  # the next pass handles whatever interrupted the load
+        elif outcome == "failed":
+            await self._report("Failed", 1, 0)
+            self._record("failed", name)
+        else:
+            await self._start_server(name, adopted=False)
+
+    async def _wait_loaded(self, pod: dict[str, Any]) -> str:
+        """Sit out the load delay: "loaded", "failed" (fail annotation) or "aborted"."""
+        began = time.monotonic()
+        while True:
+            isvc = self.isvc
+            if isvc is None or desired_replicas(isvc) < 1 or kill_requested(isvc, pod):
+                return "aborted"
+            timeout: float | None = None
+            if not _flag(isvc, ANN_STUCK):
+                timeout = began + self._delay(ANN_LOAD_DELAY, self.ctx.default_load_delay) \
+                    - time.monotonic()
+                if timeout <= 0:
+                    return "failed" if _flag(isvc, ANN_FAIL) else "loaded"
+            if await _wait_event(self.wake, timeout):
+                self.wake.clear()
+                current = await self.kube.read_pod(self.namespace, pod["metadata"]["name"])
+                if current is None or is_terminating(current):
+                    return "aborted"
+
+    async def _start_server(self, pod_name: str, adopted: bool) -> None:
+        port = self.ctx.port_for(self.name)
+        server = UpstreamServer(self.name, port, self.ctx.log_dir)
+        try:
+            await server.start()
+        except Exception as exc:  # a server that cannot start is a failed load, not a crash
+            log.warning("member %s: upstream did not start: %r", self.name, exc)
+            await server.stop()
+            await self._report("Failed", 1, 0)
+            self._record("failed", pod_name, reason="upstream did not start")
+            return
+        self.server, self.server_pod = server, pod_name
+        self._record("server_started", pod_name, port=port)
+        if adopted:
+            self._record("adopted", pod_name)
+        await self._report_ready()
+
+    async def _report_ready(self) -> None:
+        port = self.ctx.port_for(self.name)
+        await self.kube.set_pod_phase(self.namespace, self.server_pod, "Running", ready=True)
+        await self._report("Ready", 1, 1, endpoint=f"http://127.0.0.1:{port}")
+        self._record("ready", self.server_pod)
+
+    async def _stop_server(self, hard: bool = False) -> None:
+        if self.server is None:
+            return
+        server, pod_name = self.server, self.server_pod
+        self.server = self.server_pod = None
+        await server.stop(hard)
+        self._record("server_stopped", pod_name)
+
+    async def _lost_pod(self) -> None:
+        self._record("pod_killed", self.server_pod)
+        await self._stop_server(hard=True)
+        if self.isvc is not None:
+            await self._report("Progressing", 0, 0)
+
+    async def _kill(self, pod: dict[str, Any]) -> None:
+        """The pod dies at once, without an unload delay (OOM kill, node loss)."""
+        name = pod["metadata"]["name"]
+        self._record("pod_killed", name)
+        if self.server_pod == name:
+            await self._stop_server(hard=True)
+        await self.kube.remove_pod(self.namespace, name)
+        self._record("pod_deleted", name)
+        if self.isvc is not None:
+            await self._report("Progressing", 0, 0)
+
+    async def _unload(self, pod: dict[str, Any]) -> None:
+        """Graceful scale-down: the pod stays (terminating) until the model has unloaded."""
+        name = pod["metadata"]["name"]
+        began = time.monotonic()
+        delay = self._delay(ANN_UNLOAD_DELAY, self.ctx.default_unload_delay)
+        await self._report("Progressing", 1, 0)
+        await self.kube.begin_delete_pod(self.namespace, name)
+        self._record("pod_terminating", name)
+        await self._stop_server()  # the model goes first; the pod object goes last
+        await asyncio.sleep(max(0.0, began + delay - time.monotonic()))
+        await self.kube.remove_pod(self.namespace, name)
+        self._record("pod_deleted", name)
+
+    async def _report_stopped(self) -> None:
+        if self.reported == "Stopped":
+            return
+        status = (self.isvc or {}).get("status") or {}
+        if status.get("phase") == "Stopped" and not status.get("replicas") \
+                and not status.get("readyReplicas"):
+            self.reported = "Stopped"  # already true, e.g. after a simulator restart
+            return
+        await self._report("Stopped", 0, 0)
+        self._record("stopped")

@@ -1,0 +1,72 @@
+"""The fake upstream process a simulated member serves from (``python -m devstack.upstream``)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+from devstack.procs import LOCALHOST, PROJECT_ROOT, ManagedProcess
+
+START_TIMEOUT = 15.0
+STOP_GRACE = 2.0
+
+
+def port_is_free(port: int) -> bool:
+    """True when nothing listens on the loopback port (TIME_WAIT leftovers do not count)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((LOCALHOST, port))
+        except OSError:
+            return False
+        return True
+
+
+class UpstreamServer:
+    """One member's OpenAI-compatible fake server process on its loopback port."""
+
+    def __init__(self, member: str, port: int, log_dir: Path) -> None:
+        self.member, self.port = member, port
+        self.process = ManagedProcess(
+            [sys.executable, "-m", "devstack.upstream", "--name", member, "--port", str(port)],
+            log_dir / f"upstream-{member}.log", cwd=PROJECT_ROOT)
+
+    @property
+    def url(self) -> str:
+        """Base URL of the server."""
+        return f"http://{LOCALHOST}:{self.port}"
+
+    async def start(self, timeout: float = START_TIMEOUT) -> None:
+        """Start the process and return once it answers /health; raise if it cannot."""
+        # a leftover listener would answer /health in our place and hide a failed start
+        if not port_is_free(self.port):
+            raise RuntimeError(f"port {self.port} for {self.member} is already in use")
+        self.process.start()
+        deadline = time.monotonic() + timeout
+        async with aiohttp.ClientSession() as session:
+            while True:
+                if not self.process.running:
+                    raise RuntimeError(f"upstream {self.member} exited during startup:\n"
+                                       f"{self.process.log_tail()}")
+                try:
+                    async with session.get(f"{self.url}/health",
+                                           timeout=aiohttp.ClientTimeout(total=1)) as resp:
+                        if resp.status == 200:
+                            return
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    pass  # not listening yet
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"upstream {self.member} not healthy after {timeout}s")
+                await asyncio.sleep(0.05)
+
+    async def stop(self, hard: bool = False) -> None:
+        """Stop the process (SIGKILL at once when hard) and reap it."""
+        if hard:
+            await asyncio.to_thread(self.process.kill)
+        else:
+            await asyncio.to_thread(self.process.stop, STOP_GRACE)
