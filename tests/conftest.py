@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Iterator
 
+import grpc
 import pytest
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 
 from devstack import procs
 from devstack.upstream import UpstreamHandle, start_upstream
@@ -56,3 +62,70 @@ def envoy_factory(envoy_bin: Path, tmp_path: Path) -> Iterator[EnvoyFactory]:
     finally:
         for envoy in started:
             envoy.stop()
+
+
+def _header(key: str, value: str) -> base_pb2.HeaderValueOption:
+    return base_pb2.HeaderValueOption(
+        header=base_pb2.HeaderValue(key=key, raw_value=value.encode()),
+        append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+    )
+
+
+@dataclass
+class StubExtProc(ext_grpc.ExternalProcessorServicer):
+    """A stand-in ext_proc for Envoy config tests: routes the body's `model` to `<model>.demo`.
+
+    With `immediate` set to (status, body, headers) it answers every request with that
+    immediate response instead. Not the real service: no pool, no parking.
+    """
+
+    port: int = 0
+    immediate: tuple[int, bytes, dict[str, str]] | None = None
+    streams: int = 0
+    server: grpc.aio.Server | None = field(default=None, repr=False)
+
+    async def Process(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
+        """One HTTP request's stream: headers, then (for a body) the buffered body."""
+        self.streams += 1
+        async for msg in request_iterator:
+            kind = msg.WhichOneof("request")
+            if kind == "request_headers" and self.immediate:
+                status, body, headers = self.immediate
+                yield ext_pb.ProcessingResponse(
+                    immediate_response=ext_pb.ImmediateResponse(
+                        status={"code": status},
+                        body=body,
+                        headers=ext_pb.HeaderMutation(
+                            set_headers=[_header(k, v) for k, v in headers.items()]
+                        ),
+                        details="stub_immediate",
+                    )
+                )
+                return
+            if kind == "request_headers":
+                yield ext_pb.ProcessingResponse(request_headers=ext_pb.HeadersResponse())
+            elif kind == "request_body":
+                model = json.loads(msg.request_body.body or b"{}").get("model", "")
+                # Same contract as the real service: mutate the header and clear the route
+                # cache in one CommonResponse, or Envoy keeps the route it already picked.
+                common = ext_pb.CommonResponse(
+                    header_mutation=ext_pb.HeaderMutation(
+                        set_headers=[_header("x-modelpool-member", f"{model}.demo")]
+                    ),
+                    clear_route_cache=True,
+                )
+                yield ext_pb.ProcessingResponse(request_body=ext_pb.BodyResponse(response=common))
+
+
+@pytest.fixture
+async def stub_extproc() -> AsyncIterator[StubExtProc]:
+    """A StubExtProc gRPC server on a free loopback port, in this test's event loop."""
+    stub = StubExtProc()
+    stub.server = grpc.aio.server()
+    ext_grpc.add_ExternalProcessorServicer_to_server(stub, stub.server)
+    stub.port = stub.server.add_insecure_port("127.0.0.1:0")
+    await stub.server.start()
+    try:
+        yield stub
+    finally:
+        await stub.server.stop(grace=None)
