@@ -1,0 +1,352 @@
+"""Watch ModelPools, member InferenceServices and member pods; join them into pool specs and
+member observations; tell a listener what changed.
+
+Theory of operation. One task per (kind, namespace) lists, then watches from the list's
+resourceVersion with bookmarks on, resuming from the last version seen. A watch that ends at
+``timeout_seconds`` is simply resumed. A 410 Gone (as an HTTP status or as an ERROR event) means
+the version was compacted away: the task re-lists and diffs the list against the cache, so a
+change made while it was blind is still reported. Any other failure (API unreachable, 5xx,
+reset) is retried with jittered exponential backoff, resuming from the last version.
+
+The listener hears nothing until the first list of every kind is in (``synced``): reporting a
+pool before its members were listed would show them as missing and degrade the pool for no
+reason. After that, every change is reported once, and an unchanged observation never is.
+
+Pods: only pods labelled ``inference.llmkube.dev/service`` are watched by default. LLMKube
+writes that label (and ``app``) on every pod it creates, and a selector keeps the pod watch down
+to model servers even cluster-wide, where "all pods" would stream every pod of every workload.
+Pass ``pod_selector=""`` to watch all pods in the watched namespaces, which makes the ``app``
+fallback count hand-made members that carry only ``app=<member>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kubernetes.aio.client import ApiClient, CoreV1Api, CustomObjectsApi
+from kubernetes.aio.client.exceptions import ApiException
+
+from extproc.logs import get_logger
+from extproc.metrics import KUBE_REQUESTS, WATCH_RESTARTS
+from extproc.platform.kube._calls import (
+    GROUP, POOLS, SERVICES, VERSION, Backoff, describe, status_code,
+)
+from extproc.platform.kube.objects import (
+    SERVICE_LABEL, object_key, pod_member, pool_spec, service_state,
+)
+from extproc.policy.model import MemberObservation, PoolKey, PoolSpec
+from extproc.settings import Settings
+
+log = get_logger(__name__)
+
+PODS = "pods"
+
+
+class PoolListener(Protocol):
+    """Receives cache changes; calls are synchronous, so implementations must be quick."""
+
+    def pool_changed(self, spec: PoolSpec, status: dict) -> None:
+        """A pool appeared or its spec changed; ``status`` is its current ``.status``."""
+
+    def pool_removed(self, key: PoolKey) -> None:
+        """A pool was deleted."""
+
+    def member_changed(self, key: PoolKey, obs: MemberObservation) -> None:
+        """A member's observation changed (also sent once per member after pool_changed)."""
+
+
+@dataclass(slots=True)
+class _Pool:
+    spec: PoolSpec
+    problems: tuple[str, ...]
+    status: dict
+    uid: str
+    resource_version: str
+
+
+class ClusterWatcher:
+    """Lists and watches pools, members and pods forever, keeping a joined in-memory cache."""
+
+    def __init__(self, api_client: ApiClient, namespaces: list[str], listener: PoolListener, *,
+                 backoff_max: float = 30.0, settings: Settings | None = None,
+                 pod_selector: str = SERVICE_LABEL, timeout_seconds: int = 300) -> None:
+        self._custom = CustomObjectsApi(api_client)
+        self._core = CoreV1Api(api_client)
+        self._scopes = list(namespaces) or [""]  # "" = all namespaces
+        self._listener = listener
+        self._backoff_max = backoff_max
+        self._settings = settings or Settings()
+        self._pod_selector = pod_selector or None
+        self._timeout = timeout_seconds
+        self.synced = asyncio.Event()
+        self._listed: set[tuple[str, str]] = set()
+        self._pools: dict[PoolKey, _Pool] = {}
+        self._services: dict[tuple[str, str], tuple[str, int]] = {}
+        self._pods: dict[tuple[str, str], str] = {}  # (namespace, pod) -> member ("" = none)
+        self._pod_counts: Counter[tuple[str, str]] = Counter()  # (namespace, member) -> pods
+        self._pools_of: dict[tuple[str, str], set[PoolKey]] = {}  # (namespace, member) -> pools
+        self._delivered: dict[PoolKey, dict[str, MemberObservation]] = {}
+
+    # --- read accessors -----------------------------------------------------------------------
+
+    def pools(self) -> list[PoolSpec]:
+        """Every known pool's spec."""
+        return [p.spec for p in self._pools.values()]
+
+    def has_pool(self, key: PoolKey) -> bool:
+        """Whether the pool currently exists (as far as the cache knows)."""
+        return key in self._pools
+
+    def observation(self, key: PoolKey, member: str) -> MemberObservation:
+        """The current observation of ``member``, resolved in the pool's namespace."""
+        return self._observe(key.namespace, member)
+
+    def pool_status(self, key: PoolKey) -> dict:
+        """The pool's ``.status`` as last seen ({} when unknown)."""
+        pool = self._pools.get(key)
+        return pool.status if pool else {}
+
+    def pool_uid(self, key: PoolKey) -> str:
+        """The pool's metadata.uid ("" when unknown)."""
+        pool = self._pools.get(key)
+        return pool.uid if pool else ""
+
+    def pool_resource_version(self, key: PoolKey) -> str:
+        """The pool object's resourceVersion as last seen ("" when unknown)."""
+        pool = self._pools.get(key)
+        return pool.resource_version if pool else ""
+
+    def spec_problems(self, key: PoolKey) -> tuple[str, ...]:
+        """Problems found in the pool's spec and annotations (values replaced by defaults)."""
+        pool = self._pools.get(key)
+        return pool.problems if pool else ()
+
+    # --- the watch loops ----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """List and watch every kind in every scope until cancelled."""
+        async with asyncio.TaskGroup() as group:
+            for scope in self._scopes:
+                for kind in (POOLS, SERVICES, PODS):
+                    group.create_task(self._run_one(kind, scope))
+
+    async def _run_one(self, kind: str, scope: str) -> None:
+        """List then watch one kind in one scope, forever, re-listing after 410 Gone."""
+        backoff = Backoff(0.2, self._backoff_max)
+        loop = asyncio.get_running_loop()
+        version, gone_streak = "", 0
+        while True:
+            started = loop.time()
+            try:
+                if not version:
+                    items, version = await self._list(kind, scope)
+                    self._replace(kind, scope, items)
+                    self._mark_listed(kind, scope)
+                version = await self._watch(kind, scope, version)
+                gone_streak = 0
+                if loop.time() - started >= 1.0:
+                    backoff.reset()
+                    continue
+                # A watch that ends cleanly at once would otherwise turn into a busy loop.
+                reason, delay = "early-end", backoff.next_delay()
+            except ApiException as exc:
+                if exc.status == 410:
+                    # The version we hold was compacted: only a fresh list can tell what
+                    # happened meanwhile. The first re-list is immediate, repeats back off.
+                    reason, version, gone_streak = "gone", "", gone_streak + 1
+                    delay = 0.0 if gone_streak == 1 else backoff.next_delay()
+                    log.info("watch expired, re-listing", resource=kind, namespace=scope or "*")
+                else:
+                    reason, delay = status_code(exc), backoff.next_delay()
+                    log.warning("watch failed", resource=kind, namespace=scope or "*",
+                                error=describe(exc), retry_in=round(delay, 3))
+            except Exception as exc:
+                reason, delay = "error", backoff.next_delay()
+                log.warning("watch failed", resource=kind, namespace=scope or "*",
+                            error=describe(exc), retry_in=round(delay, 3))
+            WATCH_RESTARTS.labels(kind, reason).inc()
+            await asyncio.sleep(delay)
+
+    def _request(self, kind: str, scope: str, **params: Any) -> Any:
+        """Start a list or watch request for ``kind`` in ``scope``; returns the raw response."""
+        if kind == PODS:
+            params["label_selector"] = self._pod_selector
+            if scope:
+                return self._core.list_namespaced_pod_without_preload_content(scope, **params)
+            return self._core.list_pod_for_all_namespaces_without_preload_content(**params)
+        if scope:
+            return self._custom.list_namespaced_custom_object_without_preload_content(
+                GROUP, VERSION, scope, kind, **params)
+        return self._custom.list_cluster_custom_object_without_preload_content(
+            GROUP, VERSION, kind, **params)
+
+    async def _open(self, verb: str, kind: str, scope: str, **params: Any) -> Any:
+        """Send a list or watch request, count it, and raise ApiException on a non-200."""
+        try:
+            resp = await self._request(kind, scope, **params)
+        except Exception as exc:
+            KUBE_REQUESTS.labels(verb, kind, status_code(exc)).inc()
+            raise
+        KUBE_REQUESTS.labels(verb, kind, str(resp.status)).inc()
+        if resp.status != 200:
+            body = (await resp.read())[:300].decode("utf-8", "replace")
+            resp.release()
+            raise ApiException(status=resp.status, reason=body)
+        return resp
+
+    async def _list(self, kind: str, scope: str) -> tuple[list[dict], str]:
+        """List ``kind`` in ``scope``: its items and the list's resourceVersion."""
+        resp = await self._open("list", kind, scope, _request_timeout=60.0)
+        try:
+            body = json.loads(await resp.read())
+        finally:
+            resp.release()
+        return body.get("items") or [], body["metadata"]["resourceVersion"]
+
+    async def _watch(self, kind: str, scope: str, version: str) -> str:
+        """Apply watch events from ``version`` until the server ends the stream; new version."""
+        resp = await self._open("watch", kind, scope, watch=True, allow_watch_bookmarks=True,
+                                resource_version=version, timeout_seconds=self._timeout,
+                                # the client gives up a little after the server should have
+                                _request_timeout=float(self._timeout + 30))
+        try:
+            while line := await resp.content.readline():
+                event = json.loads(line)
+                obj = event.get("object") or {}
+                if event.get("type") == "ERROR":
+                    raise ApiException(status=int(obj.get("code") or 500),
+                                       reason=obj.get("message") or "watch error event")
+                version = (obj.get("metadata") or {}).get("resourceVersion") or version
+                if event.get("type") != "BOOKMARK":
+                    self._apply(kind, event["type"], obj)
+        finally:
+            resp.close()
+        return version
+
+    # --- applying lists and events to the cache -----------------------------------------------
+
+    def _mark_listed(self, kind: str, scope: str) -> None:
+        """Note a first list; once every kind in every scope is in, report the whole cache."""
+        if self.synced.is_set():
+            return
+        self._listed.add((kind, scope))
+        if len(self._listed) < 3 * len(self._scopes):
+            return
+        self.synced.set()
+        log.info("cache synced", pools=len(self._pools), services=len(self._services),
+                 pods=len(self._pods))
+        for pool in list(self._pools.values()):
+            self._announce(pool)
+
+    def _replace(self, kind: str, scope: str, items: list[dict]) -> None:
+        """Make the cache hold exactly ``items`` for ``kind`` in ``scope``, reporting the diff."""
+        fresh = {object_key(obj): obj for obj in items}
+        if kind == POOLS:
+            known = [(k.namespace, k.name) for k in self._pools]
+        else:
+            known = list(self._services if kind == SERVICES else self._pods)
+        for key in known:
+            if key not in fresh and (not scope or key[0] == scope):
+                self._apply(kind, "DELETED", {"metadata": {"namespace": key[0], "name": key[1]}})
+        for obj in items:
+            self._apply(kind, "MODIFIED", obj)
+
+    def _apply(self, kind: str, event: str, obj: dict) -> None:
+        """Apply one ADDED / MODIFIED / DELETED object of ``kind`` to the cache."""
+        key = object_key(obj)
+        deleted = event == "DELETED"
+        if kind == POOLS:
+            self._apply_pool(PoolKey(*key), None if deleted else obj)
+        elif kind == SERVICES:
+            if deleted:
+                self._services.pop(key, None)
+            else:
+                self._services[key] = service_state(obj)
+            self._refresh(key[0], key[1])
+        else:
+            old = self._pods.pop(key, "")
+            new = "" if deleted else pod_member(obj)
+            if not deleted:
+                self._pods[key] = new
+            if old != new:
+                self._pod_counts[(key[0], old)] -= 1
+                self._pod_counts[(key[0], new)] += 1
+                self._refresh(key[0], old)
+                self._refresh(key[0], new)
+
+    def _apply_pool(self, key: PoolKey, obj: dict | None) -> None:
+        """Store, replace or drop a pool; report it when its spec changed."""
+        old = self._pools.get(key)
+        if obj is None:
+            if old is None:
+                return
+            del self._pools[key]
+            self._index(old.spec, add=False)
+            self._delivered.pop(key, None)
+            self._call("pool_removed", key)
+            return
+        meta = obj.get("metadata") or {}
+        spec, problems = pool_spec(obj, self._settings)
+        pool = _Pool(spec, problems, obj.get("status") or {}, meta.get("uid") or "",
+                     meta.get("resourceVersion") or "")
+        self._pools[key] = pool
+        # Status-only updates (our own writes, mostly) change nothing the runtime acts on.
+        if old is not None and old.spec == spec:
+            return
+        if old is not None:
+            self._index(old.spec, add=False)
+        self._index(spec, add=True)
+        if problems:
+            log.warning("pool spec has problems", pool=str(key), problems=list(problems))
+        self._announce(pool)
+
+    def _index(self, spec: PoolSpec, *, add: bool) -> None:
+        """Add or remove the pool under each of its members in the member -> pools index."""
+        for member in spec.members:
+            pools = self._pools_of.setdefault((spec.key.namespace, member), set())
+            if add:
+                pools.add(spec.key)
+            else:
+                pools.discard(spec.key)
+
+    def _announce(self, pool: _Pool) -> None:
+        """Report a pool and then every member's current observation (after sync only)."""
+        if not self.synced.is_set():
+            return
+        key = pool.spec.key
+        self._call("pool_changed", pool.spec, pool.status)
+        delivered = self._delivered[key] = {}
+        for member in pool.spec.members:
+            obs = delivered[member] = self._observe(key.namespace, member)
+            self._call("member_changed", key, obs)
+
+    def _refresh(self, namespace: str, member: str) -> None:
+        """Report the member's observation to every pool it belongs to, if it changed."""
+        if not member or not self.synced.is_set():
+            return
+        obs = self._observe(namespace, member)
+        for key in sorted(self._pools_of.get((namespace, member), ()), key=str):
+            delivered = self._delivered.setdefault(key, {})
+            if delivered.get(member) != obs:
+                delivered[member] = obs
+                self._call("member_changed", key, obs)
+
+    def _observe(self, namespace: str, member: str) -> MemberObservation:
+        """Join the member's InferenceService and pods into an observation."""
+        pods = self._pod_counts[(namespace, member)]
+        state = self._services.get((namespace, member))
+        if state is None:
+            return MemberObservation(member, exists=False, phase="", replicas=0, pods=pods)
+        phase, replicas = state
+        return MemberObservation(member, exists=True, phase=phase, replicas=replicas, pods=pods)
+
+    def _call(self, method: str, *args: Any) -> None:
+        """Call the listener; a listener bug is logged, never allowed to stop the watch."""
+        try:
+            getattr(self._listener, method)(*args)
+        except Exception:
+            log.error("pool listener failed", exc_info=True, callback=method)

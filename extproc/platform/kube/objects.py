@@ -1,0 +1,115 @@
+"""Pure readers of raw Kubernetes objects: ModelPool -> PoolSpec, pod -> member, and friends.
+
+No I/O and no state: the watcher feeds decoded JSON in and keeps what comes out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from extproc.policy.model import PoolKey, PoolSpec
+from extproc.settings import Settings, parse_duration
+
+SERVICE_LABEL = "inference.llmkube.dev/service"
+APP_LABEL = "app"
+ALIASES_ANNOTATION = "modelpool.inference.llmkube.dev/aliases"
+FAIRNESS_ANNOTATION = "modelpool.inference.llmkube.dev/fairness-window"
+
+# Pods in these phases have no running container left, so they hold no device memory even
+# though the object lingers (kubelet-evicted pods stay as Failed until garbage collected).
+_FINISHED_POD_PHASES = ("Succeeded", "Failed")
+
+
+def object_key(obj: dict[str, Any]) -> tuple[str, str]:
+    """(namespace, name) of any namespaced object."""
+    meta = obj.get("metadata") or {}
+    return meta.get("namespace", ""), meta.get("name", "")
+
+
+def pod_member(pod: dict[str, Any]) -> str:
+    """The member a pod belongs to ("" for none): its service label, failing that ``app``.
+
+    A finished pod belongs to no member: it no longer holds GPU memory. A terminating pod
+    (deletionTimestamp set) still belongs to its member: until it is gone its process may
+    still hold the model in memory, which is why a swap waits for it.
+    """
+    if (pod.get("status") or {}).get("phase") in _FINISHED_POD_PHASES:
+        return ""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return labels.get(SERVICE_LABEL) or labels.get(APP_LABEL) or ""
+
+
+def service_state(isvc: dict[str, Any]) -> tuple[str, int]:
+    """(status.phase, spec.replicas) of an InferenceService; replicas defaults to 1 as in LLMKube."""
+    replicas = (isvc.get("spec") or {}).get("replicas")
+    phase = (isvc.get("status") or {}).get("phase") or ""
+    return phase, 1 if replicas is None else int(replicas)
+
+
+def pool_spec(pool: dict[str, Any], settings: Settings) -> tuple[PoolSpec, tuple[str, ...]]:
+    """Build the PoolSpec of a ModelPool object, plus a list of problems found in it.
+
+    Invalid parts fall back to defaults rather than rejecting the pool, so one typo does not
+    take a serving pool offline; the problems are reported in the pool's status instead.
+    """
+    meta = pool.get("metadata") or {}
+    spec = pool.get("spec") or {}
+    annotations = meta.get("annotations") or {}
+    problems: list[str] = []
+
+    members: list[str] = []
+    for entry in spec.get("members") or []:
+        name = ((entry or {}).get("inferenceServiceRef") or {}).get("name") or ""
+        if not name:
+            problems.append("a member has an empty inferenceServiceRef.name; ignored")
+        elif name in members:
+            problems.append(f"member {name} is listed twice; the repeat is ignored")
+        else:
+            members.append(name)
+
+    default = spec.get("default") or ""
+    if default and default not in members:
+        problems.append(f"spec.default {default} is not a member; ignored")
+        default = ""
+
+    swap_budget = _duration(spec.get("swapBudget"), settings.swap_budget, "spec.swapBudget",
+                            problems, allow_zero=False)
+    fairness = _duration(annotations.get(FAIRNESS_ANNOTATION), settings.fairness_window,
+                         f"annotation {FAIRNESS_ANNOTATION}", problems, allow_zero=True)
+    aliases = _aliases(annotations.get(ALIASES_ANNOTATION) or "", members, problems)
+
+    key = PoolKey(meta.get("namespace", ""), meta.get("name", ""))
+    return PoolSpec(key=key, members=tuple(members), default=default, swap_budget=swap_budget,
+                    fairness_window=fairness, generation=int(meta.get("generation") or 0),
+                    aliases=aliases), tuple(problems)
+
+
+def _duration(raw: Any, fallback: float, what: str, problems: list[str], *,
+              allow_zero: bool) -> float:
+    """Parse an optional duration; on a bad value note it in ``problems`` and use ``fallback``."""
+    if raw is None or raw == "":
+        return fallback
+    try:
+        value = parse_duration(raw)
+    except (ValueError, TypeError):
+        value = -1.0
+    if value < 0 or (value == 0 and not allow_zero):
+        problems.append(f"{what} {raw!r} is not a valid duration; using {fallback:g}s")
+        return fallback
+    return value
+
+
+def _aliases(text: str, members: list[str], problems: list[str]) -> dict[str, str]:
+    """Parse ``alias=member,alias2=member2``, dropping entries that name no member."""
+    aliases: dict[str, str] = {}
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        alias, sep, member = (part.strip() for part in item.partition("="))
+        if not sep or not alias or not member:
+            problems.append(f"alias entry {item.strip()!r} is not alias=member; ignored")
+        elif member not in members:
+            problems.append(f"alias {alias} names {member}, which is not a member; ignored")
+        else:
+            aliases[alias] = member
+    return aliases

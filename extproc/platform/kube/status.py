@@ -1,0 +1,236 @@
+"""Turn a PoolView into the ModelPool's ``.status`` and write it, only when it changed.
+
+``desired_status`` is pure (time is an argument) so every field can be tested without a
+cluster. ``StatusWriter`` does one compare-and-patch; ``StatusPublisher`` coalesces a stream of
+views into as few writes as possible, one background task per pool, never writing a stale view.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timezone
+from typing import Any, Protocol
+
+from kubernetes.aio.client import ApiClient, CustomObjectsApi
+from kubernetes.aio.client.exceptions import ApiException
+
+from extproc.logs import get_logger
+from extproc.platform.kube._calls import (
+    GROUP, POOLS, VERSION, Backoff, counted, describe, retryable,
+)
+from extproc.policy.model import MemberObservation, PoolKey, PoolPhase, PoolView
+
+log = get_logger(__name__)
+
+
+def desired_status(view: PoolView, current_status: dict, now: datetime, *,
+                   spec_problems: tuple[str, ...] = ()) -> dict:
+    """The complete ``.status`` for ``view``; conditions keep their old lastTransitionTime
+    unless their status flips. ``spec_problems`` feeds the SpecValid condition."""
+    old = {c.get("type"): c for c in current_status.get("conditions") or []
+           if isinstance(c, dict)}
+    stamp = now.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    gen = view.generation
+    conditions = [_condition(kind, status, reason, message, gen, old.get(kind), stamp)
+                  for kind, status, reason, message in (
+                      _slot_allocated(view), _members_valid(view), _swap_deferred(view),
+                      _spec_valid(spec_problems))]
+    return {
+        "phase": PoolPhase(view.phase).value,
+        "residentMember": view.resident,
+        "pendingMember": view.pending,
+        "members": [{"name": m.name, "phase": m.phase, "resident": m.name == view.resident}
+                    for m in view.members],
+        "observedGeneration": gen,
+        "conditions": conditions,
+    }
+
+
+def _condition(kind: str, status: str, reason: str, message: str, generation: int,
+               old: dict | None, stamp: str) -> dict:
+    """One condition; the transition time moves only when ``status`` differs from before."""
+    since = old.get("lastTransitionTime") if old and old.get("status") == status else None
+    return {"type": kind, "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": since or stamp, "observedGeneration": generation}
+
+
+def _member(view: PoolView, name: str) -> MemberObservation | None:
+    """The view's observation of ``name``, if any."""
+    return next((m for m in view.members if m.name == name), None)
+
+
+def _slot_allocated(view: PoolView) -> tuple[str, str, str, str]:
+    """SlotAllocated: True only while a member is resident and Ready."""
+    resident = _member(view, view.resident) if view.resident else None
+    if resident is not None and resident.ready:
+        return ("SlotAllocated", "True", "MemberResident",
+                f"member {view.resident} owns the slot and is Ready")
+    if view.pending:
+        source = f" from {view.resident}" if view.resident else ""
+        return ("SlotAllocated", "False", "Swapping",
+                f"swapping{source} to {view.pending}")
+    if view.failed_member:
+        return ("SlotAllocated", "False", "MemberFailed",
+                view.failed_message or f"member {view.failed_member} failed to load")
+    if view.resident:
+        phase = resident.phase if resident is not None and resident.phase else "unknown"
+        return ("SlotAllocated", "False", "MemberNotReady",
+                f"member {view.resident} owns the slot but is not Ready (phase {phase})")
+    return "SlotAllocated", "False", "NoResident", "no member owns the slot"
+
+
+def _members_valid(view: PoolView) -> tuple[str, str, str, str]:
+    """MembersValid: False, naming them, when member InferenceServices are missing."""
+    missing = list(view.missing_members)
+    missing += [m.name for m in view.members if not m.exists and m.name not in missing]
+    if missing:
+        return ("MembersValid", "False", "MemberNotFound",
+                f"InferenceService not found in namespace {view.key.namespace}: "
+                + ", ".join(missing))
+    return "MembersValid", "True", "MembersFound", "every member InferenceService exists"
+
+
+def _swap_deferred(view: PoolView) -> tuple[str, str, str, str]:
+    """SwapDeferred: True with the policy's reason while a swap step waits."""
+    if view.deferred_reason:
+        return "SwapDeferred", "True", view.deferred_reason, view.deferred_message
+    return "SwapDeferred", "False", "NotDeferred", ""
+
+
+def _spec_valid(problems: tuple[str, ...]) -> tuple[str, str, str, str]:
+    """SpecValid: False when spec values were invalid and replaced by defaults."""
+    if problems:
+        return "SpecValid", "False", "InvalidSpec", "; ".join(problems)
+    return "SpecValid", "True", "SpecAccepted", ""
+
+
+class StatusWriter:
+    """Writes a pool's ``.status`` through the /status subresource when it changed."""
+
+    def __init__(self, api_client: ApiClient) -> None:
+        self._api = CustomObjectsApi(api_client)
+        self._written: dict[PoolKey, dict] = {}
+
+    def written(self, key: PoolKey) -> dict | None:
+        """The status this writer last wrote for ``key`` (None if it wrote none)."""
+        return self._written.get(key)
+
+    async def publish(self, view: PoolView, current_status: dict, *,
+                      spec_problems: tuple[str, ...] = ()) -> bool:
+        """Patch the status computed from ``view`` unless it equals ``current_status``."""
+        desired = desired_status(view, current_status, datetime.now(timezone.utc),
+                                 spec_problems=spec_problems)
+        if desired == current_status:
+            return False
+        # A merge patch leaves keys it does not mention: null out fields we do not produce so
+        # the stored status converges to exactly ``desired``.
+        body: dict[str, Any] = {k: None for k in current_status if k not in desired}
+        body.update(desired)
+        await counted("patch", f"{POOLS}/status",
+                      self._api.patch_namespaced_custom_object_status_with_http_info(
+                          GROUP, VERSION, view.key.namespace, POOLS, view.key.name,
+                          {"status": body}))
+        self._written[view.key] = desired
+        log.info("pool status written", pool=str(view.key), phase=desired["phase"],
+                 resident=view.resident, pending=view.pending)
+        return True
+
+    def forget(self, key: PoolKey) -> None:
+        """Drop what was written for a deleted pool."""
+        self._written.pop(key, None)
+
+
+class StatusSource(Protocol):
+    """Where the publisher reads current pool status (ClusterWatcher implements it)."""
+
+    def has_pool(self, key: PoolKey) -> bool:
+        """Whether the pool exists."""
+
+    def pool_status(self, key: PoolKey) -> dict:
+        """The pool's ``.status`` as last seen."""
+
+    def pool_resource_version(self, key: PoolKey) -> str:
+        """The pool's resourceVersion as last seen."""
+
+    def spec_problems(self, key: PoolKey) -> tuple[str, ...]:
+        """Problems found in the pool's spec."""
+
+
+class StatusPublisher:
+    """Coalesces views into status writes: ``submit`` never blocks, only the latest view counts."""
+
+    def __init__(self, writer: StatusWriter, source: StatusSource, *,
+                 backoff_initial: float = 0.2, backoff_max: float = 30.0) -> None:
+        self._writer = writer
+        self._source = source
+        self._backoff = (backoff_initial, backoff_max)
+        self._latest: dict[PoolKey, PoolView] = {}
+        self._tasks: dict[PoolKey, asyncio.Task[None]] = {}
+        self._written_at: dict[PoolKey, str] = {}  # cache resourceVersion when we last wrote
+
+    def submit(self, view: PoolView) -> None:
+        """Schedule ``view`` for writing, replacing any view of the same pool not yet written."""
+        self._latest[view.key] = view
+        task = self._tasks.get(view.key)
+        if task is None or task.done():
+            self._tasks[view.key] = asyncio.create_task(self._drain(view.key),
+                                                        name=f"status {view.key}")
+
+    async def close(self) -> None:
+        """Stop all background writes (pending views are dropped)."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+        self._latest.clear()
+
+    async def idle(self) -> None:
+        """Wait until every submitted view has been written or dropped (for tests, shutdown)."""
+        while tasks := [t for t in self._tasks.values() if not t.done()]:
+            await asyncio.wait(tasks)
+
+    def _current(self, key: PoolKey) -> dict:
+        """The freshest status we know: the cache's, unless it has not seen our last write."""
+        version = self._source.pool_resource_version(key)
+        if self._written_at.get(key) == version:
+            # The watch has not delivered our own write yet; comparing with the cache would
+            # redo the write, or skip one if the view flipped back meanwhile.
+            return self._writer.written(key) or self._source.pool_status(key)
+        self._written_at.pop(key, None)
+        return self._source.pool_status(key)
+
+    async def _drain(self, key: PoolKey) -> None:
+        """Write the latest view of one pool until none is left, backing off on failures."""
+        backoff = Backoff(*self._backoff)
+        while (view := self._latest.pop(key, None)) is not None:
+            if not self._source.has_pool(key):
+                log.debug("status not written: pool is gone", pool=str(key))
+                self._forget(key)
+                continue
+            version = self._source.pool_resource_version(key)
+            try:
+                wrote = await self._writer.publish(view, self._current(key),
+                                                   spec_problems=self._source.spec_problems(key))
+            except Exception as exc:
+                if isinstance(exc, ApiException) and exc.status == 404:
+                    self._forget(key)
+                    continue
+                if not retryable(exc):
+                    log.error("status write rejected", pool=str(key), error=describe(exc))
+                    continue
+                delay = backoff.next_delay()
+                log.warning("status write failed, retrying", pool=str(key),
+                            error=describe(exc), retry_in=round(delay, 3))
+                # Retry this view unless a newer one arrived while we were writing.
+                self._latest.setdefault(key, view)
+                await asyncio.sleep(delay)
+                continue
+            backoff.reset()
+            if wrote:
+                self._written_at[key] = version
+
+    def _forget(self, key: PoolKey) -> None:
+        """Drop state kept for a pool that no longer exists."""
+        self._written_at.pop(key, None)
+        self._writer.forget(key)
