@@ -1,0 +1,243 @@
+"""Drive a PoolMachine against the cluster model in model time, checking invariants at each step.
+
+The driver is the policy's runtime in miniature: it feeds events to ``PoolMachine.handle`` in
+time order, carries the returned commands out against ``Cluster`` and ``IdleGate``, and
+advances time to the earliest of the next cluster change, ``next_deadline()`` and the next
+scheduled traffic or fault. After every ``handle`` it asserts the machine's invariants against
+the model's ground truth, so any test that drives it is also an invariant test.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from cluster_model import Cluster, IdleGate
+from extproc.policy.events import (Admit, Command, Event, Hold, IdleProbed, MemberObserved,
+                                   Notice, ProbeIdle, Reject, RequestArrived, RequestEnded,
+                                   Scale, Tick)
+from extproc.policy.machine import Limits, PoolMachine
+from extproc.policy.model import PoolKey, PoolSpec, PoolView
+
+KEY = PoolKey("ns", "pool")
+# Ticks at one instant before the driver decides next_deadline() is stuck in the past.
+MAX_TICKS_AT_ONE_TIME = 5
+
+
+def spec(members: tuple[str, ...] = ("a", "b"), **kwargs) -> PoolSpec:
+    """A PoolSpec for the test pool."""
+    return PoolSpec(KEY, members, **kwargs)
+
+
+@dataclass(slots=True)
+class Request:
+    """One client request as the driver saw it."""
+
+    rid: int
+    member: str
+    arrived: float
+    duration: float
+    abandon_at: float = math.inf
+    state: str = "new"  # new | held | admitted | rejected | abandoned | done
+    deadline: float = math.inf
+    held: bool = False
+    coalesced: bool = False
+    ended: float = math.inf  # when it left the held state or was answered
+    reject: Reject | None = None
+
+    @property
+    def waited(self) -> float:
+        """Seconds between arrival and its answer (admission or rejection)."""
+        return self.ended - self.arrived
+
+
+@dataclass(slots=True)
+class Driver:
+    """Runs one pool: the machine, the cluster model, traffic and faults, in model time."""
+
+    spec: PoolSpec
+    limits: Limits = field(default_factory=Limits)
+    cluster: Cluster | None = None
+    gate: IdleGate = field(default_factory=IdleGate)
+    now: float = 0.0
+    resident_hint: str = ""
+    pending_hint: str = ""
+    check_view_version: bool = True
+    machine: PoolMachine = field(init=False)
+    requests: dict[int, Request] = field(default_factory=dict)
+    log: list[tuple[float, Command]] = field(default_factory=list)
+    _queue: list[tuple[float, int, Callable[[], None]]] = field(default_factory=list)
+    _seq: itertools.count = field(default_factory=itertools.count)
+    _rids: itertools.count = field(default_factory=lambda: itertools.count(1))
+
+    def __post_init__(self) -> None:
+        if self.cluster is None:
+            self.cluster = Cluster(self.spec.members)
+        self.machine = PoolMachine(self.spec, self.limits, self.now,
+                                   resident_hint=self.resident_hint,
+                                   pending_hint=self.pending_hint)
+
+    # ---- scheduling ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Deliver the watch's initial list of every member."""
+        for obs in self.cluster.observations():
+            self.feed(MemberObserved(obs))
+
+    def at(self, when: float, action: Callable[[], None]) -> None:
+        """Run ``action`` at model time ``when``."""
+        heapq.heappush(self._queue, (when, next(self._seq), action))
+
+    def request(self, member: str, at: float | None = None, duration: float = 2.0,
+                abandon_after: float = math.inf) -> int:
+        """Schedule a request for ``member``; returns its rid."""
+        when = self.now if at is None else at
+        rid = next(self._rids)
+        req = Request(rid, member, when, duration, when + abandon_after)
+        self.requests[rid] = req
+        self.at(when, lambda: self.feed(RequestArrived(rid, member)))
+        if abandon_after != math.inf:
+            self.at(req.abandon_at, lambda: self._abandon(req))
+        return rid
+
+    def run(self, until: float = math.inf) -> None:
+        """Process everything due up to ``until`` (all of it when inf), in time order."""
+        ticks_here = 0
+        while True:
+            cluster_t = self.cluster.next_time()
+            queue_t = self._queue[0][0] if self._queue else math.inf
+            deadline = self.machine.next_deadline()
+            t = min(cluster_t, queue_t, deadline)
+            if t == math.inf or t > until:
+                break
+            ticks_here = ticks_here + 1 if t <= self.now else 0
+            assert ticks_here < MAX_TICKS_AT_ONE_TIME, \
+                f"next_deadline() {deadline} stays at or before now {self.now}"
+            self.now = max(self.now, t)
+            if cluster_t <= t:
+                self.cluster.advance(self.now)
+                self._deliver()
+            elif queue_t <= t:
+                heapq.heappop(self._queue)[2]()
+            else:
+                self.feed(Tick())
+        if until != math.inf:
+            self.now = max(self.now, until)
+            self.feed(Tick())
+
+    # ---- feeding and executing ----------------------------------------------------------
+
+    def feed(self, event: Event) -> list[Command]:
+        """Hand one event to the machine now, execute its commands, deliver what they cause."""
+        out = self._handle(event)
+        self._deliver()
+        return out
+
+    def _deliver(self) -> None:
+        while changes := self.cluster.take_changes():
+            for obs in changes:
+                self._handle(MemberObserved(obs))
+
+    def _status(self) -> PoolView:
+        # held/in_flight are gauges for metrics, not status: they change on every request
+        # and deliberately do not bump the version (that would mean a status write each).
+        return replace(self.machine.view(), held=0, in_flight=0)
+
+    def _handle(self, event: Event) -> list[Command]:
+        view, version = self._status(), self.machine.version
+        if isinstance(event, RequestEnded):
+            self._ended(self.requests[event.rid])
+        out = self.machine.handle(event, self.now)
+        for command in out:
+            self.log.append((self.now, command))
+            self._execute(command)
+        self._check_state()
+        if self.check_view_version and self._status() != view:
+            assert self.machine.version > version, \
+                f"view changed without a version bump on {event}: {view} -> {self._status()}"
+        return out
+
+    def _execute(self, command: Command) -> None:
+        match command:
+            case Admit(rid, member, held_for):
+                req = self.requests[rid]
+                # Invariant 3: only the resident, Ready member is admitted to.
+                assert member == req.member and req.state in ("new", "held"), (command, req)
+                assert self.machine.resident == member and self.machine.obs[member].ready, \
+                    f"admit to {member} while resident is {self.machine.resident!r}"
+                assert self.cluster.ready(member), f"admit to {member} which is not Ready"
+                assert held_for == (self.now - req.arrived if req.held else 0.0)
+                req.state, req.ended = "admitted", self.now
+                if req.duration != math.inf:
+                    self.at(self.now + req.duration, lambda: self.feed(RequestEnded(rid)))
+            case Hold(rid, member, deadline, coalesced):
+                req = self.requests[rid]
+                assert req.state == "new" and member == req.member, (command, req)
+                assert deadline == req.arrived + self.spec.swap_budget
+                req.state, req.held, req.deadline, req.coalesced = "held", True, deadline, \
+                    coalesced
+            case Reject(rid):
+                req = self.requests.get(rid)
+                assert req is not None and req.state in ("new", "held"), (command, req)
+                assert command.retry_after >= 0 if command.status == 404 \
+                    else command.retry_after >= 1
+                req.state, req.ended, req.reject = "rejected", self.now, command
+            case Scale(member, replicas):
+                self._check_scale(member, replicas)
+                self.cluster.scale(member, replicas, self.now)
+            case ProbeIdle(member):
+                answer = self.gate.answer(member)
+                self.at(self.now + self.gate.delay,
+                        lambda: self.feed(IdleProbed(member, answer)))
+            case Notice():
+                pass
+
+    def _check_scale(self, member: str, replicas: int) -> None:
+        if replicas > 0 and not self.cluster.out_of_band:
+            # Invariant 1: scale up only once every other member holds no GPU memory.
+            others = [m for m in self.cluster.up() if m != member]
+            assert not others, f"Scale({member}, 1) while {others} still hold the GPU"
+        if replicas == 0:
+            # Invariant 2: drain before unload.
+            busy = [r.rid for r in self.requests.values()
+                    if r.member == member and r.state == "admitted"]
+            assert not busy, f"Scale({member}, 0) with requests {busy} in flight"
+
+    def _check_state(self) -> None:
+        if not self.cluster.out_of_band:
+            assert len(self.cluster.up()) <= 1, f"two members up: {self.cluster.up()}"
+        held = {r.rid for r in self.requests.values() if r.state == "held"}
+        admitted = {r.rid for r in self.requests.values() if r.state == "admitted"}
+        assert held == set(self.machine.held), (held, set(self.machine.held))
+        assert admitted == set(self.machine.in_flight), (admitted, set(self.machine.in_flight))
+        # Invariant 4: nothing stays held past its deadline (the budget).
+        late = [r.rid for r in self.requests.values() if r.state == "held"
+                and r.deadline <= self.now]
+        assert not late, f"requests {late} still held at {self.now}, past their deadline"
+
+    def _ended(self, req: Request) -> None:
+        if req.state == "admitted":
+            req.state = "done"
+        elif req.state == "held":
+            req.state, req.ended = "abandoned", self.now
+
+    def _abandon(self, req: Request) -> None:
+        if req.state == "held":
+            self.feed(RequestEnded(req.rid))
+
+    # ---- reading the record -------------------------------------------------------------
+
+    def commands(self, kind: type) -> list[Command]:
+        """Every command of one type issued so far, in order."""
+        return [c for _, c in self.log if isinstance(c, kind)]
+
+    def notices(self, kind: str) -> list[Notice]:
+        """Every Notice of one kind issued so far."""
+        return [c for c in self.commands(Notice) if c.kind == kind]
+
+    def state(self, rid: int) -> str:
+        """The request's state: new, held, admitted, rejected, abandoned or done."""
+        return self.requests[rid].state
