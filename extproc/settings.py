@@ -16,9 +16,10 @@ from typing import Any
 ENV_PREFIX = "MODELPOOL_"
 
 
-def _opt(default: Any, help: str, *, group: str, metavar: str | None = None) -> Any:
-    """Declare a settings field with its help text and help-section group."""
-    meta = {"help": help, "group": group, "metavar": metavar}
+def _opt(default: Any, help: str, *, group: str, metavar: str | None = None,
+         flag: str | None = None) -> Any:
+    """Declare a settings field with its help text, help-section group and flag name."""
+    meta = {"help": help, "group": group, "metavar": metavar, "flag": flag}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -80,7 +81,8 @@ class Settings:
     kubeconfig: str = _opt("", "kubeconfig for the API server (default: in-cluster config, "
                            "then $KUBECONFIG / ~/.kube/config)", group="pools", metavar="FILE")
     namespaces: list[str] = _opt([], "namespaces to watch (repeatable, or comma separated); "
-                                 "empty means all namespaces", group="pools", metavar="NS")
+                                 "empty means all namespaces", group="pools", metavar="NS",
+                                 flag="--namespace")
 
     # --- routing -------------------------------------------------------------------------------
     route_header: str = _opt("x-modelpool-member", "request header that tells Envoy which "
@@ -166,7 +168,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         group_name = f.metadata["group"]
         group = groups.get(group_name) or parser.add_argument_group(group_name)
         groups[group_name] = group
-        flag = "--" + f.name.replace("_", "-")
+        flag = f.metadata["flag"] or "--" + f.name.replace("_", "-")
         env = ENV_PREFIX + f.name.upper()
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         shown = "" if default in ("", []) else f" (default: {default})"

@@ -1,0 +1,2 @@
+from extproc.cli import main
+raise SystemExit(main())

@@ -1,0 +1,172 @@
+"""Assembles the running service: gRPC server, health, metrics endpoint, pools source.
+
+Start-up order matters: the gRPC health service says NOT_SERVING until the pools source has
+delivered its first full picture, so Envoy's health checks (and Kubernetes probes) only send
+traffic once every pool and member is known.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import grpc
+from aiohttp import web
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from . import metrics
+from .logs import get_logger
+from .platform.static import StaticPlatform, load_specs
+from .protocol.service import SERVICE, ExtProcService
+from .runtime.hub import Hub
+from .settings import Settings
+
+log = get_logger(__name__)
+
+# Room for the largest body plus the rest of the ext_proc message.
+_GRPC_MESSAGE_SLACK = 1024 * 1024
+
+
+class Service:
+    """The whole process: start(), wait for a signal, stop() gracefully."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.platform: Any = None
+        self.hub: Hub | None = None
+        self._grpc: grpc.aio.Server | None = None
+        self._health = health_aio.HealthServicer()
+        self._http: web.AppRunner | None = None
+        self._background: list[asyncio.Task[Any]] = []
+        self.grpc_port = 0
+        self.metrics_port = 0
+
+    async def start(self) -> None:
+        """Bind the listeners and start serving."""
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.platform, synced = await self._start_platform()
+        self._grpc = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length",
+             self.settings.max_body_bytes + _GRPC_MESSAGE_SLACK),
+            ("grpc.max_concurrent_streams", 1 << 20),
+            ("grpc.so_reuseport", 0),
+        ])
+        assert self.hub is not None
+        self._grpc.add_generic_rpc_handlers((ExtProcService(self.hub, self.settings)
+                                             .handler(),))
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
+        self.grpc_port = self._bind(self._grpc)
+        await self._grpc.start()
+        if self.settings.metrics_listen:
+            await self._start_http()
+        log.info("serving", grpc=f"{self._host(self.settings.listen)}:{self.grpc_port}",
+                 metrics=self.settings.metrics_listen and
+                 f"{self._host(self.settings.metrics_listen)}:{self.metrics_port}",
+                 pools_source=self.settings.pools_file or "kubernetes")
+        self._background.append(asyncio.create_task(self._serve_when(synced)))
+
+    async def stop(self) -> None:
+        """Stop accepting, let in-flight streams finish up to the grace period, then exit."""
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self._grpc is not None:
+            log.info("draining", grace_s=self.settings.shutdown_grace,
+                     streams=metrics.STREAMS_IN_FLIGHT._value.get())
+            await self._grpc.stop(self.settings.shutdown_grace)
+        if self.hub is not None:
+            self.hub.close()
+        for task in self._background:
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*self._background, return_exceptions=True)
+        if hasattr(self.platform, "stop"):
+            await self.platform.stop()
+        if self._http is not None:
+            await self._http.cleanup()
+        log.info("stopped")
+
+    async def run_until_signalled(self) -> None:
+        """start(), then stop() on SIGTERM or SIGINT."""
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await self.start()
+        await stop.wait()
+        await self.stop()
+
+    # ---- pieces ------------------------------------------------------------------------------
+
+    async def _start_platform(self) -> tuple[Any, asyncio.Event]:
+        synced = asyncio.Event()
+        if self.settings.pools_file:
+            platform = StaticPlatform(load_specs(self.settings.pools_file, self.settings))
+            self.hub = Hub(self.settings, platform)
+            platform.start(self.hub)
+            synced.set()
+            return platform, synced
+        from .platform.kube.wiring import KubePlatform  # only needed in cluster mode
+
+        platform = await KubePlatform.create(self.settings)
+        self.hub = Hub(self.settings, platform)
+        self._background.append(asyncio.create_task(platform.run(self.hub)))
+        return platform, platform.synced
+
+    async def _serve_when(self, synced: asyncio.Event) -> None:
+        await synced.wait()
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        log.info("pools synced; serving traffic",
+                 pools=[str(d.key) for d in self.hub.drivers()] if self.hub else [])
+
+    async def _set_health(self, status: int) -> None:
+        for name in ("", SERVICE):
+            await self._health.set(name, status)
+
+    def _bind(self, server: grpc.aio.Server) -> int:
+        s = self.settings
+        if not s.tls_cert:
+            return server.add_insecure_port(s.listen)
+        key, cert = Path(s.tls_key).read_bytes(), Path(s.tls_cert).read_bytes()
+        ca = Path(s.tls_client_ca).read_bytes() if s.tls_client_ca else None
+        credentials = grpc.ssl_server_credentials([(key, cert)], root_certificates=ca,
+                                                  require_client_auth=ca is not None)
+        return server.add_secure_port(s.listen, credentials)
+
+    async def _start_http(self) -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/debug/pools", self._pools)
+        self._http = web.AppRunner(app, access_log=None)
+        await self._http.setup()
+        host, _, port = self.settings.metrics_listen.rpartition(":")
+        site = web.TCPSite(self._http, host or "127.0.0.1", int(port))
+        await site.start()
+        self.metrics_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(metrics.REGISTRY),
+                            headers={"content-type": CONTENT_TYPE_LATEST})
+
+    async def _healthz(self, _request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _pools(self, _request: web.Request) -> web.Response:
+        views = [d.view() for d in self.hub.drivers()] if self.hub else []
+        return web.Response(text=json.dumps([asdict(v) for v in views], default=str),
+                            content_type="application/json")
+
+    @staticmethod
+    def _host(address: str) -> str:
+        return address.rpartition(":")[0]
+
+
+async def serve(settings: Settings) -> None:
+    """Run the service until SIGTERM/SIGINT."""
+    await Service(settings).run_until_signalled()

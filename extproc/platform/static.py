@@ -1,0 +1,106 @@
+"""Pools from a YAML file, with members that load instantly: routing without Kubernetes.
+
+For a single host, or for trying the data path: every member is assumed to be always
+reachable, and a "swap" only flips which one the router sends traffic to. The file::
+
+    pools:
+      - namespace: demo            # optional, default "default"
+        name: shared-gpu
+        members: [judge, coder]
+        default: judge             # optional
+        swapBudget: 300s           # optional
+        fairnessWindow: 30s        # optional
+        aliases: {gpt-4o-mini: judge}   # optional
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+
+from ..policy.events import Notice
+from ..policy.model import MemberObservation, PoolKey, PoolSpec, PoolView
+from ..settings import Settings, parse_duration
+
+
+class PoolListener(Protocol):
+    """Receives pools and member observations (the runtime's Hub implements it)."""
+
+    def pool_changed(self, spec: PoolSpec, status: dict) -> None:
+        """A pool appeared or changed."""
+
+    def pool_removed(self, key: PoolKey) -> None:
+        """A pool went away."""
+
+    def member_changed(self, key: PoolKey, obs: MemberObservation) -> None:
+        """A member's observed state changed."""
+
+
+def load_specs(path: str | Path, settings: Settings) -> list[PoolSpec]:
+    """Parse and validate a static pools file."""
+    document = yaml.safe_load(Path(path).read_text()) or {}
+    pools = document.get("pools") if isinstance(document, dict) else None
+    if not isinstance(pools, list) or not pools:
+        raise ValueError(f"{path}: expected a non-empty 'pools' list")
+    return [_spec(entry, settings, f"{path}: pools[{i}]") for i, entry in enumerate(pools)]
+
+
+def _spec(entry: Any, settings: Settings, where: str) -> PoolSpec:
+    if not isinstance(entry, dict) or not entry.get("name"):
+        raise ValueError(f"{where}: each pool needs a name")
+    members = entry.get("members")
+    if not isinstance(members, list) or not members or \
+            not all(isinstance(m, str) and m for m in members):
+        raise ValueError(f"{where}: members must be a non-empty list of names")
+    default = str(entry.get("default") or "")
+    if default and default not in members:
+        raise ValueError(f"{where}: default {default!r} is not a member")
+    aliases = {str(k): str(v) for k, v in (entry.get("aliases") or {}).items()}
+    unknown = sorted(v for v in aliases.values() if v not in members)
+    if unknown:
+        raise ValueError(f"{where}: aliases point at non-members {unknown}")
+    return PoolSpec(
+        key=PoolKey(str(entry.get("namespace") or "default"), str(entry["name"])),
+        members=tuple(members), default=default,
+        swap_budget=parse_duration(entry.get("swapBudget", settings.swap_budget)),
+        fairness_window=parse_duration(entry.get("fairnessWindow",
+                                                  settings.fairness_window)),
+        aliases=aliases)
+
+
+class StaticPlatform:
+    """A Platform whose members are always reachable and scale instantly."""
+
+    def __init__(self, specs: list[PoolSpec]) -> None:
+        self._specs = specs
+        self._listener: PoolListener | None = None
+        self.views: dict[PoolKey, PoolView] = {}
+
+    def start(self, listener: PoolListener) -> None:
+        """Announce every pool and its (cold) members to ``listener``."""
+        self._listener = listener
+        for spec in self._specs:
+            listener.pool_changed(spec, {})
+            for member in spec.members:
+                listener.member_changed(spec.key, MemberObservation(member, phase="Stopped"))
+
+    async def scale(self, key: PoolKey, member: str, replicas: int) -> None:
+        """Apply the new replica count at once."""
+        assert self._listener is not None
+        phase = "Ready" if replicas else "Stopped"
+        self._listener.member_changed(key, MemberObservation(member, phase=phase,
+                                                             replicas=replicas,
+                                                             pods=replicas))
+
+    async def probe_idle(self, key: PoolKey, member: str) -> bool | None:
+        """Static members are never asked; report idle."""
+        return True
+
+    def publish(self, view: PoolView) -> None:
+        """Keep the latest view (served on the metrics port's /debug/pools)."""
+        self.views[view.key] = view
+
+    def notify(self, key: PoolKey, notice: Notice) -> None:
+        """Nothing to record beyond the driver's log line."""

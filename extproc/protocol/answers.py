@@ -1,0 +1,75 @@
+"""The ext_proc responses the service sends, serialized once where they never change.
+
+Envoy needs ``raw_value`` bytes in header values (``value`` alone arrives empty), and it
+re-picks the route only when the response that clears the route cache also mutates headers,
+so the routing answer always carries both.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from envoy.type.v3 import http_status_pb2
+
+_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+
+#: Let the request headers pass unchanged (the decision comes with the body).
+CONTINUE_HEADERS = ep.ProcessingResponse(
+    request_headers=ep.HeadersResponse(response=ep.CommonResponse())).SerializeToString()
+#: Let the request body pass unchanged (non-pooled model with passthrough on).
+CONTINUE_BODY = ep.ProcessingResponse(
+    request_body=ep.BodyResponse(response=ep.CommonResponse())).SerializeToString()
+
+_ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error",
+                405: "invalid_request_error", 413: "invalid_request_error",
+                415: "invalid_request_error", 503: "service_unavailable"}
+
+
+def _header(key: str, value: str) -> base_pb2.HeaderValueOption:
+    return base_pb2.HeaderValueOption(
+        header=base_pb2.HeaderValue(key=key, raw_value=value.encode("latin-1")),
+        append_action=_OVERWRITE)
+
+
+@lru_cache(maxsize=4096)
+def route(header: str, value: str) -> bytes:
+    """Body-phase answer: set the routing header and make Envoy pick the route again."""
+    common = ep.CommonResponse(header_mutation=ep.HeaderMutation(set_headers=[_header(header,
+                                                                                      value)]),
+                               clear_route_cache=True)
+    return ep.ProcessingResponse(request_body=ep.BodyResponse(response=common)) \
+        .SerializeToString()
+
+
+def override_timeout(seconds: float) -> bytes:
+    """Ask Envoy to wait up to ``seconds`` for our next answer (a parked stream)."""
+    response = ep.ProcessingResponse()
+    response.override_message_timeout.FromNanoseconds(int(seconds * 1e9))
+    return response.SerializeToString()
+
+
+def error_body(status: int, code: str, message: str, param: str | None = None) -> bytes:
+    """An OpenAI-style error document."""
+    return json.dumps({"error": {"message": message,
+                                 "type": _ERROR_TYPES.get(status, "invalid_request_error"),
+                                 "param": param, "code": code}}).encode()
+
+
+def immediate(status: int, body: bytes, details: str,
+              headers: tuple[tuple[str, str], ...] = ()) -> bytes:
+    """Answer the client directly with a JSON body; Envoy does not route the request."""
+    mutation = ep.HeaderMutation(set_headers=[_header("content-type", "application/json"),
+                                              *(_header(k, v) for k, v in headers)])
+    return ep.ProcessingResponse(immediate_response=ep.ImmediateResponse(
+        status=http_status_pb2.HttpStatus(code=status), headers=mutation, body=body,
+        details=details)).SerializeToString()
+
+
+def error(status: int, code: str, message: str, param: str | None = None,
+          headers: tuple[tuple[str, str], ...] = ()) -> bytes:
+    """An immediate OpenAI-style error answer; ``details`` shows in Envoy's access log."""
+    return immediate(status, error_body(status, code, message, param),
+                     f"modelpool_{code}", headers)

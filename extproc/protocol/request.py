@@ -1,0 +1,150 @@
+"""Reading an HTTP request as Envoy hands it over: the head, then the model named in the body.
+
+Every way a request can be wrong ends in ``BadRequest`` carrying the HTTP status and the
+OpenAI-style error code the client will see.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+# Longest model name accepted; OpenAI and Kubernetes names are far shorter.
+MAX_MODEL_LENGTH = 256
+
+
+class BadRequest(Exception):
+    """A request the service refuses, with the status and error code to answer."""
+
+    def __init__(self, status: int, code: str, message: str, param: str | None = None,
+                 headers: tuple[tuple[str, str], ...] = ()) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.param = param
+        self.headers = headers
+
+
+@dataclass(slots=True)
+class RequestHead:
+    """The parts of the request headers the service looks at."""
+
+    method: str = ""
+    path: str = ""
+    content_type: str = ""
+    content_encoding: str = ""
+    request_id: str = ""
+
+
+def read_head(header_map: object) -> RequestHead:
+    """Pick method, path, content type/encoding and request id out of Envoy's HeaderMap."""
+    head = RequestHead()
+    for h in header_map.headers:  # type: ignore[attr-defined]
+        key = h.key
+        if key == ":method":
+            head.method = h.raw_value.decode("latin-1")
+        elif key == ":path":
+            head.path = h.raw_value.decode("latin-1")
+        elif key == "content-type":
+            head.content_type = h.raw_value.decode("latin-1")
+        elif key == "content-encoding":
+            head.content_encoding = h.raw_value.decode("latin-1").strip().lower()
+        elif key == "x-request-id":
+            head.request_id = h.raw_value.decode("latin-1")
+    return head
+
+
+def model_from_body(head: RequestHead, body: bytes, max_bytes: int) -> str:
+    """Return the ``model`` the request names, or raise BadRequest."""
+    if len(body) > max_bytes:
+        raise BadRequest(413, "request_too_large",
+                         f"request body is {len(body)} bytes; the limit is {max_bytes}")
+    if head.content_encoding not in ("", "identity"):
+        raise BadRequest(415, "unsupported_content_encoding",
+                         f"content-encoding {head.content_encoding!r} is not supported; "
+                         "send an uncompressed body")
+    if not body:
+        raise BadRequest(400, "missing_body", "request body is empty; it must name a model",
+                         "model")
+    media_type = head.content_type.split(";", 1)[0].strip().lower()
+    if media_type == "multipart/form-data":
+        return _check_model(_multipart_model(head.content_type, body))
+    if media_type not in ("", "application/json") and not media_type.endswith("+json"):
+        raise BadRequest(415, "unsupported_media_type",
+                         f"content-type {media_type!r} is not supported; send "
+                         "application/json or multipart/form-data")
+    try:
+        document = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise BadRequest(400, "invalid_json", f"request body is not valid JSON: {exc}") \
+            from None
+    if not isinstance(document, dict):
+        raise BadRequest(400, "invalid_request",
+                         f"request body must be a JSON object, not {type(document).__name__}")
+    if "model" not in document:
+        raise BadRequest(400, "missing_model", "request body must name a model", "model")
+    return _check_model(document["model"])
+
+
+def _check_model(model: object) -> str:
+    if not isinstance(model, str):
+        raise BadRequest(400, "invalid_model",
+                         f"model must be a string, not {type(model).__name__}", "model")
+    if not model:
+        raise BadRequest(400, "missing_model", "model must not be empty", "model")
+    if len(model) > MAX_MODEL_LENGTH:
+        raise BadRequest(400, "invalid_model",
+                         f"model name is {len(model)} characters; at most "
+                         f"{MAX_MODEL_LENGTH} are allowed", "model")
+    if not model.isprintable():
+        raise BadRequest(400, "invalid_model", "model name contains control characters",
+                         "model")
+    return model
+
+
+def _boundary(content_type: str) -> bytes:
+    for param in content_type.split(";")[1:]:
+        name, _, value = param.strip().partition("=")
+        if name.strip().lower() == "boundary":
+            value = value.strip().strip('"')
+            if 0 < len(value) <= 70:  # RFC 2046 limit
+                return value.encode("latin-1")
+    raise BadRequest(400, "invalid_multipart", "multipart/form-data without a valid boundary")
+
+
+def _multipart_model(content_type: str, body: bytes) -> object:
+    """The ``model`` form field of a multipart/form-data body (audio transcription)."""
+    delimiter = b"--" + _boundary(content_type)
+    if not body.startswith(delimiter) and (b"\r\n" + delimiter) not in body:
+        raise BadRequest(400, "invalid_multipart", "multipart body does not contain its "
+                         "boundary")
+    for part in body.split(delimiter)[1:]:
+        if part.startswith(b"--"):
+            break  # closing delimiter
+        head, sep, content = part.partition(b"\r\n\r\n")
+        if not sep:
+            raise BadRequest(400, "invalid_multipart", "multipart part without headers")
+        if _field_name(head) != "model":
+            continue
+        if not content.endswith(b"\r\n"):
+            raise BadRequest(400, "invalid_multipart", "truncated multipart body")
+        try:
+            return content[:-2].decode("utf-8").strip()
+        except UnicodeDecodeError:
+            raise BadRequest(400, "invalid_model", "model field is not UTF-8", "model") \
+                from None
+    raise BadRequest(400, "missing_model", "multipart body has no model field", "model")
+
+
+def _field_name(part_head: bytes) -> str:
+    """The ``name`` parameter of a multipart part's Content-Disposition header."""
+    for line in part_head.split(b"\r\n"):
+        header, _, value = line.partition(b":")
+        if header.strip().lower() != b"content-disposition":
+            continue
+        for param in value.split(b";")[1:]:
+            key, _, raw = param.strip().partition(b"=")
+            if key.strip().lower() == b"name":
+                return raw.strip().strip(b'"').decode("latin-1")
+    return ""

@@ -1,0 +1,248 @@
+"""The ext_proc stream: one HTTP request from Envoy in, one decision out.
+
+Envoy opens a stream per request, sends the headers, then the buffered body, and keeps the
+stream open until the downstream response (SSE included) has finished. So the stream's
+lifetime is the request's lifetime: the pool counts a request in flight from admission until
+this handler returns, which is exactly what "drain before unload" needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable
+from typing import Any
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+
+from .. import metrics
+from ..logs import get_logger
+from ..policy.events import Admit, Reject
+from ..runtime.driver import Ticket
+from ..runtime.hub import Hub, Route
+from ..settings import Settings
+from . import answers
+from .request import BadRequest, RequestHead, model_from_body, read_head
+
+log = get_logger(__name__)
+
+SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+# Extra time asked of Envoy beyond a held request's deadline, so our own 503 arrives first.
+_PARK_MARGIN = 5.0
+_MODELS_PATH = "/v1/models"
+
+
+class ExtProcService:
+    """Implements ExternalProcessor/Process on top of the Hub."""
+
+    def __init__(self, hub: Hub, settings: Settings) -> None:
+        self._hub = hub
+        self._settings = settings
+        self._header = settings.route_header
+        self._template = settings.route_template
+        self._route_values: dict[tuple[Any, str], str] = {}
+        self._outcomes: dict[tuple[str, str, str], Any] = {}
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        """The gRPC generic handler; messages in are parsed with upb, out are raw bytes."""
+        method = grpc.stream_stream_rpc_method_handler(
+            self.process, request_deserializer=ep.ProcessingRequest.FromString,
+            response_serializer=None)
+        return grpc.method_handlers_generic_handler(SERVICE, {"Process": method})
+
+    async def process(self, _requests: Any, context: grpc.aio.ServicerContext) -> None:
+        """Handle one request's stream from its headers to its end."""
+        metrics.STREAMS_IN_FLIGHT.inc()
+        ticket: Ticket | None = None
+        route: Route | None = None
+        pending_read: asyncio.Future | None = None
+        try:
+            first = await context.read()
+            if first is grpc.aio.EOF or not first.HasField("request_headers"):
+                return
+            head = read_head(first.request_headers.headers)
+            early = self._decide_on_headers(head, first.request_headers.end_of_stream)
+            if early is not None:
+                await context.write(early)
+                return await self._until_closed(context)
+            await context.write(answers.CONTINUE_HEADERS)
+            body = await self._read_body(context)
+            if body is None:
+                return
+            started = time.perf_counter()
+            try:
+                model = model_from_body(head, body, self._settings.max_body_bytes)
+            except BadRequest as exc:
+                await context.write(self._refuse(head, exc))
+                return await self._until_closed(context)
+            route = self._hub.resolve(model)
+            if route is None:
+                await context.write(self._unrouted(head, model))
+                return await self._until_closed(context)
+            ticket = route.driver.arrive(route.member)
+            if ticket.decision is None:
+                pending_read = await self._park(context, ticket, route, head)
+                if pending_read is None:
+                    return  # the client left while held
+                started = time.perf_counter()
+            await context.write(self._answer(ticket, route, head, model))
+            metrics.DECISION_SECONDS.observe(time.perf_counter() - started)
+            await self._until_closed(context, pending_read)
+        except asyncio.CancelledError:
+            raise  # Envoy reset the stream (client gone); `finally` does the accounting
+        except Exception:
+            log.error("ext_proc stream failed", exc_info=True)
+            await context.abort(grpc.StatusCode.INTERNAL, "internal error")
+        finally:
+            if ticket is not None and route is not None:
+                route.driver.end(ticket)
+            if pending_read is not None and not pending_read.done():
+                pending_read.cancel()
+            metrics.STREAMS_IN_FLIGHT.dec()
+
+    # ---- the steps -------------------------------------------------------------------------
+
+    def _decide_on_headers(self, head: RequestHead, end_of_stream: bool) -> bytes | None:
+        """Answer what can be answered from the headers alone, else None."""
+        path = head.path.split("?", 1)[0]
+        if path == _MODELS_PATH or path.startswith(_MODELS_PATH + "/"):
+            if head.method not in ("GET", "HEAD"):
+                return self._error(405, "method_not_allowed",
+                                   f"{head.method} is not allowed on {path}; use GET",
+                                   headers=(("allow", "GET"),))
+            return self._models_answer(path)
+        if not path.startswith("/v1/"):
+            return self._error(404, "unknown_path",
+                               f"no route for {path!r}: this endpoint serves the OpenAI API "
+                               "under /v1/")
+        if head.method != "POST":
+            return self._error(405, "method_not_allowed",
+                               f"{head.method} is not allowed on {path}; use POST",
+                               headers=(("allow", "POST"),))
+        if end_of_stream:
+            return self._error(400, "missing_body",
+                               "request body is empty; it must name a model", "model")
+        return None
+
+    async def _read_body(self, context: grpc.aio.ServicerContext) -> bytes | None:
+        chunks: list[bytes] = []
+        size, limit = 0, self._settings.max_body_bytes
+        while True:
+            msg = await context.read()
+            if msg is grpc.aio.EOF:
+                return None
+            if not msg.HasField("request_body"):
+                continue  # trailers are configured off; tolerate anything else
+            chunk = msg.request_body.body
+            size += len(chunk)
+            if size <= limit:
+                chunks.append(chunk)
+            if msg.request_body.end_of_stream:
+                # Over the limit: hand a body of the real size to the checker for its 413.
+                return b"".join(chunks) if size <= limit else b"\0" * (limit + 1)
+
+    async def _park(self, context: grpc.aio.ServicerContext, ticket: Ticket, route: Route,
+                    head: RequestHead) -> asyncio.Future | None:
+        """Wait for the held request's decision; None if the client left meanwhile."""
+        assert ticket.waiter is not None
+        if self._settings.park_timeout_override:
+            await context.write(answers.override_timeout(
+                max(1.0, ticket.deadline - time.monotonic()) + _PARK_MARGIN))
+        log.info("request held", namespace=route.driver.key.namespace,
+                 pool=route.driver.key.name, member=route.member, request_id=head.request_id)
+        reader: asyncio.Future = asyncio.ensure_future(context.read())
+        done, _ = await asyncio.wait((ticket.waiter, reader),
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if ticket.waiter in done:
+            return reader
+        reader.cancel()  # Envoy closed the stream: the client is gone
+        log.info("held request abandoned by its client", namespace=route.driver.key.namespace,
+                 pool=route.driver.key.name, member=route.member, request_id=head.request_id)
+        return None
+
+    def _answer(self, ticket: Ticket, route: Route, head: RequestHead, model: str) -> bytes:
+        decision = ticket.decision
+        key = route.driver.key
+        if isinstance(decision, Admit):
+            self._count(key.namespace, key.name, "held_admitted" if decision.held_for
+                        else "admitted")
+            if decision.held_for:
+                log.info("held request released", namespace=key.namespace, pool=key.name,
+                         member=route.member, request_id=head.request_id,
+                         held_s=round(decision.held_for, 3))
+            return answers.route(self._header, self._route_value(key, route.member))
+        assert isinstance(decision, Reject)
+        self._count(key.namespace, key.name, decision.code)
+        log.info("request refused", namespace=key.namespace, pool=key.name,
+                 member=route.member, request_id=head.request_id, status=decision.status,
+                 code=decision.code)
+        return self._error(decision.status, decision.code, decision.message, "model",
+                           (("retry-after", str(decision.retry_after)),)
+                           if decision.retry_after else ())
+
+    def _unrouted(self, head: RequestHead, model: str) -> bytes:
+        pools = self._hub.ambiguity(model)
+        if pools:
+            return self._refuse(head, BadRequest(
+                400, "model_ambiguous", f"model {model!r} is served by several pools "
+                f"({', '.join(pools)}); ask the operator for a unique alias", "model"))
+        if self._settings.passthrough_unknown:
+            self._count("", "", "passthrough")
+            return answers.CONTINUE_BODY
+        available = sorted({entry.id for entry in self._hub.models})
+        return self._refuse(head, BadRequest(
+            404, "model_not_found", f"model {model!r} does not exist; available models: "
+            f"{', '.join(available) or '(none)'}", "model"))
+
+    def _refuse(self, head: RequestHead, exc: BadRequest) -> bytes:
+        log.info("request refused", request_id=head.request_id, status=exc.status,
+                 code=exc.code, path=head.path)
+        return self._error(exc.status, exc.code, exc.message, exc.param, exc.headers)
+
+    def _models_answer(self, path: str) -> bytes:
+        now = int(time.time())
+        entries = [{"id": m.id, "object": "model", "created": now,
+                    "owned_by": f"{m.namespace}/{m.pool}", "member": m.member}
+                   for m in self._hub.models]
+        if path == _MODELS_PATH:
+            document: dict[str, Any] = {"object": "list", "data": entries}
+        else:
+            wanted = path[len(_MODELS_PATH) + 1:]
+            match = next((e for e in entries if e["id"] == wanted), None)
+            if match is None:
+                return self._error(404, "model_not_found",
+                                   f"model {wanted!r} does not exist", "model")
+            document = match
+        return answers.immediate(200, json.dumps(document).encode(), "modelpool_models")
+
+    # ---- helpers ---------------------------------------------------------------------------
+
+    def _error(self, status: int, code: str, message: str, param: str | None = None,
+               headers: tuple[tuple[str, str], ...] = ()) -> bytes:
+        metrics.ERRORS.labels(code, str(status)).inc()
+        return answers.error(status, code, message, param, headers)
+
+    def _route_value(self, key: Any, member: str) -> str:
+        value = self._route_values.get((key, member))
+        if value is None:
+            value = self._template.format(member=member, pool=key.name,
+                                          namespace=key.namespace)
+            self._route_values[(key, member)] = value
+        return value
+
+    def _count(self, namespace: str, pool: str, outcome: str) -> None:
+        child = self._outcomes.get((namespace, pool, outcome))
+        if child is None:
+            child = metrics.REQUESTS.labels(namespace, pool, outcome)
+            self._outcomes[(namespace, pool, outcome)] = child
+        child.inc()
+
+    @staticmethod
+    async def _until_closed(context: grpc.aio.ServicerContext,
+                            pending: Awaitable[Any] | None = None) -> None:
+        """Keep the stream (the request) open until Envoy ends it."""
+        msg = await pending if pending is not None else await context.read()
+        while msg is not grpc.aio.EOF:
+            msg = await context.read()

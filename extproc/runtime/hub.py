@@ -1,0 +1,124 @@
+"""All pools served by this process: the model registry and one driver per pool.
+
+The platform layer (Kubernetes watch or a static file) reports pools and members through the
+``pool_changed`` / ``pool_removed`` / ``member_changed`` callbacks; the protocol layer asks
+``resolve(model)`` on every request, which is a dictionary lookup.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..logs import get_logger
+from ..policy.machine import Limits
+from ..policy.model import MemberObservation, PoolKey, PoolSpec
+from ..settings import Settings
+from .driver import Platform, PoolDriver
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where a model name leads: a pool's driver and the member in it."""
+
+    driver: PoolDriver
+    member: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelEntry:
+    """One row of GET /v1/models."""
+
+    id: str
+    namespace: str
+    pool: str
+    member: str
+
+
+def limits_from(settings: Settings) -> Limits:
+    """The policy knobs that come from process settings."""
+    return Limits(swap_timeout=settings.swap_timeout, failure_backoff=settings.failure_backoff,
+                  retry_after_default=settings.retry_after_default,
+                  retry_after_max=settings.retry_after_max, idle_gate=settings.idle_gate)
+
+
+class Hub:
+    """Keeps a PoolDriver per ModelPool and the model-name index over them."""
+
+    def __init__(self, settings: Settings, platform: Platform) -> None:
+        self._limits = limits_from(settings)
+        self._platform = platform
+        self._drivers: dict[PoolKey, PoolDriver] = {}
+        self._routes: dict[str, Route] = {}
+        self._ambiguous: dict[str, list[str]] = {}
+        self.models: list[ModelEntry] = []
+
+    def resolve(self, model: str) -> Route | None:
+        """The route for a model name, or None when no pool serves it."""
+        return self._routes.get(model)
+
+    def ambiguity(self, model: str) -> list[str]:
+        """Pools that all claim ``model`` (so none is chosen), or an empty list."""
+        return self._ambiguous.get(model, [])
+
+    def drivers(self) -> list[PoolDriver]:
+        """Every pool's driver."""
+        return list(self._drivers.values())
+
+    def driver(self, key: PoolKey) -> PoolDriver | None:
+        """The driver of one pool."""
+        return self._drivers.get(key)
+
+    # ---- the platform's listener callbacks -------------------------------------------------
+
+    def pool_changed(self, spec: PoolSpec, status: dict) -> None:
+        """A pool appeared or its spec changed; ``status`` seeds start-up adoption."""
+        driver = self._drivers.get(spec.key)
+        if driver is None:
+            self._drivers[spec.key] = PoolDriver(
+                spec, self._limits, self._platform,
+                resident_hint=str(status.get("residentMember") or ""),
+                pending_hint=str(status.get("pendingMember") or ""))
+            log.info("pool added", namespace=spec.key.namespace, pool=spec.key.name,
+                     members=list(spec.members), default=spec.default)
+        elif driver.spec != spec:
+            driver.respec(spec)
+        self._reindex()
+
+    def pool_removed(self, key: PoolKey) -> None:
+        """A pool was deleted: its waiters are rejected and its models unrouted."""
+        driver = self._drivers.pop(key, None)
+        if driver is not None:
+            driver.close()
+            log.info("pool removed", namespace=key.namespace, pool=key.name)
+        self._reindex()
+
+    def member_changed(self, key: PoolKey, obs: MemberObservation) -> None:
+        """The cluster's view of a member changed."""
+        driver = self._drivers.get(key)
+        if driver is not None and obs.name in driver.spec.members:
+            driver.observe(obs)
+
+    def close(self) -> None:
+        """Stop every driver (shutdown)."""
+        for driver in self._drivers.values():
+            driver.close()
+
+    def _reindex(self) -> None:
+        claims: dict[str, list[Route]] = {}
+        models: list[ModelEntry] = []
+        for key in sorted(self._drivers, key=str):
+            driver = self._drivers[key]
+            names = {m: m for m in driver.spec.members}
+            names.update(driver.spec.aliases)
+            for name, member in names.items():
+                claims.setdefault(name, []).append(Route(driver, member))
+                models.append(ModelEntry(name, key.namespace, key.name, member))
+        self._routes = {name: routes[0] for name, routes in claims.items() if len(routes) == 1}
+        self._ambiguous = {name: [str(r.driver.key) for r in routes]
+                           for name, routes in claims.items() if len(routes) > 1}
+        for name, pools in self._ambiguous.items():
+            log.warning("model name claimed by several pools; requests for it are refused",
+                        model=name, pools=pools)
+        self.models = models
