@@ -47,6 +47,10 @@ def _annotations(isvc: dict[str, Any] | None) -> dict[str, str]:
     return ((isvc or {}).get("metadata") or {}).get("annotations") or {}
 
 
+def _uid(isvc: dict[str, Any] | None) -> str | None:
+    return ((isvc or {}).get("metadata") or {}).get("uid")
+
+
 def _flag(isvc: dict[str, Any] | None, key: str) -> bool:
     return _annotations(isvc).get(key, "").strip().lower() == "true"
 
@@ -85,10 +89,13 @@ class MemberActor:
         self.server: UpstreamServer | None = None
         self.server_pod: str | None = None  # the pod the running server belongs to
         self.reported: str | None = None  # the last phase this actor wrote
+        self.failed_start: str | None = None  # pod whose server would not start: no retry on it
         self.task: asyncio.Task | None = None
 
     def observe(self, isvc: dict[str, Any] | None) -> None:
         """Take the latest InferenceService (None: deleted) and schedule a pass."""
+        if _uid(isvc) != _uid(self.isvc):
+            self.reported = None  # deleted or re-created: what we wrote belonged to the old one
         self.isvc = isvc
         self.wake.set()
 
@@ -194,7 +201,7 @@ class MemberActor:
             if phase != "Ready":
                 await self._report_ready()
             return
-        if phase == "Failed" and _flag(self.isvc, ANN_FAIL):
+        if phase == "Failed" and (_flag(self.isvc, ANN_FAIL) or self.failed_start == name):
             return  # stays failed until the annotation is cleared or the pod is replaced
         if phase == "Ready":
             # a simulator restart: the pod (and the model in it) survived, only our process
@@ -236,9 +243,13 @@ class MemberActor:
         server = UpstreamServer(self.name, port, self.ctx.log_dir)
         try:
             await server.start()
+        except asyncio.CancelledError:
+            await server.stop(hard=True)  # simulator stopping mid-start: leave no process behind
+            raise
         except Exception as exc:  # a server that cannot start is a failed load, not a crash
             log.warning("member %s: upstream did not start: %r", self.name, exc)
-            await server.stop()
+            await server.stop(hard=True)
+            self.failed_start = pod_name
             await self._report("Failed", 1, 0)
             self._record("failed", pod_name, reason="upstream did not start")
             return
@@ -257,14 +268,17 @@ class MemberActor:
     async def _stop_server(self, hard: bool = False) -> None:
         if self.server is None:
             return
-        server, pod_name = self.server, self.server_pod
+        # cleared only once stopped, so a stop() cancelling this still finds the process
+        await self.server.stop(hard)
+        pod_name = self.server_pod
         self.server = self.server_pod = None
-        await server.stop(hard)
         self._record("server_stopped", pod_name)
 
     async def _lost_pod(self) -> None:
-        self._record("pod_killed", self.server_pod)
+        name = self.server_pod
+        self._record("pod_killed", name)
         await self._stop_server(hard=True)
+        self._record("pod_deleted", name)
         if self.isvc is not None:
             await self._report("Progressing", 0, 0)
 

@@ -1,0 +1,333 @@
+"""The member simulator against the Kubernetes emulator, over HTTP with the real client."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import pytest
+from kubernetes.aio import client, config
+
+from devstack.procs import PROJECT_ROOT, free_port
+from devstack.simulator import MemberSimulator
+from devstack.simulator_kube import GROUP, MERGE_PATCH, PLURAL, VERSION
+from devstack.simulator_timeline import read_timeline
+
+kubeapi = pytest.importorskip(
+    "devstack.kubeapi", reason="the Kubernetes emulator (devstack/kubeapi) is not there yet")
+CRDS = PROJECT_ROOT / "crds"
+CRD_FILES = sorted(CRDS.glob("*.yaml")) if CRDS.is_dir() else []
+if not any("inferenceservices" in p.name for p in CRD_FILES):
+    pytest.skip("crds/ has no InferenceService CRD", allow_module_level=True)
+
+NS = "sim"
+LOAD = 0.3
+UNLOAD = 0.3
+TIMEOUT = 8.0
+
+
+async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = TIMEOUT,
+                     what: str = "condition") -> Any:
+    """Poll `check` until it returns something truthy; fail after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = await check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+class Cluster:
+    """Test-side access to the emulator with the real client."""
+
+    def __init__(self, api: client.ApiClient, kubeconfig: Path) -> None:
+        self.api, self.kubeconfig = api, kubeconfig
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+
+    async def create(self, name: str, replicas: int = 0, **annotations: str) -> None:
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceService",
+                "metadata": {"name": name, "annotations": annotations},
+                "spec": {"replicas": replicas, "modelRef": name}}
+        await self.custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body)
+
+    async def patch(self, name: str, body: dict[str, Any]) -> None:
+        await self.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, NS, PLURAL, name, body, _content_type=MERGE_PATCH)
+
+    async def scale(self, name: str, replicas: int) -> None:
+        await self.patch(name, {"spec": {"replicas": replicas}})
+
+    async def annotate(self, name: str, key: str, value: str | None) -> None:
+        await self.patch(name, {"metadata": {"annotations": {key: value}}})
+
+    async def isvc(self, name: str) -> dict[str, Any]:
+        return await self.custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name)
+
+    async def status(self, name: str) -> dict[str, Any]:
+        return (await self.isvc(name)).get("status") or {}
+
+    async def pods(self, member: str) -> list[Any]:
+        listing = await self.core.list_namespaced_pod(
+            NS, label_selector=f"inference.llmkube.dev/service={member}")
+        return listing.items
+
+    async def wait_phase(self, name: str, phase: str, timeout: float = TIMEOUT) -> dict:
+        async def check() -> dict | None:
+            status = await self.status(name)
+            return status if status.get("phase") == phase else None
+        return await eventually(check, timeout, f"{name} phase {phase}")
+
+
+async def health(port: int) -> int | None:
+    """Status of GET /health on the port, None when nothing answers."""
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://127.0.0.1:{port}/health",
+                                   timeout=aiohttp.ClientTimeout(total=1)) as resp:
+                return resp.status
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        return None
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    emu = kubeapi.KubeEmulator(crd_paths=CRD_FILES)
+    await emu.start("127.0.0.1", free_port())
+    kubeconfig = tmp_path / "kubeconfig"
+    emu.write_kubeconfig(kubeconfig)
+    api = await config.new_client_from_config(config_file=str(kubeconfig), persist_config=False)
+    try:
+        yield Cluster(api, kubeconfig)
+    finally:
+        await api.close()
+        await emu.stop()
+
+
+SimFactory = Callable[..., Awaitable[MemberSimulator]]
+
+
+@pytest.fixture
+async def sims(cluster: Cluster, tmp_path: Path) -> AsyncIterator[SimFactory]:
+    """Start simulators on the emulator (short delays); every one is stopped at teardown."""
+    started: list[MemberSimulator] = []
+
+    async def start(ports: dict[str, int] | None = None, **kwargs: Any) -> MemberSimulator:
+        kwargs.setdefault("default_load_delay", LOAD)
+        kwargs.setdefault("default_unload_delay", UNLOAD)
+        kwargs.setdefault("timeline_path", tmp_path / "timeline.jsonl")
+        sim = MemberSimulator(cluster.kubeconfig, [NS], ports or {}, log_dir=tmp_path, **kwargs)
+        started.append(sim)
+        await sim.start()
+        return sim
+
+    try:
+        yield start
+    finally:
+        for sim in started:
+            await sim.stop()
+
+
+def events(sim: MemberSimulator, member: str) -> list[str]:
+    return [e.event for e in sim.timeline.of(member)]
+
+
+def first(sim: MemberSimulator, member: str, event: str, pod: str | None = None) -> float:
+    return next(e.t for e in sim.timeline.of(member, event) if pod in (None, e.pod))
+
+
+async def test_scale_up_creates_pod_then_ready_with_a_live_upstream(cluster: Cluster, sims):
+    port = free_port()
+    await cluster.create("judge", replicas=0)
+    sim = await sims({"judge": port})
+    await cluster.wait_phase("judge", "Stopped")
+    assert await cluster.pods("judge") == []
+
+    began = time.monotonic()
+    await cluster.scale("judge", 1)
+    status = await cluster.wait_phase("judge", "Creating")
+    assert status["readyReplicas"] == 0
+    (pod,) = await cluster.pods("judge")
+    assert pod.metadata.name.startswith("judge-") and len(pod.metadata.name) == len("judge-") + 5
+    assert pod.metadata.labels == {"app": "judge", "inference.llmkube.dev/service": "judge"}
+
+    status = await cluster.wait_phase("judge", "Ready")
+    assert time.monotonic() - began >= LOAD
+    assert status == {"phase": "Ready", "replicas": 1, "readyReplicas": 1,
+                      "endpoint": f"http://127.0.0.1:{port}"}
+    assert await health(port) == 200
+    (pod,) = await cluster.pods("judge")
+    assert pod.status.phase == "Running"
+    assert events(sim, "judge") == ["stopped", "pod_created", "server_started", "ready"]
+    assert sim.timeline.of("judge", "ready")[0].t - first(sim, "judge", "pod_created") >= LOAD
+
+
+async def test_scale_down_unloads_before_the_pod_goes(cluster: Cluster, sims, tmp_path: Path):
+    port = free_port()
+    await cluster.create("coder", replicas=1)
+    sim = await sims({"coder": port})
+    await cluster.wait_phase("coder", "Ready")
+    server = sim.actors[(NS, "coder")].server
+    assert server is not None and server.process.running
+
+    await cluster.scale("coder", 0)
+    await cluster.wait_phase("coder", "Progressing")
+    (pod,) = await eventually(lambda: cluster.pods("coder"), what="the terminating pod")
+    assert pod.metadata.deletion_timestamp is not None  # still there, but going
+    await eventually(lambda: _is(health(port), None), what="the upstream to stop")
+    assert await cluster.pods("coder")  # the server went first; the pod is still unloading
+
+    status = await cluster.wait_phase("coder", "Stopped")
+    assert status["replicas"] == 0 and status["readyReplicas"] == 0
+    assert await cluster.pods("coder") == []
+    assert not server.process.running
+    assert events(sim, "coder") == ["pod_created", "server_started", "ready", "pod_terminating",
+                                    "server_stopped", "pod_deleted", "stopped"]
+    assert first(sim, "coder", "pod_deleted") - first(sim, "coder", "pod_terminating") >= UNLOAD
+    # the file has the same record, for tests in other processes
+    on_disk = read_timeline(tmp_path / "timeline.jsonl")
+    assert [e["event"] for e in on_disk if e["member"] == "coder"] == events(sim, "coder")
+
+
+async def _is(value: Awaitable[Any], expected: Any) -> bool:
+    return (await value) == expected
+
+
+async def test_fail_annotation_ends_in_failed_and_clearing_it_retries(cluster: Cluster, sims):
+    port = free_port()
+    await cluster.create("writer", replicas=0, **{"sim.llmkube.dev/fail": "true"})
+    sim = await sims({"writer": port})
+    await cluster.wait_phase("writer", "Stopped")
+    await cluster.scale("writer", 1)
+    await cluster.wait_phase("writer", "Failed")
+    assert await health(port) is None
+    assert len(await cluster.pods("writer")) == 1
+    await asyncio.sleep(2 * LOAD)  # stays failed: no retry loop while the annotation holds
+    assert (await cluster.status("writer"))["phase"] == "Failed"
+    assert events(sim, "writer").count("failed") == 1
+
+    await cluster.annotate("writer", "sim.llmkube.dev/fail", None)
+    await cluster.wait_phase("writer", "Ready")
+    assert await health(port) == 200
+
+
+async def test_kill_pod_replaces_the_pod_and_loads_again(cluster: Cluster, sims):
+    port = free_port()
+    await cluster.create("judge", replicas=1, **{"sim.llmkube.dev/kill-pod": "0"})
+    sim = await sims({"judge": port})
+    await cluster.wait_phase("judge", "Ready")
+    (old,) = await cluster.pods("judge")
+    old_pid = sim.actors[(NS, "judge")].server.process.pid
+
+    await _kubectl(cluster, "annotate", "isvc", "judge", "sim.llmkube.dev/kill-pod=1",
+                   "--overwrite")
+    await eventually(lambda: _phase_in(cluster, "judge", {"Progressing", "Creating"}),
+                     what="judge to leave Ready")
+
+    async def replaced() -> Any:
+        pods = await cluster.pods("judge")
+        return [p for p in pods if p.metadata.name != old.metadata.name]
+    (new,) = await eventually(replaced, what="a replacement pod")
+    await cluster.wait_phase("judge", "Ready")
+    assert old.metadata.name not in [p.metadata.name for p in await cluster.pods("judge")]
+    assert sim.actors[(NS, "judge")].server.process.pid != old_pid
+    assert await health(port) == 200
+    assert first(sim, "judge", "pod_deleted", old.metadata.name) \
+        < first(sim, "judge", "pod_created", new.metadata.name)
+    assert events(sim, "judge").count("pod_killed") == 1
+
+
+async def _phase_in(cluster: Cluster, name: str, phases: set[str]) -> bool:
+    return (await cluster.status(name)).get("phase") in phases
+
+
+async def _kubectl(cluster: Cluster, *args: str) -> None:
+    """Run kubectl against the emulator (the annotations must work from the command line)."""
+    if not shutil.which("kubectl"):
+        pytest.skip("kubectl is not on PATH")
+    proc = await asyncio.create_subprocess_exec(
+        "kubectl", "--kubeconfig", str(cluster.kubeconfig), "-n", NS, *args,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out, _ = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0, out.decode()
+
+
+async def test_stuck_stays_creating_until_cleared(cluster: Cluster, sims):
+    port = free_port()
+    await cluster.create("coder", replicas=0, **{"sim.llmkube.dev/stuck": "true"})
+    await sims({"coder": port})
+    await cluster.scale("coder", 1)
+    await cluster.wait_phase("coder", "Creating")
+    await asyncio.sleep(4 * LOAD)
+    assert (await cluster.status("coder"))["phase"] == "Creating"
+    assert await health(port) is None
+
+    await cluster.annotate("coder", "sim.llmkube.dev/stuck", "false")
+    await cluster.wait_phase("coder", "Ready")
+
+
+async def test_quick_flip_finishes_the_unload_before_the_new_pod(cluster: Cluster, sims):
+    await cluster.create("judge", replicas=1)
+    sim = await sims()
+    await cluster.wait_phase("judge", "Ready")
+    await cluster.scale("judge", 0)
+    await cluster.scale("judge", 1)
+    await eventually(lambda: _ready_again(cluster, sim), what="judge Ready on a new pod")
+    pods = [e for e in sim.timeline.of("judge") if e.event in ("pod_created", "pod_deleted")]
+    assert [e.event for e in pods] == ["pod_created", "pod_deleted", "pod_created"]
+    assert len(await cluster.pods("judge")) == 1
+    assert await health(sim.ports["judge"]) == 200  # an unmapped member got a free port
+
+
+async def _ready_again(cluster: Cluster, sim: MemberSimulator) -> bool:
+    status = await cluster.status("judge")
+    return status.get("phase") == "Ready" and len(sim.timeline.of("judge", "ready")) == 2
+
+
+async def test_restart_adopts_existing_state(cluster: Cluster, sims):
+    port = free_port()
+    await cluster.create("judge", replicas=1)
+    await cluster.create("coder", replicas=0)
+    first_sim = await sims({"judge": port})
+    await cluster.wait_phase("judge", "Ready")
+    await cluster.wait_phase("coder", "Stopped")
+    (pod,) = await cluster.pods("judge")
+    await first_sim.stop()
+    assert await health(port) is None  # stop() leaves no upstream behind
+
+    second = await sims({"judge": port}, timeline_path=None)
+    await eventually(lambda: _is(health(port), 200), what="the adopted server")
+    assert (await cluster.status("judge"))["phase"] == "Ready"
+    assert [p.metadata.name for p in await cluster.pods("judge")] == [pod.metadata.name]
+    assert events(second, "judge") == ["server_started", "adopted", "ready"]
+    assert events(second, "coder") == []  # already Stopped: nothing to do
+
+
+async def test_cli_runs_until_sigterm_and_leaves_nothing(cluster: Cluster, tmp_path: Path):
+    port = free_port()
+    timeline = tmp_path / "cli-timeline.jsonl"
+    await cluster.create("judge", replicas=1)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "devstack.simulator", "--kubeconfig", str(cluster.kubeconfig),
+         "--namespace", NS, "--port", f"judge={port}", "--load-delay", "200ms",
+         "--timeline", str(timeline), "--log-dir", str(tmp_path)],
+        cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "cli.log", "wb"))
+    try:
+        await cluster.wait_phase("judge", "Ready", timeout=20)
+        assert await health(port) == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(proc.wait, 15)
+    assert proc.returncode == 0, (tmp_path / "cli.log").read_text()
+    assert await health(port) is None
+    assert [e["event"] for e in read_timeline(timeline)] == \
+        ["pod_created", "server_started", "ready"]
