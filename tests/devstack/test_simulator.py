@@ -20,8 +20,11 @@ from devstack.simulator import MemberSimulator
 from devstack.simulator_kube import GROUP, MERGE_PATCH, PLURAL, VERSION
 from devstack.simulator_timeline import read_timeline
 
-kubeapi = pytest.importorskip(
-    "devstack.kubeapi", reason="the Kubernetes emulator (devstack/kubeapi) is not there yet")
+try:
+    from devstack.kubeapi import KubeEmulator
+except ImportError:
+    pytest.skip("the Kubernetes emulator (devstack.kubeapi.KubeEmulator) is missing",
+                allow_module_level=True)
 CRDS = PROJECT_ROOT / "crds"
 CRD_FILES = sorted(CRDS.glob("*.yaml")) if CRDS.is_dir() else []
 if not any("inferenceservices" in p.name for p in CRD_FILES):
@@ -101,7 +104,7 @@ async def health(port: int) -> int | None:
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    emu = kubeapi.KubeEmulator(crd_paths=CRD_FILES)
+    emu = KubeEmulator(crd_paths=CRD_FILES)
     await emu.start("127.0.0.1", free_port())
     kubeconfig = tmp_path / "kubeconfig"
     emu.write_kubeconfig(kubeconfig)
