@@ -1,0 +1,88 @@
+"""Pure readers: ModelPool -> PoolSpec (defaults, bad values, aliases), pods -> member."""
+
+from __future__ import annotations
+
+from extproc.platform.kube.objects import pod_member, pool_spec, service_state
+from extproc.policy.model import PoolKey
+from extproc.settings import Settings
+
+SETTINGS = Settings(swap_budget=120.0, fairness_window=15.0)
+
+
+def pool(spec: dict, annotations: dict | None = None, generation: int = 4) -> dict:
+    """A ModelPool object in namespace ml named slot."""
+    return {"metadata": {"namespace": "ml", "name": "slot", "generation": generation,
+                         "annotations": annotations or {}}, "spec": spec}
+
+
+def members(*names: str) -> list[dict]:
+    """spec.members entries for ``names``."""
+    return [{"inferenceServiceRef": {"name": n}} for n in names]
+
+
+def test_full_spec() -> None:
+    spec, problems = pool_spec(pool(
+        {"members": members("a", "b"), "default": "b", "swapBudget": "5m"},
+        {"modelpool.inference.llmkube.dev/fairness-window": "45s",
+         "modelpool.inference.llmkube.dev/aliases": "gpt=a, coder = b"}), SETTINGS)
+    assert problems == ()
+    assert spec.key == PoolKey("ml", "slot")
+    assert spec.members == ("a", "b")
+    assert spec.default == "b"
+    assert spec.swap_budget == 300.0
+    assert spec.fairness_window == 45.0
+    assert spec.aliases == {"gpt": "a", "coder": "b"}
+    assert spec.generation == 4
+
+
+def test_defaults_come_from_settings() -> None:
+    spec, problems = pool_spec(pool({"members": members("a")}), SETTINGS)
+    assert problems == ()
+    assert (spec.swap_budget, spec.fairness_window, spec.default, spec.aliases) == (
+        120.0, 15.0, "", {})
+
+
+def test_bad_values_fall_back_and_are_noted() -> None:
+    spec, problems = pool_spec(pool(
+        {"members": members("a", "a", ""), "default": "zz", "swapBudget": "soon"},
+        {"modelpool.inference.llmkube.dev/fairness-window": "-3s",
+         "modelpool.inference.llmkube.dev/aliases": "x=nobody,broken,y=a"}), SETTINGS)
+    assert spec.members == ("a",)
+    assert spec.default == ""
+    assert spec.swap_budget == 120.0 and spec.fairness_window == 15.0
+    assert spec.aliases == {"y": "a"}
+    text = " | ".join(problems)
+    for needle in ("listed twice", "empty", "spec.default zz", "'soon'", "fairness-window",
+                   "nobody", "'broken'"):
+        assert needle in text
+
+
+def test_zero_budget_is_invalid_but_zero_fairness_is_pure_coalescing() -> None:
+    spec, problems = pool_spec(pool({"members": members("a"), "swapBudget": "0s"},
+                                    {"modelpool.inference.llmkube.dev/fairness-window": "0"}),
+                               SETTINGS)
+    assert spec.swap_budget == 120.0 and spec.fairness_window == 0.0
+    assert len(problems) == 1 and "swapBudget" in problems[0]
+
+
+def test_pod_member_prefers_service_label_then_app() -> None:
+    both = {"metadata": {"labels": {"app": "x", "inference.llmkube.dev/service": "a"}}}
+    app_only = {"metadata": {"labels": {"app": "b"}}}
+    assert pod_member(both) == "a"
+    assert pod_member(app_only) == "b"
+    assert pod_member({"metadata": {}}) == ""
+
+
+def test_terminating_pod_counts_finished_does_not() -> None:
+    labels = {"inference.llmkube.dev/service": "a"}
+    terminating = {"metadata": {"labels": labels, "deletionTimestamp": "2025-01-01T00:00:00Z"},
+                   "status": {"phase": "Running"}}
+    evicted = {"metadata": {"labels": labels}, "status": {"phase": "Failed"}}
+    assert pod_member(terminating) == "a"
+    assert pod_member(evicted) == ""
+
+
+def test_service_state_defaults_replicas_to_one() -> None:
+    assert service_state({"spec": {}}) == ("", 1)
+    assert service_state({"spec": {"replicas": 0}, "status": {"phase": "Stopped"}}) == (
+        "Stopped", 0)
