@@ -66,6 +66,7 @@ def wait_for_http(url: str, timeout: float = 10.0, expect_status: int | None = N
                 status = resp.status
         except urllib.error.HTTPError as exc:
             status = exc.code
+            exc.close()
         except OSError as exc:
             status, last = None, exc
         if status is not None:
@@ -179,7 +180,11 @@ class ManagedProcess:
 
 
 class EnvoyProcess:
-    """An Envoy running a rendered envoy/envoy.yaml on free loopback ports."""
+    """An Envoy running a rendered envoy/envoy.yaml on free loopback ports.
+
+    Config, envoy.log and access.log live in `workdir` (a new temp dir if not given; it is
+    kept after stop so logs can be read).
+    """
 
     def __init__(
         self,
