@@ -73,6 +73,12 @@ class Cluster:
             self._at(now + self.unload_delay, m, _stopped)
         self._changed.append(m.observe())
 
+    def warm(self, name: str) -> None:
+        """Make a member Ready before the test starts, as an earlier process left it."""
+        m = self.members[name]
+        m.epoch += 1
+        m.phase, m.replicas, m.pods = PHASE_READY, 1, 1
+
     # ---- faults -------------------------------------------------------------------------
 
     def kill(self, name: str, now: float) -> None:

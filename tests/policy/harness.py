@@ -66,6 +66,7 @@ class Driver:
     resident_hint: str = ""
     pending_hint: str = ""
     check_view_version: bool = True
+    last_tick: float = -math.inf
     machine: PoolMachine = field(init=False)
     requests: dict[int, Request] = field(default_factory=dict)
     log: list[tuple[float, Command]] = field(default_factory=list)
@@ -113,16 +114,19 @@ class Driver:
             t = min(cluster_t, queue_t, deadline)
             if t == math.inf or t > until:
                 break
-            ticks_here = ticks_here + 1 if t <= self.now else 0
-            assert ticks_here < MAX_TICKS_AT_ONE_TIME, \
-                f"next_deadline() {deadline} stays at or before now {self.now}"
             self.now = max(self.now, t)
             if cluster_t <= t:
                 self.cluster.advance(self.now)
                 self._deliver()
             elif queue_t <= t:
                 heapq.heappop(self._queue)[2]()
+                self._deliver()  # faults change the cluster directly
             else:
+                # A due deadline must be consumed by its Tick, or a runtime would spin.
+                ticks_here = ticks_here + 1 if deadline <= self.last_tick else 0
+                assert ticks_here < MAX_TICKS_AT_ONE_TIME, \
+                    f"next_deadline() {deadline} stays at or before now {self.now}"
+                self.last_tick = self.now
                 self.feed(Tick())
         if until != math.inf:
             self.now = max(self.now, until)
