@@ -53,11 +53,11 @@ def render_path(path: str, components: tuple[str, ...] = ()) -> list[dict[str, A
     return _CACHE[key]
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def render() -> Callable[[str], list[dict[str, Any]]]:
     return render_path
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def render_with() -> Callable[..., list[dict[str, Any]]]:
     return lambda path, components=(): render_path(path, tuple(components))
