@@ -37,9 +37,11 @@ _GRPC_MESSAGE_SLACK = 1024 * 1024
 class Service:
     """The whole process: start(), wait for a signal, stop() gracefully."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, platform: Any = None) -> None:
         self.settings = settings
-        self.platform: Any = None
+        # Anything with the runtime's Platform methods plus ``run(listener)`` and ``synced``;
+        # built from settings (static file or Kubernetes) unless given.
+        self.platform: Any = platform
         self.hub: Hub | None = None
         self._grpc: grpc.aio.Server | None = None
         self._health = health_aio.HealthServicer()
@@ -51,7 +53,10 @@ class Service:
     async def start(self) -> None:
         """Bind the listeners and start serving."""
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        self.platform, synced = await self._start_platform()
+        if self.platform is None:
+            self.platform = await self._build_platform()
+        self.hub = Hub(self.settings, self.platform)
+        self._background.append(asyncio.create_task(self.platform.run(self.hub)))
         self._grpc = grpc.aio.server(options=[
             ("grpc.max_receive_message_length",
              self.settings.max_body_bytes + _GRPC_MESSAGE_SLACK),
@@ -70,7 +75,7 @@ class Service:
                  metrics=self.settings.metrics_listen and
                  f"{self._host(self.settings.metrics_listen)}:{self.metrics_port}",
                  pools_source=self.settings.pools_file or "kubernetes")
-        self._background.append(asyncio.create_task(self._serve_when(synced)))
+        self._background.append(asyncio.create_task(self._serve_when(self.platform.synced)))
 
     async def stop(self) -> None:
         """Stop accepting, let in-flight streams finish up to the grace period, then exit."""
@@ -103,20 +108,12 @@ class Service:
 
     # ---- pieces ------------------------------------------------------------------------------
 
-    async def _start_platform(self) -> tuple[Any, asyncio.Event]:
-        synced = asyncio.Event()
+    async def _build_platform(self) -> Any:
         if self.settings.pools_file:
-            platform = StaticPlatform(load_specs(self.settings.pools_file, self.settings))
-            self.hub = Hub(self.settings, platform)
-            platform.start(self.hub)
-            synced.set()
-            return platform, synced
+            return StaticPlatform(load_specs(self.settings.pools_file, self.settings))
         from .platform.kube.wiring import KubePlatform  # only needed in cluster mode
 
-        platform = await KubePlatform.create(self.settings)
-        self.hub = Hub(self.settings, platform)
-        self._background.append(asyncio.create_task(platform.run(self.hub)))
-        return platform, platform.synced
+        return await KubePlatform.create(self.settings)
 
     async def _serve_when(self, synced: asyncio.Event) -> None:
         await synced.wait()

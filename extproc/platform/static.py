@@ -15,6 +15,7 @@ reachable, and a "swap" only flips which one the router sends traffic to. The fi
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -77,14 +78,16 @@ class StaticPlatform:
         self._specs = specs
         self._listener: PoolListener | None = None
         self.views: dict[PoolKey, PoolView] = {}
+        self.synced = asyncio.Event()
 
-    def start(self, listener: PoolListener) -> None:
+    async def run(self, listener: PoolListener) -> None:
         """Announce every pool and its (cold) members to ``listener``."""
         self._listener = listener
         for spec in self._specs:
             listener.pool_changed(spec, {})
             for member in spec.members:
                 listener.member_changed(spec.key, MemberObservation(member, phase="Stopped"))
+        self.synced.set()
 
     async def scale(self, key: PoolKey, member: str, replicas: int) -> None:
         """Apply the new replica count at once."""

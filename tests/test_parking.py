@@ -1,0 +1,221 @@
+"""The swap engine through the real Envoy, with a controllable fake platform.
+
+Requests are parked in Envoy (the ext_proc holds the stream) while a FakeCluster loads and
+unloads members after short delays; the fake records every scale call so tests can check
+the order of operations against what clients saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+import pytest
+
+from extproc import metrics
+from extproc.app import Service
+from extproc.policy.model import MemberObservation, PoolKey, PoolSpec
+from extproc.settings import Settings
+
+pytestmark = pytest.mark.envoy
+KEY = PoolKey("demo", "shared-gpu")
+
+
+@dataclass
+class FakeCluster:
+    """A Platform whose members take ``load``/``unload`` seconds; records what happened."""
+
+    specs: list[PoolSpec]
+    load: float = 0.4
+    unload: float = 0.1
+    fail: set[str] = field(default_factory=set)
+    record: list[tuple[float, str, str]] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
+    synced: asyncio.Event = field(default_factory=asyncio.Event)
+    listener: object = None
+
+    async def run(self, listener) -> None:
+        """Announce the pools with every member cold."""
+        self.listener = listener
+        for spec in self.specs:
+            listener.pool_changed(spec, {})
+            for member in spec.members:
+                listener.member_changed(spec.key, MemberObservation(member, phase="Stopped"))
+        self.synced.set()
+
+    def _see(self, key, member, phase, replicas, pods) -> None:
+        self.record.append((time.monotonic(), member, phase))
+        self.listener.member_changed(key, MemberObservation(member, phase=phase,
+                                                            replicas=replicas, pods=pods))
+
+    async def scale(self, key, member, replicas) -> None:
+        """Load or unload after a delay, like a real controller would."""
+        if replicas:
+            self._see(key, member, "Creating", 1, 1)
+            await asyncio.sleep(self.load)
+            self._see(key, member, "Failed" if member in self.fail else "Ready", 1, 1)
+        else:
+            self._see(key, member, "Progressing", 0, 1)
+            await asyncio.sleep(self.unload)
+            self._see(key, member, "Stopped", 0, 0)
+
+    async def probe_idle(self, key, member):
+        """Members are idle whenever asked."""
+        return True
+
+    def publish(self, view) -> None:
+        """Status is not under test here."""
+
+    def notify(self, key, notice) -> None:
+        """Keep the notices for assertions."""
+        self.notices.append(notice.kind)
+
+    def scale_ups(self, member: str) -> int:
+        """How many times ``member`` started loading."""
+        return sum(1 for _, m, phase in self.record if m == member and phase == "Creating")
+
+
+@pytest.fixture
+async def make_stack(upstreams, envoy_factory):
+    """Build (envoy, cluster, upstreams) for a pool with the given spec options."""
+    services: list[Service] = []
+
+    async def build(default: str = "", swap_budget: float = 30.0, fairness: float = 30.0,
+                    **cluster_options):
+        spec = PoolSpec(KEY, ("judge", "coder"), default=default, swap_budget=swap_budget,
+                        fairness_window=fairness)
+        cluster = FakeCluster([spec], **cluster_options)
+        service = Service(Settings(listen="127.0.0.1:0", metrics_listen=""), cluster)
+        await service.start()
+        services.append(service)
+        envoy = envoy_factory(service.grpc_port, {f"{n}.demo": h.port
+                                                  for n, h in upstreams.items()})
+        await cluster.synced.wait()
+        return envoy, cluster
+
+    yield build
+    for service in services:
+        await service.stop()
+
+
+async def _chat(session: aiohttp.ClientSession, url: str, model: str, **extra):
+    started = time.monotonic()
+    async with session.post(f"{url}/v1/chat/completions", json={
+            "model": model, "messages": [{"role": "user", "content": "hi"}], **extra}) as resp:
+        body = await resp.read()
+        return resp.status, resp.headers.copy(), body, started, time.monotonic()
+
+
+def _held() -> float:
+    return metrics.HELD.labels(KEY.namespace, KEY.name)._value.get()
+
+
+async def test_cold_request_is_held_then_served(make_stack, upstreams):
+    envoy, cluster = await make_stack(load=0.5)
+    async with aiohttp.ClientSession() as session:
+        status, headers, _, started, ended = await _chat(session, envoy.url, "coder")
+    assert status == 200 and headers["x-served-by"] == "coder"
+    assert ended - started >= 0.5  # it waited for the load
+    assert cluster.scale_ups("coder") == 1 and cluster.scale_ups("judge") == 0
+    assert _held() == 0
+
+
+async def test_cross_model_request_waits_for_in_flight_sse_stream(make_stack, upstreams):
+    envoy, cluster = await make_stack(default="judge", unload=0.05, load=0.1)
+    async with aiohttp.ClientSession() as session:
+        await _chat(session, envoy.url, "judge")  # judge resident and warm
+        sse_done = asyncio.Event()
+
+        async def stream() -> list[str]:
+            async with session.post(f"{envoy.url}/v1/chat/completions?delay_ms=20", json={
+                    "model": "judge", "stream": True, "max_tokens": 40,
+                    "messages": [{"role": "user", "content": "long"}]}) as resp:
+                assert resp.status == 200
+                text = await resp.text()
+            sse_done.set()
+            return [line for line in text.splitlines() if line.startswith("data: ")]
+
+        stream_task = asyncio.create_task(stream())
+        await asyncio.sleep(0.2)  # the stream is flowing
+        status, headers, _, _, ended = await _chat(session, envoy.url, "coder")
+        events = await stream_task
+    assert events[-1] == "data: [DONE]"  # the stream was not cut
+    assert sum('"content"' in e for e in events) == 40
+    assert status == 200 and headers["x-served-by"] == "coder"
+    unload_started = next(t for t, m, phase in cluster.record
+                          if m == "judge" and phase == "Progressing")
+    assert sse_done.is_set()
+    assert unload_started >= ended - 5  # sanity: the swap belongs to this request
+    judge_ready = max(t for t, m, phase in cluster.record if m == "judge" and phase == "Ready")
+    coder_load = next(t for t, m, phase in cluster.record if m == "coder" and phase == "Creating")
+    assert judge_ready < unload_started < coder_load
+
+
+async def test_twenty_concurrent_requests_share_one_swap(make_stack, upstreams):
+    envoy, cluster = await make_stack(default="judge", load=0.4)
+    async with aiohttp.ClientSession() as session:
+        await _chat(session, envoy.url, "judge")
+        results = await asyncio.gather(*(_chat(session, envoy.url, "coder")
+                                         for _ in range(20)))
+    assert [r[0] for r in results] == [200] * 20
+    assert {r[1]["x-served-by"] for r in results} == {"coder"}
+    assert cluster.scale_ups("coder") == 1
+    assert cluster.notices.count("SwapCompleted") == 2  # warm judge, then judge -> coder
+    assert _held() == 0
+
+
+async def test_budget_exceeded_gets_503_and_the_swap_still_completes(make_stack, upstreams):
+    envoy, cluster = await make_stack(default="judge", swap_budget=0.5, load=1.5)
+    async with aiohttp.ClientSession() as session:
+        for _ in range(40):  # wait for the default to warm (bounded)
+            if cluster.notices.count("SwapCompleted"):
+                break
+            await asyncio.sleep(0.1)
+        status, headers, body, started, ended = await _chat(session, envoy.url, "coder")
+        assert status == 503
+        assert int(headers["retry-after"]) >= 1
+        error = json.loads(body)["error"]
+        assert error["code"] == "swap_budget_exceeded" and "coder" in error["message"]
+        assert 0.5 <= ended - started < 1.5
+        for _ in range(40):  # the swap goes on without its waiter
+            if cluster.notices.count("SwapCompleted") == 2:
+                break
+            await asyncio.sleep(0.1)
+        status, headers, _, started, ended = await _chat(session, envoy.url, "coder")
+    assert status == 200 and headers["x-served-by"] == "coder"
+    assert ended - started < 0.5  # served warm
+    assert cluster.scale_ups("coder") == 1
+
+
+async def test_disconnect_while_held_drops_the_request_not_the_swap(make_stack, upstreams):
+    envoy, cluster = await make_stack(default="judge", load=1.0)
+    async with aiohttp.ClientSession() as session:
+        await _chat(session, envoy.url, "judge")
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(_chat(session, envoy.url, "coder"), timeout=0.3)
+        for _ in range(30):  # Envoy ends the stream within milliseconds of the client
+            if _held() == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert _held() == 0
+        for _ in range(40):
+            if cluster.notices.count("SwapCompleted") == 2:
+                break
+            await asyncio.sleep(0.1)
+        assert cluster.notices.count("SwapCompleted") == 2
+        status, headers, _, _, _ = await _chat(session, envoy.url, "coder")
+    assert status == 200 and headers["x-served-by"] == "coder"
+
+
+async def test_failed_member_fails_held_requests_fast(make_stack, upstreams):
+    envoy, cluster = await make_stack(default="judge", load=0.3, fail={"coder"})
+    async with aiohttp.ClientSession() as session:
+        await _chat(session, envoy.url, "judge")
+        status, headers, body, started, ended = await _chat(session, envoy.url, "coder")
+    assert status == 503
+    assert json.loads(body)["error"]["code"] == "member_failed"
+    assert ended - started < 5  # fast, long before the 30 s budget
+    assert "SwapFailed" in cluster.notices
