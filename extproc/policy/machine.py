@@ -163,6 +163,7 @@ class PoolMachine:
         """The earliest time at which a Tick would change something (inf if none)."""
         self._drop_stale_deadlines()
         times = [self._deadlines[0][0]] if self._deadlines else []
+        times.extend(self._failed_until.values())  # the status's failed member clears then
         if self.swap is not None:
             times.append(self.swap.probe_retry_at)
             if self.swap.stage is Stage.LOAD:
@@ -244,6 +245,10 @@ class PoolMachine:
         if before != obs:
             self.version += 1
         swap = self.swap
+        if swap is not None and obs.replicas > 0:
+            # Scaled up again behind our back (kubectl, a GitOps sync) after our Scale(0),
+            # or an event older than it: ask again (idempotent), else unload waits for ever.
+            swap.scaled_down.discard(obs.name)
         if swap is not None and obs.name == swap.target and swap.scaled_up \
                 and obs.phase != swap.phase_at_load:
             swap.saw_progress = True
@@ -274,6 +279,8 @@ class PoolMachine:
                                   0, self._now - held.arrived))
         if self.resident and self.resident not in spec.members:
             self.resident = ""
+        if self.swap is not None and self.swap.target not in spec.members:
+            self.swap = None  # nothing left to load; its held requests were rejected above
 
     def _probed(self, member: str, idle: bool | None, now: float, out: list[Command]) -> None:
         swap = self.swap
@@ -292,17 +299,27 @@ class PoolMachine:
 
     # ---- time ----------------------------------------------------------------------------
 
+    def _is_current(self, deadline: float, rid: int) -> bool:
+        # Request ids are reused once a request ends: an entry is stale unless that rid is
+        # held now *with this deadline*, else a reused rid would expire on its old deadline.
+        held = self.held.get(rid)
+        return held is not None and held.deadline == deadline
+
     def _drop_stale_deadlines(self) -> None:
         heap = self._deadlines
-        while heap and heap[0][1] not in self.held:
+        while heap and not self._is_current(*heap[0]):
             heapq.heappop(heap)
 
     def _expire(self, now: float, out: list[Command]) -> None:
+        for member, until in list(self._failed_until.items()):
+            if until <= now:
+                del self._failed_until[member]
+                self.version += 1  # view().failed_member changes with it
         heap = self._deadlines
         while heap and heap[0][0] <= now:
-            _, rid = heapq.heappop(heap)
-            held = self.held.pop(rid, None)
-            if held is not None:
+            deadline, rid = heapq.heappop(heap)
+            if self._is_current(deadline, rid):
+                held = self.held.pop(rid)
                 out.append(Reject(rid, 503, "swap_budget_exceeded",
                                   f"model {held.member!r} did not become ready within the "
                                   f"pool's swap budget ({self.spec.swap_budget:g}s); the swap "
@@ -330,7 +347,13 @@ class PoolMachine:
         if swap is None:
             return self._maybe_start(now, out)
         if self._missing():
-            return False  # Degraded: make no replica changes until members exist again
+            # Degraded: make no replica changes until members exist again. A target that is
+            # already Ready still takes the slot (no replica changes), else the swap would
+            # sit until swap_timeout and then fail a serving member.
+            if swap.stage is Stage.LOAD and swap.scaled_up and self.obs[swap.target].ready:
+                self._complete_swap(now, out)
+                return True
+            return False
         others = [m for m in self.spec.members if m != swap.target]
         if swap.stage is Stage.DRAIN:
             if now < swap.probe_retry_at and swap.probe_retry_at != math.inf:
@@ -460,8 +483,10 @@ class PoolMachine:
                 out.append(Reject(rid, 503, "member_failed",
                                   f"model {held.member!r} failed to load: {reason}", retry,
                                   now - held.arrived))
-        if self.obs[swap.target].replicas > 0:
-            out.append(Scale(swap.target, 0))  # free the slot for the next member
+        if self.obs[swap.target].replicas > 0 and not self._missing():
+            # Free the slot for the next member; a Degraded pool leaves that to the next
+            # swap, whose unload stage scales every other member down.
+            out.append(Scale(swap.target, 0))
         out.append(Notice("SwapFailed", f"swap {swap.incumbent or '(none)'} -> {swap.target} "
                           f"failed: {reason}", source=swap.incumbent, target=swap.target,
                           duration=now - swap.started))

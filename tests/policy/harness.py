@@ -143,7 +143,8 @@ class Driver:
     def _deliver(self) -> None:
         while changes := self.cluster.take_changes():
             for obs in changes:
-                self._handle(MemberObserved(obs))
+                if obs.name in self.machine.spec.members:  # the watch follows the spec
+                    self._handle(MemberObserved(obs))
 
     def _status(self) -> PoolView:
         # held/in_flight are gauges for metrics, not status: they change on every request

@@ -13,7 +13,7 @@ import pytest
 
 from cluster_model import FAILS, STUCK, Cluster, IdleGate
 from extproc.policy.events import (Admit, Hold, MemberObserved, ProbeIdle, Reject,
-                                   RequestArrived, RequestEnded, Scale)
+                                   RequestArrived, RequestEnded, Scale, SpecChanged, Tick)
 from extproc.policy.machine import Limits, PolicyError
 from extproc.policy.model import MemberObservation, PoolPhase
 from harness import Driver, spec
@@ -383,3 +383,79 @@ def test_a_request_id_arriving_twice_raises_policy_error() -> None:
     with pytest.raises(PolicyError):
         d.machine.handle(RequestArrived(1, "b"), 2.0)
     assert d.commands(Reject) == []
+
+
+# ---- regressions: bugs the driver and the property tests found in machine.py ---------------
+
+
+def test_end_of_failure_backoff_is_a_deadline_and_bumps_the_version() -> None:
+    cluster = Cluster(("a", "b"), load_delay=LOAD, unload_delay=UNLOAD, outcome={"b": FAILS})
+    d = make(cluster=cluster, warm="a", limits=Limits(failure_backoff=30))
+    d.request("b", at=0)
+    d.run(until=SWAP + 1)
+    assert d.machine.view().failed_member == "b"
+    # The status shows the failure only while the backoff runs: its end must wake the
+    # runtime and bump the version, or the status keeps a stale failure.
+    assert d.machine.next_deadline() == SWAP + 30
+    version = d.machine.version
+    d.run(until=SWAP + 31)
+    assert d.machine.view().failed_member == "" and d.machine.version > version
+
+
+def test_degraded_during_load_still_hands_the_slot_to_a_ready_target() -> None:
+    d = make(("a", "b", "c"), warm="a")
+    rid = d.request("b", at=0)
+    d.at(10, lambda: d.cluster.delete("c"))
+    d.run(until=1000)
+    assert admitted_at(d, rid) == SWAP and d.machine.resident == "b"
+    assert d.machine.view().phase is PoolPhase.DEGRADED
+    assert [t for t, _ in scales(d)] == [0.0, UNLOAD]  # nothing after c went missing
+
+
+def test_degraded_pool_does_not_scale_down_a_target_that_timed_out() -> None:
+    cluster = Cluster(("a", "b", "c"), load_delay=LOAD, unload_delay=UNLOAD,
+                      outcome={"b": STUCK})
+    d = make(("a", "b", "c"), cluster=cluster, warm="a", limits=Limits(swap_timeout=60))
+    rid = d.request("b", at=0)
+    d.at(10, lambda: d.cluster.delete("c"))
+    d.run(until=100)
+    assert d.requests[rid].reject.code == "member_failed"
+    assert [t for t, _ in scales(d)] == [0.0, UNLOAD]  # invariant 6
+    d.at(100, lambda: d.cluster.recreate("c"))
+    back = d.request("a", at=101)
+    d.run()
+    # The next swap unloads the stuck member first, then loads a.
+    assert [c for _, c in scales(d)][2:] == [Scale("b", 0), Scale("a", 1)]
+    assert admitted_at(d, back) == 101 + SWAP
+
+
+def test_removing_the_swap_target_from_the_pool_abandons_the_swap() -> None:
+    d = make(("a", "b", "c"), warm="a")
+    rid = d.request("b", at=0)
+    d.at(1, lambda: d.feed(SpecChanged(spec(("a", "c"), generation=2))))
+    back = d.request("a", at=5)
+    d.run()
+    assert d.requests[rid].reject.status == 404
+    assert admitted_at(d, back) == 5 + LOAD and d.machine.resident == "a"
+
+
+def test_incumbent_scaled_up_behind_our_back_during_unload_is_scaled_down_again() -> None:
+    d = make(warm="a")
+    rid = d.request("b", at=0)
+    d.at(1, lambda: d.cluster.force_up("a", d.now))
+    d.run()
+    assert [c for _, c in scales(d)] == [Scale("a", 0), Scale("a", 0), Scale("b", 1)]
+    assert admitted_at(d, rid) == 1 + SWAP and d.cluster.up() == ["b"]
+
+
+def test_a_reused_request_id_is_held_for_its_own_full_budget() -> None:
+    d = make(warm="a", swap_budget=100)
+    m = d.machine
+    # Ids are unique only while a request lives: the runtime may reuse one once it ended.
+    assert isinstance(m.handle(RequestArrived(7, "b"), 0.0)[0], Hold)
+    m.handle(RequestEnded(7), 1.0)  # the client left
+    assert m.handle(RequestArrived(7, "b"), 50.0)[0] == Hold(7, "b", 150.0, True)
+    assert m.next_deadline() == 150.0
+    assert not [c for c in m.handle(Tick(), 100.0) if isinstance(c, Reject)]
+    assert [c.code for c in m.handle(Tick(), 150.0) if isinstance(c, Reject)] == \
+        ["swap_budget_exceeded"]
