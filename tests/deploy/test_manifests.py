@@ -431,3 +431,16 @@ def test_dashboard_covers_every_metric() -> None:
     assert {known[u] for u in used} == {f.name for f in REGISTRY.collect()}, "metrics with no panel"
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
+
+
+def test_operations_doc_states_the_manifest_values(eg, standalone) -> None:
+    doc = (PROJECT_ROOT / "docs/operations.md").read_text()
+    ext = _one(eg, "EnvoyExtensionPolicy")["spec"]["extProc"][0]
+    ctp = _one(eg, "ClientTrafficPolicy")["spec"]
+    grace = _one(eg, "Deployment", "modelpool-extproc")["spec"]["template"]["spec"][
+        "terminationGracePeriodSeconds"]
+    for text in (f"messageTimeout: {ext['messageTimeout']}",
+                 f"streamIdleTimeout: {ctp['timeout']['http']['streamIdleTimeout']}",
+                 f"`{grace}s`", f"`{DEFAULTS.swap_budget:.0f}s`",
+                 f"`{DEFAULTS.swap_timeout:.0f}s`", f"`{DEFAULTS.shutdown_grace:.0f}s`"):
+        assert text in doc, text
