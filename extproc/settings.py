@@ -129,8 +129,9 @@ class Settings:
     # --- observability -------------------------------------------------------------------------
     log_level: str = _opt("info", "debug, info, warning or error", group="observability",
                           metavar="LEVEL")
-    log_bodies: bool = _opt(False, "log request bodies and authorization headers at debug level "
-                            "(off: they may hold secrets and prompts)", group="observability")
+    log_bodies: bool = _opt(False, "log request bodies (first 4 KiB) at debug level; off by "
+                            "default because prompts may hold secrets (authorization headers "
+                            "are never read, so never logged)", group="observability")
 
     def replace(self, **changes: Any) -> Settings:
         """Return a copy with some fields changed."""

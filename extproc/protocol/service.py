@@ -72,6 +72,9 @@ class ExtProcService:
             if body is None:
                 return
             started = time.perf_counter()
+            if self._settings.log_bodies:
+                log.debug("request body", request_id=head.request_id,
+                          body=body[:4096].decode("utf-8", "replace"))
             try:
                 model = model_from_body(head, body, self._settings.max_body_bytes)
             except BadRequest as exc:
