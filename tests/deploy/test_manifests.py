@@ -3,7 +3,6 @@ settings (header, ports, timeouts); the standalone Envoy config passes `envoy --
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -14,7 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from extproc.settings import Settings, add_arguments, from_sources, parse_duration
+from extproc.cli import build_parser
+from extproc.settings import Settings, from_sources, parse_duration
 from k8s_schema import OUR_CRDS, PROJECT_ROOT, SHARED_CRDS, errors, load_crds
 
 OVERLAYS = ["deploy/overlays/envoy-gateway", "deploy/overlays/standalone-envoy"]
@@ -117,13 +117,12 @@ def _parse_args(container: dict[str, Any]) -> Settings:
     assert container["command"] == ["modelpool-extproc"]
     args = container["args"]
     assert args[0] == "serve"
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
     env = {e["name"]: e["value"] for e in container.get("env", [])}
     for name in env:
         field = name.removeprefix("MODELPOOL_").lower()
         assert name.startswith("MODELPOOL_") and hasattr(DEFAULTS, field), name
-    return from_sources(parser.parse_args(args[1:]), environ=env)
+    # the real command line: a flag it does not know fails here, not in the pod
+    return from_sources(build_parser().parse_args(args), environ=env)
 
 
 def _port(listen: str) -> int:
