@@ -5,7 +5,6 @@ FROM python:3.11-slim AS builder
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY extproc ./extproc
-COPY devstack ./devstack
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim
