@@ -150,9 +150,10 @@ class ClusterWatcher:
                 gone_streak = 0
                 if loop.time() - started >= 1.0:
                     backoff.reset()
-                    continue
-                # A watch that ends cleanly at once would otherwise turn into a busy loop.
-                reason, delay = "early-end", backoff.next_delay()
+                    reason, delay = "timeout", 0.0
+                else:
+                    # A watch that ends cleanly at once would otherwise become a busy loop.
+                    reason, delay = "early-end", backoff.next_delay()
             except ApiException as exc:
                 if exc.status == 410:
                     # The version we hold was compacted: only a fresh list can tell what
@@ -273,10 +274,12 @@ class ClusterWatcher:
             if not deleted:
                 self._pods[key] = new
             if old != new:
-                self._pod_counts[(key[0], old)] -= 1
-                self._pod_counts[(key[0], new)] += 1
-                self._refresh(key[0], old)
-                self._refresh(key[0], new)
+                if old:
+                    self._pod_counts[(key[0], old)] -= 1
+                    self._refresh(key[0], old)
+                if new:
+                    self._pod_counts[(key[0], new)] += 1
+                    self._refresh(key[0], new)
 
     def _apply_pool(self, key: PoolKey, obj: dict | None) -> None:
         """Store, replace or drop a pool; report it when its spec changed."""

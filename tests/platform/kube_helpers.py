@@ -1,0 +1,81 @@
+"""Helpers for the platform tests: a recording listener, polling, object builders."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from extproc.policy.model import MemberObservation, PoolKey, PoolSpec
+
+NS = "ml"
+
+
+class Recorder:
+    """A PoolListener that records every call as a tuple."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def pool_changed(self, spec: PoolSpec, status: dict) -> None:
+        """Record."""
+        self.calls.append(("pool_changed", spec, status))
+
+    def pool_removed(self, key: PoolKey) -> None:
+        """Record."""
+        self.calls.append(("pool_removed", key))
+
+    def member_changed(self, key: PoolKey, obs: MemberObservation) -> None:
+        """Record."""
+        self.calls.append(("member_changed", key, obs))
+
+    def members(self) -> list[MemberObservation]:
+        """Every member observation reported, in order."""
+        return [c[2] for c in self.calls if c[0] == "member_changed"]
+
+    def take(self) -> list[tuple]:
+        """The calls so far, clearing them."""
+        calls, self.calls = self.calls, []
+        return calls
+
+
+async def eventually(check: Callable[[], Any], timeout: float = 5.0) -> Any:
+    """Poll ``check`` until it returns a truthy value or raise AssertionError at ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        await asyncio.sleep(0.02)
+
+
+def isvc(name: str, *, replicas: int | None, phase: str) -> dict:
+    """An InferenceService object in NS with a status."""
+    spec: dict[str, Any] = {"modelRef": name}
+    if replicas is not None:
+        spec["replicas"] = replicas
+    return {"apiVersion": "inference.llmkube.dev/v1alpha1", "kind": "InferenceService",
+            "metadata": {"name": name, "namespace": NS}, "spec": spec,
+            "status": {"phase": phase}}
+
+
+def pod(name: str, labels: dict[str, str], *, finalizers: list[str] | None = None,
+        namespace: str = NS) -> dict:
+    """A Pod object with ``labels``."""
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels}
+    if finalizers:
+        meta["finalizers"] = finalizers
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"containers": [{"name": "server", "image": "llama"}]}}
+
+
+def modelpool(name: str, members: list[str], *, annotations: dict | None = None,
+              **spec: Any) -> dict:
+    """A ModelPool object in NS."""
+    return {"apiVersion": "inference.llmkube.dev/v1alpha1", "kind": "ModelPool",
+            "metadata": {"name": name, "namespace": NS, "annotations": annotations or {}},
+            "spec": {"members": [{"inferenceServiceRef": {"name": m}} for m in members],
+                     **spec}}

@@ -1,0 +1,231 @@
+"""ClusterWatcher against the API emulator with the real kubernetes.aio client."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from kube_helpers import NS, Recorder, eventually, isvc, modelpool, pod
+
+from extproc.metrics import WATCH_RESTARTS
+from extproc.platform.kube.cache import ClusterWatcher
+from extproc.policy.model import MemberObservation, PoolKey
+from extproc.settings import Settings
+
+KEY = PoolKey(NS, "slot")
+SERVICE = "inference.llmkube.dev/service"
+
+
+@contextlib.asynccontextmanager
+async def running(api: Any, recorder: Recorder, **kwargs: Any) -> AsyncIterator[ClusterWatcher]:
+    """Run a watcher on namespace ml until the block ends; waits for the first sync."""
+    kwargs.setdefault("backoff_max", 0.5)
+    watcher = ClusterWatcher(api, [NS], recorder,
+                             settings=Settings(swap_budget=111.0, fairness_window=22.0),
+                             **kwargs)
+    task = asyncio.create_task(watcher.run())
+    try:
+        await asyncio.wait_for(watcher.synced.wait(), 5)
+        yield watcher
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def seed(emulator: Any) -> None:
+    """Members a (resident, one pod) and b (stopped), and pool slot over them."""
+    emulator.create("inferenceservices", isvc("a", replicas=1, phase="Ready"))
+    emulator.create("inferenceservices", isvc("b", replicas=0, phase="Stopped"))
+    emulator.create("pods", pod("a-0", {SERVICE: "a", "app": "a"}))
+    emulator.create("modelpools", modelpool(
+        "slot", ["a", "b"], default="a", swapBudget="5m",
+        annotations={"modelpool.inference.llmkube.dev/aliases": "gpt=a,x=nobody",
+                     "modelpool.inference.llmkube.dev/fairness-window": "45s"}))
+
+
+async def test_initial_sync_reports_pool_then_each_member(emulator: Any, api: Any) -> None:
+    seed(emulator)
+    emulator.patch("modelpools", "slot", {"status": {"residentMember": "a"}}, NS,
+                   subresource="status")
+    recorder = Recorder()
+    async with running(api, recorder) as watcher:
+        calls = recorder.take()
+        assert [c[0] for c in calls] == ["pool_changed", "member_changed", "member_changed"]
+        spec, status = calls[0][1], calls[0][2]
+        assert spec.key == KEY and spec.members == ("a", "b") and spec.default == "a"
+        assert spec.swap_budget == 300.0 and spec.fairness_window == 45.0
+        assert spec.aliases == {"gpt": "a"}  # x names no member: dropped
+        assert spec.generation >= 1
+        assert status["residentMember"] == "a"
+        assert calls[1][2] == MemberObservation("a", exists=True, phase="Ready", replicas=1,
+                                                pods=1)
+        assert calls[2][2] == MemberObservation("b", exists=True, phase="Stopped", replicas=0,
+                                                pods=0)
+        assert watcher.pools() == [spec]
+        assert watcher.pool_status(KEY)["residentMember"] == "a"
+        assert watcher.pool_uid(KEY)
+        assert any("nobody" in p for p in watcher.spec_problems(KEY))
+        assert watcher.observation(KEY, "b").phase == "Stopped"
+
+
+async def test_changes_are_reported_once_and_only_when_they_matter(emulator: Any,
+                                                                   api: Any) -> None:
+    seed(emulator)
+    recorder = Recorder()
+    async with running(api, recorder) as watcher:
+        recorder.take()
+        # a member's phase moves: exactly one member_changed
+        emulator.patch("inferenceservices", "b", {"status": {"phase": "Progressing"}}, NS,
+                       subresource="status")
+        await eventually(lambda: recorder.calls)
+        await asyncio.sleep(0.3)
+        assert recorder.take() == [("member_changed", KEY, MemberObservation(
+            "b", phase="Progressing", replicas=0, pods=0))]
+        # a change the observation does not carry: no call at all
+        emulator.patch("inferenceservices", "b", {"metadata": {"labels": {"x": "y"}}}, NS)
+        # the pool's status changes (our own writes): no call, but the cache follows
+        emulator.patch("modelpools", "slot", {"status": {"phase": "Ready"}}, NS,
+                       subresource="status")
+        await eventually(lambda: watcher.pool_status(KEY).get("phase") == "Ready")
+        await asyncio.sleep(0.3)
+        assert recorder.take() == []
+        # replicas absent means 1, as LLMKube's CRD defaults it
+        emulator.patch("inferenceservices", "b", {"spec": {"replicas": None}}, NS)
+        await eventually(lambda: recorder.calls)
+        assert recorder.take()[0][2].replicas == 1
+        # a spec edit: pool_changed, then every member once
+        emulator.patch("modelpools", "slot", {"spec": {"swapBudget": "90s"}}, NS)
+        await eventually(lambda: len(recorder.calls) >= 3)
+        calls = recorder.take()
+        assert [c[0] for c in calls] == ["pool_changed", "member_changed", "member_changed"]
+        assert calls[0][1].swap_budget == 90.0
+        # a member disappears, then the pool does
+        emulator.delete("inferenceservices", "b", NS)
+        await eventually(lambda: recorder.calls)
+        assert recorder.take() == [("member_changed", KEY, MemberObservation(
+            "b", exists=False, phase="", replicas=0, pods=0))]
+        emulator.delete("modelpools", "slot", NS)
+        await eventually(lambda: recorder.calls)
+        assert recorder.take() == [("pool_removed", KEY)]
+        assert watcher.pools() == [] and not watcher.has_pool(KEY)
+
+
+async def test_unparsable_budget_falls_back_and_is_noted(emulator: Any, api: Any) -> None:
+    emulator.create("inferenceservices", isvc("a", replicas=0, phase="Stopped"))
+    emulator.create("modelpools", modelpool("slot", ["a"], swapBudget="soon"))
+    recorder = Recorder()
+    async with running(api, recorder) as watcher:
+        spec = recorder.calls[0][1]
+        assert spec.swap_budget == 111.0 and spec.fairness_window == 22.0
+        assert "swapBudget" in " ".join(watcher.spec_problems(KEY))
+
+
+async def test_pods_counted_including_terminating(emulator: Any, api: Any) -> None:
+    seed(emulator)
+    recorder = Recorder()
+    async with running(api, recorder) as watcher:
+        recorder.take()
+        # a second pod that finalizers keep in Terminating after its deletion
+        emulator.create("pods", pod("a-1", {SERVICE: "a"}, finalizers=["test/hold"]))
+        await eventually(lambda: watcher.observation(KEY, "a").pods == 2)
+        emulator.delete("pods", "a-1", NS)
+        assert emulator.get("pods", "a-1", NS)["metadata"]["deletionTimestamp"]
+        await asyncio.sleep(0.3)
+        assert watcher.observation(KEY, "a").pods == 2  # terminating: still holds the GPU
+        emulator.patch("pods", "a-1", {"metadata": {"finalizers": None}}, NS)
+        await eventually(lambda: watcher.observation(KEY, "a").pods == 1)
+        # a pod of a finished run holds nothing
+        emulator.patch("pods", "a-0", {"status": {"phase": "Failed"}}, NS,
+                       subresource="status")
+        await eventually(lambda: watcher.observation(KEY, "a").pods == 0)
+        assert [o.pods for o in recorder.members()] == [2, 1, 0]
+        # pods of other namespaces never count
+        emulator.create("pods", pod("a-x", {SERVICE: "a"}, namespace="other"))
+        await asyncio.sleep(0.3)
+        assert watcher.observation(KEY, "a").pods == 0
+
+
+async def test_app_label_fallback_needs_the_wide_pod_selector(emulator: Any, api: Any) -> None:
+    seed(emulator)
+    emulator.create("pods", pod("b-0", {"app": "b"}))
+    async with running(api, Recorder()) as watcher:
+        assert watcher.observation(KEY, "b").pods == 0  # default: service-labelled pods only
+    async with running(api, Recorder(), pod_selector="") as watcher:
+        assert watcher.observation(KEY, "b").pods == 1
+
+
+async def test_relists_after_410_without_missing_changes(emulator: Any, api: Any) -> None:
+    seed(emulator)
+    recorder = Recorder()
+    gone_before = WATCH_RESTARTS.labels("inferenceservices", "gone")._value.get()
+    async with running(api, recorder) as watcher:
+        recorder.take()
+        # While the watches are cut off, b changes, a loses its pod and the history that would
+        # replay those changes is compacted away: resuming must answer 410 and re-list.
+        emulator.set_unavailable(True)
+        await asyncio.sleep(0.3)
+        emulator.patch("inferenceservices", "b", {"spec": {"replicas": 1}}, NS)
+        emulator.delete("pods", "a-0", NS)
+        emulator.compact()
+        emulator.set_unavailable(False)
+        await eventually(lambda: watcher.observation(KEY, "b").replicas == 1
+                         and watcher.observation(KEY, "a").pods == 0, timeout=8)
+        reported = {o.name: o for o in recorder.members()}
+        assert reported["b"].replicas == 1 and reported["a"].pods == 0
+        # and a compaction under an open watch: the stream ends with 410, the change survives
+        emulator.patch("inferenceservices", "a", {"status": {"phase": "Stopped"}}, NS,
+                       subresource="status")
+        emulator.compact()
+        await eventually(lambda: watcher.observation(KEY, "a").phase == "Stopped")
+        emulator.patch("inferenceservices", "a", {"spec": {"replicas": 0}}, NS)
+        await eventually(lambda: watcher.observation(KEY, "a").replicas == 0)
+    assert WATCH_RESTARTS.labels("inferenceservices", "gone")._value.get() > gone_before
+
+
+async def test_survives_the_api_server_going_away(emulator: Any, api: Any) -> None:
+    seed(emulator)
+    recorder = Recorder()
+    async with running(api, recorder) as watcher:
+        recorder.take()
+        port = int(emulator.url.rsplit(":", 1)[1])
+        await emulator.stop()
+        emulator.patch("inferenceservices", "b", {"status": {"phase": "Ready"}}, NS,
+                       subresource="status")
+        await asyncio.sleep(1.5)  # connection refused a few times, with backoff
+        await emulator.start(port=port)
+        await eventually(lambda: watcher.observation(KEY, "b").phase == "Ready", timeout=8)
+        assert recorder.take()[-1][2].phase == "Ready"
+        # and an API that answers 503 to everything for a while
+        emulator.set_unavailable(True)
+        emulator.patch("inferenceservices", "a", {"status": {"phase": "Failed"}}, NS,
+                       subresource="status")
+        await asyncio.sleep(3)
+        emulator.set_unavailable(False)
+        await eventually(lambda: watcher.observation(KEY, "a").phase == "Failed", timeout=8)
+
+
+@pytest.mark.parametrize("namespaces", [[], [NS, "other"]])
+async def test_members_resolve_in_the_pool_namespace(emulator: Any, api: Any,
+                                                     namespaces: list[str]) -> None:
+    seed(emulator)
+    other = {**isvc("a", replicas=0, phase="Stopped")}
+    other["metadata"] = {"name": "a", "namespace": "other"}
+    emulator.create("inferenceservices", other)
+    emulator.create("modelpools", {**modelpool("slot", ["a"]),
+                                   "metadata": {"name": "slot", "namespace": "other"}})
+    recorder = Recorder()
+    watcher = ClusterWatcher(api, namespaces, recorder, backoff_max=0.5)
+    task = asyncio.create_task(watcher.run())
+    try:
+        await asyncio.wait_for(watcher.synced.wait(), 5)
+        assert {str(s.key) for s in watcher.pools()} == {"ml/slot", "other/slot"}
+        assert watcher.observation(KEY, "a").phase == "Ready"
+        assert watcher.observation(PoolKey("other", "slot"), "a").phase == "Stopped"
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
