@@ -1,0 +1,231 @@
+"""Actuator, StatusWriter/StatusPublisher and EventRecorder against the API emulator."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import subprocess
+from typing import Any
+
+import pytest
+from kube_helpers import NS, Recorder, eventually, isvc, modelpool
+from kubernetes.aio.client.exceptions import ApiException
+
+from extproc.metrics import KUBE_REQUESTS
+from extproc.platform.kube.actuator import Actuator, MemberMissing
+from extproc.platform.kube.cache import ClusterWatcher
+from extproc.platform.kube.events import EventRecorder
+from extproc.platform.kube.status import StatusPublisher, StatusWriter
+from extproc.policy.model import MemberObservation, PoolKey, PoolPhase, PoolView
+
+KEY = PoolKey(NS, "slot")
+READY_A = MemberObservation("a", phase="Ready", replicas=1, pods=1)
+STOPPED_B = MemberObservation("b", phase="Stopped", replicas=0, pods=0)
+
+
+def patches(emulator: Any, resource: str, subresource: str | None = None) -> int:
+    """How many patch requests the emulator recorded for ``resource``/``subresource``."""
+    return sum(1 for r in emulator.requests if r.verb == "patch" and r.resource == resource
+               and r.subresource == subresource)
+
+
+def ready_view(**kw: Any) -> PoolView:
+    """Pool slot with a resident and Ready."""
+    base = dict(key=KEY, phase=PoolPhase.READY, resident="a", pending="",
+                members=(READY_A, STOPPED_B), generation=1)
+    base.update(kw)
+    return PoolView(**base)
+
+
+def seed(emulator: Any) -> None:
+    """Members a and b and pool slot."""
+    emulator.create("inferenceservices", isvc("a", replicas=1, phase="Ready"))
+    emulator.create("inferenceservices", isvc("b", replicas=0, phase="Stopped"))
+    emulator.create("modelpools", modelpool("slot", ["a", "b"]))
+
+
+# --- actuator --------------------------------------------------------------------------------
+
+async def test_scale_sets_spec_replicas(emulator: Any, api: Any) -> None:
+    seed(emulator)
+    before = KUBE_REQUESTS.labels("patch", "inferenceservices", "200")._value.get()
+    await Actuator(api).scale(NS, "b", 1)
+    assert emulator.get("inferenceservices", "b", NS)["spec"]["replicas"] == 1
+    assert emulator.get("inferenceservices", "b", NS)["spec"]["modelRef"] == "b"  # merged
+    assert KUBE_REQUESTS.labels("patch", "inferenceservices", "200")._value.get() == before + 1
+
+
+async def test_scale_retries_conflicts(emulator: Any, api: Any) -> None:
+    seed(emulator)
+    emulator.fail_writes("inferenceservices", 2)
+    await Actuator(api, backoff_initial=0.01).scale(NS, "a", 0)
+    assert emulator.get("inferenceservices", "a", NS)["spec"]["replicas"] == 0
+    assert patches(emulator, "inferenceservices") == 3
+
+
+async def test_scale_retries_while_the_api_is_unavailable(emulator: Any, api: Any) -> None:
+    seed(emulator)
+    emulator.set_unavailable(True)
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.5, emulator.set_unavailable, False)
+    await Actuator(api, backoff_initial=0.05, backoff_max=0.2).scale(NS, "b", 1)
+    assert emulator.get("inferenceservices", "b", NS)["spec"]["replicas"] == 1
+
+
+async def test_scale_retries_connection_errors(emulator: Any, api: Any) -> None:
+    seed(emulator)
+    port = int(emulator.url.rsplit(":", 1)[1])
+    await emulator.stop()
+    restart = asyncio.get_running_loop().create_task(asyncio.sleep(0.5))
+    restart.add_done_callback(lambda _: asyncio.ensure_future(emulator.start(port=port)))
+    await Actuator(api, backoff_initial=0.05, backoff_max=0.2).scale(NS, "b", 1)
+    assert emulator.get("inferenceservices", "b", NS)["spec"]["replicas"] == 1
+
+
+async def test_scale_gives_up_at_the_deadline(emulator: Any, api: Any) -> None:
+    seed(emulator)
+    emulator.set_unavailable(True)
+    loop = asyncio.get_running_loop()
+    with pytest.raises(ApiException) as caught:
+        await Actuator(api, backoff_initial=0.05, backoff_max=0.1).scale(
+            NS, "b", 1, deadline=loop.time() + 0.5)
+    assert caught.value.status == 503
+
+
+async def test_scale_of_a_missing_member_fails_at_once(emulator: Any, api: Any) -> None:
+    seed(emulator)
+    with pytest.raises(MemberMissing):
+        await Actuator(api).scale(NS, "ghost", 1)
+    assert patches(emulator, "inferenceservices") == 1
+
+
+async def test_scale_can_be_cancelled(emulator: Any, api: Any) -> None:
+    seed(emulator)
+    emulator.set_unavailable(True)
+    task = asyncio.create_task(Actuator(api, backoff_initial=0.05).scale(NS, "b", 1))
+    await asyncio.sleep(0.3)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+# --- status --------------------------------------------------------------------------------
+
+async def test_publish_patches_once_then_not_again(emulator: Any, api: Any) -> None:
+    seed(emulator)
+    writer = StatusWriter(api)
+    assert await writer.publish(ready_view(), {}) is True
+    stored = emulator.get("modelpools", "slot", NS)
+    assert stored["status"]["phase"] == "Ready"
+    assert stored["status"]["residentMember"] == "a"
+    assert stored["spec"]["members"]  # the /status subresource left the spec alone
+    assert patches(emulator, "modelpools", "status") == 1
+    assert await writer.publish(ready_view(), stored["status"]) is False
+    assert patches(emulator, "modelpools", "status") == 1
+
+
+async def test_publish_removes_fields_it_does_not_own(emulator: Any, api: Any) -> None:
+    seed(emulator)
+    emulator.patch("modelpools", "slot", {"status": {"pendingMember": "b", "phase": "Swapping"}},
+                   NS, subresource="status")
+    writer = StatusWriter(api)
+    await writer.publish(ready_view(), emulator.get("modelpools", "slot", NS)["status"])
+    status = emulator.get("modelpools", "slot", NS)["status"]
+    assert status["pendingMember"] == "" and status["phase"] == "Ready"
+    assert await writer.publish(ready_view(), status) is False
+
+
+@contextlib.asynccontextmanager
+async def watching(api: Any):
+    """A running ClusterWatcher on ml."""
+    watcher = ClusterWatcher(api, [NS], Recorder(), backoff_max=0.5)
+    task = asyncio.create_task(watcher.run())
+    try:
+        await asyncio.wait_for(watcher.synced.wait(), 5)
+        yield watcher
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_publisher_coalesces_and_skips_unchanged(emulator: Any, api: Any) -> None:
+    seed(emulator)
+    async with watching(api) as watcher:
+        publisher = StatusPublisher(StatusWriter(api), watcher)
+        cold = ready_view(phase=PoolPhase.PENDING, resident="",
+                          members=(STOPPED_B.__class__("a", phase="Stopped"), STOPPED_B))
+        swapping = ready_view(phase=PoolPhase.SWAPPING, resident="", pending="a")
+        for view in (cold, swapping, ready_view(generation=1)):
+            publisher.submit(view)  # three views before the first write lands
+        await publisher.idle()
+        assert patches(emulator, "modelpools", "status") <= 2
+        assert emulator.get("modelpools", "slot", NS)["status"]["phase"] == "Ready"
+        written = patches(emulator, "modelpools", "status")
+        # the same view again, before and after the watch caught up: no write
+        publisher.submit(ready_view())
+        await publisher.idle()
+        await eventually(lambda: watcher.pool_status(KEY).get("phase") == "Ready")
+        publisher.submit(ready_view())
+        await publisher.idle()
+        assert patches(emulator, "modelpools", "status") == written
+        # a flip and a flip back faster than the watch: both written
+        publisher.submit(swapping)
+        await publisher.idle()
+        publisher.submit(ready_view())
+        await publisher.idle()
+        assert emulator.get("modelpools", "slot", NS)["status"]["phase"] == "Ready"
+        await publisher.close()
+
+
+async def test_publisher_retries_and_drops_deleted_pools(emulator: Any, api: Any) -> None:
+    seed(emulator)
+    async with watching(api) as watcher:
+        publisher = StatusPublisher(StatusWriter(api), watcher, backoff_initial=0.05)
+        emulator.fail_writes("modelpools", 2)
+        publisher.submit(ready_view())
+        await asyncio.wait_for(publisher.idle(), 5)
+        assert emulator.get("modelpools", "slot", NS)["status"]["phase"] == "Ready"
+        emulator.delete("modelpools", "slot", NS)
+        await eventually(lambda: not watcher.has_pool(KEY))
+        before = patches(emulator, "modelpools", "status")
+        publisher.submit(ready_view(phase=PoolPhase.DEGRADED))
+        await publisher.idle()
+        assert patches(emulator, "modelpools", "status") == before  # no call for a gone pool
+        await publisher.close()
+
+
+# --- events --------------------------------------------------------------------------------
+
+async def test_events_show_in_kubectl_describe(emulator: Any, api: Any) -> None:
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not on PATH")
+    seed(emulator)
+    uid = emulator.get("modelpools", "slot", NS)["metadata"]["uid"]
+    recorder = EventRecorder(api, uids=lambda key: uid)
+    await recorder.record(KEY, "SwapStarted", "swapping from a to b")
+    await recorder.record(KEY, "SwapFailed", "b did not become Ready", warning=True)
+    events = emulator.list("events", NS)
+    assert {e["reason"] for e in events} == {"SwapStarted", "SwapFailed"}
+    first = next(e for e in events if e["reason"] == "SwapStarted")
+    assert first["metadata"]["name"].startswith("slot.")
+    assert first["involvedObject"] == {"apiVersion": "inference.llmkube.dev/v1alpha1",
+                                       "kind": "ModelPool", "name": "slot", "namespace": NS,
+                                       "uid": uid}
+    assert first["count"] == 1 and first["source"]["component"] == "modelpool-extproc"
+    out = await asyncio.to_thread(
+        subprocess.run, ["kubectl", "--kubeconfig", str(emulator.kubeconfig), "describe",
+                         "mpool", "slot", "-n", NS],
+        capture_output=True, text=True, timeout=30, env={**os.environ, "NO_COLOR": "1"})
+    assert out.returncode == 0, out.stderr
+    assert "SwapStarted" in out.stdout and "swapping from a to b" in out.stdout
+    assert "Warning" in out.stdout and "SwapFailed" in out.stdout
+
+
+async def test_event_failures_are_swallowed(emulator: Any, api: Any) -> None:
+    emulator.set_unavailable(True)
+    await EventRecorder(api).record(KEY, "SwapStarted", "x")  # must not raise
+    emulator.set_unavailable(False)
+    assert emulator.list("events", NS) == []
