@@ -186,6 +186,27 @@ async def test_relists_after_410_without_missing_changes(emulator: Any, api: Any
     assert WATCH_RESTARTS.labels("inferenceservices", "gone")._value.get() > gone_before
 
 
+async def test_pool_recreated_while_blind_is_a_new_pool(emulator: Any, api: Any) -> None:
+    seed(emulator)
+    recorder = Recorder()
+    async with running(api, recorder) as watcher:
+        old_uid = watcher.pool_uid(KEY)
+        recorder.take()
+        emulator.set_unavailable(True)
+        await asyncio.sleep(0.3)
+        emulator.delete("modelpools", "slot", NS)
+        emulator.create("modelpools", modelpool(
+            "slot", ["a", "b"], default="a", swapBudget="5m",
+            annotations={"modelpool.inference.llmkube.dev/aliases": "gpt=a,x=nobody",
+                         "modelpool.inference.llmkube.dev/fairness-window": "45s"}))
+        emulator.compact()
+        emulator.set_unavailable(False)
+        await eventually(lambda: watcher.pool_uid(KEY) != old_uid, timeout=8)
+        calls = recorder.take()
+        assert [c[0] for c in calls] == ["pool_removed", "pool_changed", "member_changed",
+                                         "member_changed"]
+
+
 async def test_survives_the_api_server_going_away(emulator: Any, api: Any) -> None:
     seed(emulator)
     recorder = Recorder()

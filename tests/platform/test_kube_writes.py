@@ -156,7 +156,7 @@ async def test_publisher_coalesces_and_skips_unchanged(emulator: Any, api: Any) 
     async with watching(api) as watcher:
         publisher = StatusPublisher(StatusWriter(api), watcher)
         cold = ready_view(phase=PoolPhase.PENDING, resident="",
-                          members=(STOPPED_B.__class__("a", phase="Stopped"), STOPPED_B))
+                          members=(MemberObservation("a", phase="Stopped"), STOPPED_B))
         swapping = ready_view(phase=PoolPhase.SWAPPING, resident="", pending="a")
         for view in (cold, swapping, ready_view(generation=1)):
             publisher.submit(view)  # three views before the first write lands

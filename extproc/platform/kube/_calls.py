@@ -40,7 +40,8 @@ def describe(exc: BaseException) -> str:
 def retryable(exc: BaseException) -> bool:
     """True for failures a retry can cure: conflicts, throttling, 5xx and transport errors."""
     if isinstance(exc, ApiException):
-        return exc.status in (409, 429) or exc.status >= 500 or exc.status == 0
+        status = exc.status or 0
+        return status in (409, 429) or status >= 500
     return isinstance(exc, TRANSPORT_ERRORS)
 
 

@@ -290,12 +290,18 @@ class ClusterWatcher:
             del self._pools[key]
             self._index(old.spec, add=False)
             self._delivered.pop(key, None)
-            self._call("pool_removed", key)
+            if self.synced.is_set():
+                self._call("pool_removed", key)
             return
         meta = obj.get("metadata") or {}
         spec, problems = pool_spec(obj, self._settings)
         pool = _Pool(spec, problems, obj.get("status") or {}, meta.get("uid") or "",
                      meta.get("resourceVersion") or "")
+        if old is not None and old.uid != pool.uid:
+            # Deleted and re-created while we were not watching: a new pool, with an empty
+            # status, that the runtime must treat as new rather than as an unchanged spec.
+            self._apply_pool(key, None)
+            old = None
         self._pools[key] = pool
         # Status-only updates (our own writes, mostly) change nothing the runtime acts on.
         if old is not None and old.spec == spec:
