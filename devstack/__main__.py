@@ -1,0 +1,48 @@
+"""`python -m devstack demo [--smoke]`: the local stack for humans (see docs/demo.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from devstack.simulator_kube import parse_duration
+from devstack.stack_demo import default_workdir, run
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line."""
+    parser = argparse.ArgumentParser(prog="python -m devstack",
+                                     description="The modelpool-extproc local stack.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    demo = sub.add_parser("demo", help="run the demo stack until Ctrl-C",
+                          description="Emulated Kubernetes API, simulated members, the ext_proc "
+                          "and Envoy on loopback, with the sample pool demo/shared-gpu.")
+    demo.add_argument("--smoke", action="store_true",
+                      help="send one request per member and one SSE stream, print the swaps, "
+                      "stop everything and exit (0 when every answer came from the right member)")
+    demo.add_argument("--port", type=int, default=None,
+                      help="Envoy listener port (default: $MODELPOOL_DEMO_PORT or 8080)")
+    demo.add_argument("--load-delay", type=_duration, default=3.0,
+                      help="how long a simulated member takes to load (default 3s)")
+    demo.add_argument("--unload-delay", type=_duration, default=1.0,
+                      help="how long a simulated member takes to unload (default 1s)")
+    demo.add_argument("--workdir", default=str(default_workdir()),
+                      help="kubeconfig, logs and records (default: .demo, or $MODELPOOL_DEMO_DIR)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point."""
+    args = parse_args(argv)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

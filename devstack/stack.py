@@ -1,0 +1,367 @@
+"""`LocalStack`: the whole product on loopback, one process per piece, for the demo and e2e tests.
+
+What runs (each a ManagedProcess with its log under ``<workdir>/logs``):
+
+- the Kubernetes API emulator (``python -m devstack.kubeapi``) serving crds/, with the
+  stack's manifests applied through kubectl, as a user would;
+- the member simulator (``python -m devstack.simulator``) playing LLMKube for the members;
+- the ext_proc (``python -m extproc serve --kubeconfig ...``), the thing under test;
+- Envoy, from envoy/envoy.yaml rendered with the stack's ports and one cluster per member.
+
+Each client of the API server gets its own kubeconfig user (``stack``, ``simulator``,
+``modelpool-extproc``), so the emulator's request record can tell their calls apart.
+Everything is synchronous: the pieces are processes, and tests call in from any thread.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from devstack import stack_manifests as manifests
+from devstack.procs import LOCALHOST, PROJECT_ROOT, EnvoyProcess, ManagedProcess, wait_for_http
+from devstack.simulator_timeline import read_timeline
+from devstack.stack_ports import Ports
+from devstack.stack_swaps import read_log, swap_notices
+
+CRDS = PROJECT_ROOT / "crds"
+USERS = ("stack", "simulator", "modelpool-extproc")  # kubeconfig users, one per API client
+START_TIMEOUT = 60.0
+
+
+class StackError(RuntimeError):
+    """A piece of the stack did not come up (the message carries its log tail)."""
+
+
+def wait_until(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    """Poll `check` until it returns something truthy; StackError after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            raise StackError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+class LocalStack:
+    """Emulator, simulator, ext_proc and Envoy on loopback; `stop()` leaves no process behind."""
+
+    def __init__(self, workdir: Path | str, docs: list[dict[str, Any]], ports: Ports, *,
+                 load_delay: float = 3.0, unload_delay: float = 1.0,
+                 extproc_args: Iterable[str] = (), kubeconfig: Path | str | None = None) -> None:
+        self.workdir = Path(workdir).resolve()
+        self.docs = docs
+        self.ports = ports
+        self.load_delay, self.unload_delay = load_delay, unload_delay
+        self.extproc_args = list(extproc_args)
+        self.namespaces = manifests.namespaces_of(docs)
+        self.members = manifests.members_of(docs)
+        self.pools = manifests.pools_of(docs)
+        self.log_dir = self.workdir / "logs"
+        self.kubeconfig = Path(kubeconfig).resolve() if kubeconfig else self.workdir / "kubeconfig"
+        self.timeline_path = self.workdir / "timeline.jsonl"
+        self._procs: dict[str, ManagedProcess] = {}
+        self.envoy: EnvoyProcess | None = None
+        self._upstream_pids: set[int] = set()
+
+    # ---- addresses -------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The OpenAI-compatible endpoint (Envoy's listener)."""
+        return f"http://{LOCALHOST}:{self.ports.envoy}"
+
+    @property
+    def metrics_url(self) -> str:
+        """The ext_proc's Prometheus endpoint."""
+        return f"http://{LOCALHOST}:{self.ports.metrics}/metrics"
+
+    @property
+    def debug_url(self) -> str:
+        """The ext_proc's JSON view of its pools."""
+        return f"http://{LOCALHOST}:{self.ports.metrics}/debug/pools"
+
+    @property
+    def kubeapi_url(self) -> str:
+        """The API emulator."""
+        return f"http://{LOCALHOST}:{self.ports.kubeapi}"
+
+    def log_path(self, name: str) -> Path:
+        """Log file of one piece: kubeapi, simulator, extproc (Envoy logs under envoy/)."""
+        return self.log_dir / f"{name}.log"
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def start(self, timeout: float = START_TIMEOUT) -> LocalStack:
+        """Bring every piece up in order and wait until `GET /v1/models` answers 200."""
+        atexit.register(self.stop)
+        try:
+            self._start_kubeapi(timeout)
+            self.apply(self.docs)
+            self._start_simulator(timeout)
+            self.start_extproc(timeout)
+            self.envoy = EnvoyProcess(
+                self.ports.extproc,
+                {f"{m}.{ns}": self.ports.members[m] for ns, m in self.members},
+                workdir=self.workdir / "envoy", listen_port=self.ports.envoy,
+                admin_port=self.ports.envoy_admin)
+            self.envoy.start(timeout)
+            wait_for_http(f"{self.url}/v1/models", timeout=timeout, expect_status=200)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop Envoy, the ext_proc, the simulator (and its member servers), the emulator."""
+        if self.envoy is not None:
+            self.envoy.stop()
+        self._stop("extproc")
+        sim = self._procs.get("simulator")
+        if sim is not None and sim.pid is not None:
+            self._upstream_pids |= _children(sim.pid)
+        self._stop("simulator")
+        # The simulator stops its member servers on SIGTERM; one it could not stop in time
+        # (its own SIGKILL fallback) would outlive it, so reap those by the ids noted above.
+        for pid in self._upstream_pids:
+            _kill_if_alive(pid)
+        self._upstream_pids.clear()
+        self._stop("kubeapi")
+        atexit.unregister(self.stop)
+
+    def __enter__(self) -> LocalStack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start_extproc(self, timeout: float = START_TIMEOUT) -> None:
+        """Start the ext_proc and wait until it lists every pool of the stack."""
+        args = [sys.executable, "-m", "extproc", "serve",
+                "--kubeconfig", str(self._user_kubeconfig("modelpool-extproc")),
+                "--listen", f"{LOCALHOST}:{self.ports.extproc}",
+                "--metrics-listen", f"{LOCALHOST}:{self.ports.metrics}"]
+        for ns in self.namespaces:
+            args += ["--namespace", ns]
+        proc = self._launch("extproc", args + self.extproc_args)
+        self._await(proc, lambda: self._has_pools(), timeout, "the ext_proc to sync its pools")
+
+    def kill_extproc(self) -> None:
+        """SIGKILL the ext_proc (a crash: no drain, no status write on the way out)."""
+        proc = self._procs.get("extproc")
+        if proc is not None:
+            proc.kill()
+
+    def restart_extproc(self, timeout: float = START_TIMEOUT) -> None:
+        """Stop the ext_proc gracefully (if running) and start it again on the same ports."""
+        self._stop("extproc")
+        self.start_extproc(timeout)
+
+    # ---- the API server --------------------------------------------------------------------
+
+    def kubectl(self, *args: str, check: bool = True, stdin: str | None = None,
+                timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+        """Run kubectl against the emulator with the stack's kubeconfig; text output."""
+        done = subprocess.run(["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
+                              input=stdin, capture_output=True, text=True, timeout=timeout)
+        if check and done.returncode != 0:
+            raise StackError(f"kubectl {' '.join(args)} failed ({done.returncode}): "
+                             f"{done.stderr.strip()}")
+        return done
+
+    def apply(self, docs: list[dict[str, Any]]) -> None:
+        """`kubectl apply` the objects (namespaces already exist: the emulator creates them)."""
+        objects = [d for d in docs if d.get("kind") != "Namespace"]
+        if objects:
+            self.kubectl("apply", "-f", "-", stdin=manifests.dump(objects))
+
+    def annotate(self, member: str, key: str, value: str | None, namespace: str = "") -> None:
+        """Set (or with None remove) an annotation on a member InferenceService."""
+        pair = f"{key}-" if value is None else f"{key}={value}"
+        self.kubectl("annotate", "isvc", member, pair, "--overwrite",
+                     "-n", namespace or self.namespace_of(member))
+
+    def namespace_of(self, member: str) -> str:
+        """The namespace a member of this stack lives in."""
+        return next(ns for ns, m in self.members if m == member)
+
+    def get(self, path: str) -> Any:
+        """GET an API path (``/apis/...``) from the emulator as the `stack` user; parsed JSON."""
+        req = urllib.request.Request(self.kubeapi_url + path,
+                                     headers={"Authorization": "Bearer stack-token"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.loads(resp.read())
+
+    def pool(self, name: str, namespace: str) -> dict[str, Any]:
+        """A ModelPool object as the API holds it."""
+        return self.get(f"/apis/inference.llmkube.dev/v1alpha1/namespaces/{namespace}"
+                        f"/modelpools/{name}")
+
+    def isvc(self, name: str, namespace: str = "") -> dict[str, Any]:
+        """A member InferenceService object as the API holds it."""
+        ns = namespace or self.namespace_of(name)
+        return self.get(f"/apis/inference.llmkube.dev/v1alpha1/namespaces/{ns}"
+                        f"/inferenceservices/{name}")
+
+    def api_requests(self) -> list[dict[str, Any]]:
+        """The emulator's request record so far (every resource request, oldest first)."""
+        return self.get("/_emulator/requests")
+
+    # ---- what the pieces recorded --------------------------------------------------------
+
+    def timeline(self) -> list[dict[str, Any]]:
+        """The simulator's timeline (pod created/terminating/deleted, ready, ...) so far."""
+        return read_timeline(self.timeline_path) if self.timeline_path.exists() else []
+
+    def swap_notices(self) -> list[dict[str, Any]]:
+        """The ext_proc's swap notices (SwapStarted, SwapCompleted, ...) so far, all runs."""
+        return swap_notices(read_log(self.log_path("extproc")))
+
+    def debug_pools(self) -> list[dict[str, Any]]:
+        """The ext_proc's /debug/pools views."""
+        with urllib.request.urlopen(self.debug_url, timeout=5) as resp:
+            return json.loads(resp.read())
+
+    def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        """Every sample of the ext_proc's /metrics: (name, labels) -> value."""
+        with urllib.request.urlopen(self.metrics_url, timeout=5) as resp:
+            text = resp.read().decode()
+        return {(s.name, frozenset(s.labels.items())): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of the samples called `name` whose labels include `labels`."""
+        wanted = set(labels.items())
+        return sum(v for (n, ls), v in self.metrics().items() if n == name and wanted <= ls)
+
+    # ---- internals -------------------------------------------------------------------------
+
+    def _launch(self, name: str, args: list[str]) -> ManagedProcess:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        proc = ManagedProcess(args, self.log_path(name), env=env, cwd=PROJECT_ROOT).start()
+        self._procs[name] = proc
+        return proc
+
+    def _stop(self, name: str) -> None:
+        proc = self._procs.get(name)
+        if proc is not None:
+            proc.stop()
+
+    def _await(self, proc: ManagedProcess, check: Callable[[], Any], timeout: float,
+               what: str) -> None:
+        def ready() -> Any:
+            if not proc.running:
+                raise StackError(f"{proc.args[2]} exited while waiting for {what}:\n"
+                                 f"{proc.log_tail()}")
+            return check()
+        try:
+            wait_until(ready, timeout, what, interval=0.1)
+        except StackError as exc:
+            raise StackError(f"{exc}\n--- {proc.log_path}:\n{proc.log_tail()}") from None
+
+    def _start_kubeapi(self, timeout: float) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.kubeconfig.unlink(missing_ok=True)
+        args = [sys.executable, "-m", "devstack.kubeapi", "--port", str(self.ports.kubeapi),
+                "--crds", str(CRDS), "--kubeconfig-out", str(self.kubeconfig),
+                "--namespace", "default"]
+        for ns in self.namespaces:
+            args += ["--namespace", ns]
+        proc = self._launch("kubeapi", args)
+        self._await(proc, self.kubeconfig.exists, timeout, "the API emulator")
+        self._user_kubeconfig("stack", path=self.kubeconfig)
+
+    def _user_kubeconfig(self, user: str, path: Path | None = None) -> Path:
+        """A copy of the emulator's kubeconfig whose user (and bearer token) is `user`."""
+        config = yaml.safe_load(self.kubeconfig.read_text(encoding="utf-8"))
+        config["users"] = [{"name": user, "user": {"token": f"{user}-token"}}]
+        for context in config["contexts"]:
+            context["context"]["user"] = user
+            context["context"]["namespace"] = self.namespaces[0] if self.namespaces else "default"
+        target = path or self.workdir / f"{user}.kubeconfig"
+        target.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        return target
+
+    def _start_simulator(self, timeout: float) -> None:
+        self.timeline_path.unlink(missing_ok=True)
+        args = [sys.executable, "-m", "devstack.simulator",
+                "--kubeconfig", str(self._user_kubeconfig("simulator")),
+                "--load-delay", f"{self.load_delay}s", "--unload-delay", f"{self.unload_delay}s",
+                "--timeline", str(self.timeline_path), "--log-dir", str(self.log_dir / "members")]
+        for ns in self.namespaces:
+            args += ["--namespace", ns]
+        for member, port in self.ports.members.items():
+            args += ["--port", f"{member}={port}"]
+        proc = self._launch("simulator", args)
+        # Every member reports a phase once the simulator has reconciled it (Stopped at 0).
+        self._await(proc, self._members_reported, timeout, "the simulator to report members")
+
+    def _members_reported(self) -> bool:
+        try:
+            return all((self.isvc(m, ns).get("status") or {}).get("phase")
+                       for ns, m in self.members)
+        except (OSError, urllib.error.HTTPError):
+            return False
+
+    def _has_pools(self) -> bool:
+        try:
+            views = self.debug_pools()
+        except OSError:
+            return False
+        seen = {(v["key"]["namespace"], v["key"]["name"]) for v in views}
+        return all(p in seen for p in self.pools)
+
+
+def _children(pid: int) -> set[int]:
+    """Ids of the live direct children of `pid` (Linux /proc)."""
+    found: set[int] = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[1] == str(pid):
+            found.add(int(stat.parent.name))
+    return found
+
+
+def _kill_if_alive(pid: int) -> None:
+    """SIGKILL a member server the simulator started, if it is still there."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return  # gone already
+    if b"devstack.upstream" not in cmdline:
+        return  # the id now belongs to some other process
+    try:
+        os.killpg(pid, signal.SIGKILL)  # the server leads its own process group
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def demo_workdir(path: Path | str = PROJECT_ROOT / ".demo") -> Path:
+    """The demo's directory, emptied of an earlier run's logs and records."""
+    workdir = Path(path)
+    for stale in ("logs", "envoy", "timeline.jsonl"):
+        target = workdir / stale
+        if target.is_dir():
+            shutil.rmtree(target)
+        else:
+            target.unlink(missing_ok=True)
+    workdir.mkdir(parents=True, exist_ok=True)
+    return workdir

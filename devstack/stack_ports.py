@@ -1,0 +1,75 @@
+"""Port plans for the local stack: the demo's well-known ports, or free ones for tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+
+from devstack.procs import LOCALHOST, free_port
+
+DEMO_PORT_ENV = "MODELPOOL_DEMO_PORT"
+DEMO_LISTEN_PORT = 8080
+# The ports envoy/envoy.yaml names, so the demo matches the file a reader sees.
+DEMO_PREFERRED = {"envoy_admin": 9901, "extproc": 9002, "metrics": 9090, "kubeapi": 16443}
+DEMO_MEMBER_PORTS = {"judge": 18081, "coder": 18082, "writer": 18083}
+
+
+def port_in_use(port: int) -> bool:
+    """True when something listens on the loopback port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((LOCALHOST, port))
+        except OSError:
+            return True
+        return False
+
+
+def preferred_or_free(port: int) -> int:
+    """`port` when it is free, else any free port (the demo prints the ports it uses)."""
+    return free_port() if port_in_use(port) else port
+
+
+@dataclass
+class Ports:
+    """Every loopback port the stack listens on; member ports keyed by member name."""
+
+    envoy: int
+    envoy_admin: int
+    extproc: int
+    metrics: int
+    kubeapi: int
+    members: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def free(cls, members: list[str]) -> Ports:
+        """Kernel-picked ports for everything (tests: several stacks can run at once)."""
+        return cls(free_port(), free_port(), free_port(), free_port(), free_port(),
+                   {m: free_port() for m in members})
+
+    @classmethod
+    def demo(cls, members: list[str], listen: int | None = None) -> Ports:
+        """The demo's ports: Envoy on 8080 ($MODELPOOL_DEMO_PORT), the rest preferred-or-free.
+
+        Clients and scripts rely on the listener port, so it never silently moves.
+        """
+        if listen is None:
+            listen = int(os.environ.get(DEMO_PORT_ENV) or DEMO_LISTEN_PORT)
+        if port_in_use(listen):
+            raise RuntimeError(f"port {listen} is in use; set {DEMO_PORT_ENV} to another port")
+        taken = {listen}
+        chosen: dict[str, int] = {}
+        for name, port in DEMO_PREFERRED.items():
+            chosen[name] = _pick(port, taken)
+        member_ports = {m: _pick(DEMO_MEMBER_PORTS.get(m, 0), taken) for m in members}
+        return cls(listen, chosen["envoy_admin"], chosen["extproc"], chosen["metrics"],
+                   chosen["kubeapi"], member_ports)
+
+
+def _pick(preferred: int, taken: set[int]) -> int:
+    port = preferred_or_free(preferred) if preferred and preferred not in taken else free_port()
+    while port in taken:
+        port = free_port()
+    taken.add(port)
+    return port
