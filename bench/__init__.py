@@ -1,0 +1,1 @@
+"""Benchmarks of the ext_proc service through a real Envoy (``make bench`` runs ``bench.run``)."""

@@ -1,0 +1,72 @@
+"""Envoy configs for the benchmarks, all rendered from the shipped envoy/envoy.yaml.
+
+Two changes apply to every variant: the access log also records, per request, the wall-clock
+start with microseconds and when Envoy began sending it to the member (``US_TX_BEG``), which is
+how release latency is measured; and member clusters get large circuit breakers so thousands of
+released requests queue at Envoy instead of failing (the shipped member clusters keep Envoy's
+default of 1024, see docs/benchmarks.md). The "direct" variant drops the ext_proc filter and
+sends every request to one member: the baseline the ext_proc path is compared with.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from devstack import envoyconf
+from devstack.procs import EnvoyProcess
+
+_TIMING_FIELDS = {
+    # Wall clock (same clock as time.time()), microseconds.
+    "start_s": "%START_TIME(%s.%6f)%",
+    # From the downstream request's first byte to Envoy starting to send it upstream.
+    "to_upstream_us": "%COMMON_DURATION(DS_RX_BEG:US_TX_BEG:us)%",
+    "duration_us": "%COMMON_DURATION(DS_RX_BEG:DS_TX_END:us)%",
+}
+_MEMBER_LIMITS = {"thresholds": [{"priority": "DEFAULT", "max_connections": 1024,
+                                  "max_pending_requests": 100000, "max_requests": 100000}]}
+
+
+def _named(items: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    return next(item for item in items if item.get("name") == name)
+
+
+def _hcm(cfg: dict[str, Any]) -> dict[str, Any]:
+    listener = cfg["static_resources"]["listeners"][0]
+    return _named(listener["filter_chains"][0]["filters"], envoyconf.HCM_FILTER)["typed_config"]
+
+
+def render(envoy: EnvoyProcess, extproc_port: int, members: dict[str, int],
+           direct_to: str | None = None) -> dict[str, Any]:
+    """The bench config for ``envoy``'s ports; ``direct_to`` names the member of a direct run."""
+    cfg = envoyconf.render(envoy.listen_port, envoy.admin_port, extproc_port, members,
+                           str(envoy.access_log_path))
+    hcm = _hcm(cfg)
+    for log in hcm["access_log"]:
+        log["typed_config"]["log_format"]["json_format"].update(_TIMING_FIELDS)
+    for cluster in cfg["static_resources"]["clusters"]:
+        if cluster["name"] != envoyconf.EXTPROC_CLUSTER:
+            cluster["circuit_breakers"] = copy.deepcopy(_MEMBER_LIMITS)
+    if direct_to is not None:
+        hcm["http_filters"] = [f for f in hcm["http_filters"]
+                               if f["name"] != envoyconf.EXTPROC_FILTER]
+        # The fallback route (no routing header) becomes a plain route to the member, with the
+        # member route's own options; nothing else changes.
+        routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+        member_route = _named(routes, "member")
+        fallback = _named(routes, "router_unavailable")
+        fallback.pop("direct_response")
+        fallback.pop("response_headers_to_add", None)
+        fallback["route"] = {**member_route["route"], "cluster": direct_to}
+        fallback["route"].pop("cluster_header")
+    return cfg
+
+
+def bench_envoy(workdir: Path, extproc_port: int, members: dict[str, int],
+                direct_to: str | None = None) -> EnvoyProcess:
+    """An EnvoyProcess (not started) running the bench config in ``workdir``."""
+    envoy = EnvoyProcess(extproc_port, members, workdir=workdir)
+    envoy.config_path.write_text(envoyconf.dump(render(envoy, extproc_port, members, direct_to)),
+                                 encoding="utf-8")
+    return envoy

@@ -1,0 +1,112 @@
+"""The load tools (wrk, h2load): installing them, running them, reading their output."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+BODY = (b'{"model":"judge","messages":[{"role":"user","content":"Say hello in one word."}],'
+        b'"max_tokens":4}')
+_PACKAGES = {"wrk": "wrk", "h2load": "nghttp2-client"}
+
+
+def ensure_tools() -> dict[str, str]:
+    """Install wrk and h2load with apt-get if missing; return each tool's version line."""
+    missing = [pkg for tool, pkg in _PACKAGES.items() if shutil.which(tool) is None]
+    if missing:
+        # Debian packages; the image runs the benchmark as root.
+        subprocess.run(["apt-get", "install", "-y", "-q", *missing], check=False,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        if any(shutil.which(t) is None for t in _PACKAGES):
+            subprocess.run(["apt-get", "update", "-q"], check=False, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.STDOUT)
+            subprocess.run(["apt-get", "install", "-y", "-q", *missing], check=False,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    lost = [t for t in _PACKAGES if shutil.which(t) is None]
+    if lost:
+        raise SystemExit(f"bench: could not install {', '.join(lost)} with apt-get")
+    wrk = subprocess.run(["wrk", "-v"], capture_output=True, text=True)
+    h2 = subprocess.run(["h2load", "--version"], capture_output=True, text=True)
+    return {"wrk": (wrk.stdout + wrk.stderr).splitlines()[0].strip(),
+            "h2load": h2.stdout.strip().splitlines()[0]}
+
+
+def wrk_script(workdir: Path, body: bytes = BODY) -> Path:
+    """A wrk Lua script that POSTs ``body`` as JSON."""
+    path = workdir / "post.lua"
+    path.write_text('wrk.method = "POST"\n'
+                    f"wrk.body = '{body.decode()}'\n"
+                    'wrk.headers["Content-Type"] = "application/json"\n', encoding="utf-8")
+    return path
+
+
+@dataclass
+class WrkResult:
+    """One wrk run: throughput, latency percentiles, errors and the command line."""
+
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    requests: int
+    errors: int
+    command: str
+
+
+_UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0}
+
+
+def _ms(text: str) -> float:
+    number, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", text).groups()  # type: ignore[union-attr]
+    return float(number) * _UNITS[unit]
+
+
+def wrk(url: str, script: Path, connections: int, seconds: int) -> WrkResult:
+    """Run wrk with one thread for ``seconds``; bounded by its own duration plus a margin."""
+    args = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "--timeout", "5s",
+            "-s", str(script), url]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 30,
+                         check=True).stdout
+    percentiles = dict(re.findall(r"^\s+(50|99)(?:\.0+)?%\s+(\S+)$", out, re.M))
+    requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    errors = sum(int(n) for n in re.findall(r"Non-2xx or 3xx responses: (\d+)", out))
+    socket_errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), "
+                              r"timeout (\d+)", out)
+    if socket_errors:
+        errors += sum(int(n) for n in socket_errors.groups())
+    return WrkResult(rps=float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),  # type: ignore[union-attr]
+                     p50_ms=_ms(percentiles["50"]), p99_ms=_ms(percentiles["99"]),
+                     requests=requests, errors=errors, command=" ".join(args))
+
+
+@dataclass
+class H2loadResult:
+    """One h2load run: how many requests succeeded, failed, and the command line."""
+
+    succeeded: int
+    failed: int
+    status_2xx: int
+    output: str
+    command: str
+
+
+def h2load_args(url: str, body_file: Path, requests: int, clients: int, streams: int,
+                h1: bool = False) -> list[str]:
+    """An h2load command line: ``requests`` POSTs over ``clients`` connections (h2c unless h1)."""
+    args = ["h2load", "-n", str(requests), "-c", str(clients), "-t", "1",
+            "-H", "content-type: application/json", "-d", str(body_file)]
+    args += ["--h1"] if h1 else ["-m", str(streams)]
+    return args + [url]
+
+
+def parse_h2load(output: str, command: str) -> H2loadResult:
+    """Read h2load's summary."""
+    match = re.search(r"requests: \d+ total, \d+ started, \d+ done, (\d+) succeeded, "
+                      r"(\d+) failed", output)
+    status = re.search(r"status codes: (\d+) 2xx", output)
+    return H2loadResult(succeeded=int(match.group(1)) if match else 0,
+                        failed=int(match.group(2)) if match else -1,
+                        status_2xx=int(status.group(1)) if status else 0,
+                        output=output, command=command)
