@@ -61,6 +61,8 @@ class PoolListener(Protocol):
 
 @dataclass(slots=True)
 class _Pool:
+    """What the cache keeps of one ModelPool object."""
+
     spec: PoolSpec
     problems: tuple[str, ...]
     status: dict

@@ -40,7 +40,7 @@ def pod_member(pod: dict[str, Any]) -> str:
 
 
 def service_state(isvc: dict[str, Any]) -> tuple[str, int]:
-    """(status.phase, spec.replicas) of an InferenceService; replicas defaults to 1 as in LLMKube."""
+    """(status.phase, spec.replicas) of an InferenceService; replicas default to 1 (LLMKube)."""
     replicas = (isvc.get("spec") or {}).get("replicas")
     phase = (isvc.get("status") or {}).get("phase") or ""
     return phase, 1 if replicas is None else int(replicas)
