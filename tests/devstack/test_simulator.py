@@ -110,6 +110,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     emu.write_kubeconfig(kubeconfig)
     api = await config.new_client_from_config(config_file=str(kubeconfig), persist_config=False)
     try:
+        await client.CoreV1Api(api).create_namespace({"metadata": {"name": NS}})
         yield Cluster(api, kubeconfig)
     finally:
         await api.close()
@@ -249,6 +250,10 @@ async def test_kill_pod_replaces_the_pod_and_loads_again(cluster: Cluster, sims)
     assert events(sim, "judge").count("pod_killed") == 1
 
 
+async def _has(sim: MemberSimulator, member: str, event: str) -> bool:
+    return bool(sim.timeline.of(member, event))
+
+
 async def _phase_in(cluster: Cluster, name: str, phases: set[str]) -> bool:
     return (await cluster.status(name)).get("phase") in phases
 
@@ -308,7 +313,8 @@ async def test_restart_adopts_existing_state(cluster: Cluster, sims):
     assert await health(port) is None  # stop() leaves no upstream behind
 
     second = await sims({"judge": port}, timeline_path=None)
-    await eventually(lambda: _is(health(port), 200), what="the adopted server")
+    await eventually(lambda: _has(second, "judge", "ready"), what="judge re-reported Ready")
+    assert await health(port) == 200
     assert (await cluster.status("judge"))["phase"] == "Ready"
     assert [p.metadata.name for p in await cluster.pods("judge")] == [pod.metadata.name]
     assert events(second, "judge") == ["server_started", "adopted", "ready"]
@@ -333,4 +339,4 @@ async def test_cli_runs_until_sigterm_and_leaves_nothing(cluster: Cluster, tmp_p
     assert proc.returncode == 0, (tmp_path / "cli.log").read_text()
     assert await health(port) is None
     assert [e["event"] for e in read_timeline(timeline)] == \
-        ["pod_created", "server_started", "ready"]
+        ["pod_created", "server_started", "ready", "server_stopped"]
