@@ -326,8 +326,13 @@ class PoolMachine:
                                   "continues, retry shortly", self.retry_after(),
                                   now - held.arrived))
         swap = self.swap
+        if swap is not None and swap.probe_retry_at <= now:
+            # The retry pause is over even if _step cannot act now (Degraded, a member not
+            # yet observed): left set, next_deadline() would stay in the past and spin.
+            swap.probe_retry_at = math.inf
+        # Same arithmetic as next_deadline(): a Tick at that deadline must fire the timeout.
         if swap is not None and swap.stage is Stage.LOAD \
-                and now - swap.load_started >= self.limits.swap_timeout:
+                and now >= swap.load_started + self.limits.swap_timeout:
             self._fail_swap(f"{swap.target} not Ready after {self.limits.swap_timeout:g}s",
                             now, out)
 
@@ -474,6 +479,10 @@ class PoolMachine:
         assert swap is not None
         self.swap = None
         self.version += 1
+        if self.resident == swap.target:
+            # A swap to the resident itself (converging two members up) failed: it no longer
+            # serves, and a resident left set would block adopting a member that does.
+            self.resident = ""
         self._failed_until[swap.target] = now + self.limits.failure_backoff
         self._failed_message = reason
         retry = max(1, math.ceil(self.limits.failure_backoff))

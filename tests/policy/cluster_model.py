@@ -56,6 +56,10 @@ class Cluster:
         self._seq = itertools.count()
         self._changed: list[MemberObservation] = []
 
+    def __repr__(self) -> str:
+        return (f"Cluster(load_delay={self.load_delay!r}, unload_delay={self.unload_delay!r}, "
+                f"outcome={self.outcome!r}, members={list(self.members.values())!r})")
+
     # ---- what the policy's runtime does ---------------------------------------------------
 
     def scale(self, name: str, replicas: int, now: float) -> None:
@@ -183,6 +187,9 @@ class IdleGate:
         self.delay = delay
         self.scripts: dict[str, list[bool | None]] = {}
         self.asked: list[str] = []
+
+    def __repr__(self) -> str:
+        return f"IdleGate(default={self.default!r}, scripts={self.scripts!r})"
 
     def answer(self, member: str) -> bool | None:
         """The gate's next answer for ``member``."""

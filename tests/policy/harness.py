@@ -25,6 +25,8 @@ from extproc.policy.model import PoolKey, PoolSpec, PoolView
 KEY = PoolKey("ns", "pool")
 # Ticks at one instant before the driver decides next_deadline() is stuck in the past.
 MAX_TICKS_AT_ONE_TIME = 5
+# Steps of one run() before the driver decides the machine and the cluster livelock.
+MAX_STEPS = 100_000
 
 
 def spec(members: tuple[str, ...] = ("a", "b"), **kwargs) -> PoolSpec:
@@ -36,7 +38,7 @@ def spec(members: tuple[str, ...] = ("a", "b"), **kwargs) -> PoolSpec:
 class Request:
     """One client request as the driver saw it."""
 
-    rid: int
+    rid: int  # the test's handle for it; unique for the whole run
     member: str
     arrived: float
     duration: float
@@ -47,6 +49,7 @@ class Request:
     coalesced: bool = False
     ended: float = math.inf  # when it left the held state or was answered
     reject: Reject | None = None
+    wire: int = 0  # the id the machine sees; reused after the request ends if reuse_rids
 
     @property
     def waited(self) -> float:
@@ -66,13 +69,15 @@ class Driver:
     resident_hint: str = ""
     pending_hint: str = ""
     check_view_version: bool = True
-    last_tick: float = -math.inf
+    reuse_rids: bool = False  # hand the machine the smallest free id, as a runtime may
     machine: PoolMachine = field(init=False)
     requests: dict[int, Request] = field(default_factory=dict)
     log: list[tuple[float, Command]] = field(default_factory=list)
     _queue: list[tuple[float, int, Callable[[], None]]] = field(default_factory=list)
     _seq: itertools.count = field(default_factory=itertools.count)
     _rids: itertools.count = field(default_factory=lambda: itertools.count(1))
+    _live: dict[int, int] = field(default_factory=dict)  # wire id -> rid, while it lives
+    _last_tick: float = -math.inf
 
     def __post_init__(self) -> None:
         if self.cluster is None:
@@ -99,7 +104,7 @@ class Driver:
         rid = next(self._rids)
         req = Request(rid, member, when, duration, when + abandon_after)
         self.requests[rid] = req
-        self.at(when, lambda: self.feed(RequestArrived(rid, member)))
+        self.at(when, lambda: self._arrive(req))
         if abandon_after != math.inf:
             self.at(req.abandon_at, lambda: self._abandon(req))
         return rid
@@ -107,7 +112,7 @@ class Driver:
     def run(self, until: float = math.inf) -> None:
         """Process everything due up to ``until`` (all of it when inf), in time order."""
         ticks_here = 0
-        while True:
+        for _ in range(MAX_STEPS):
             cluster_t = self.cluster.next_time()
             queue_t = self._queue[0][0] if self._queue else math.inf
             deadline = self.machine.next_deadline()
@@ -123,11 +128,13 @@ class Driver:
                 self._deliver()  # faults change the cluster directly
             else:
                 # A due deadline must be consumed by its Tick, or a runtime would spin.
-                ticks_here = ticks_here + 1 if deadline <= self.last_tick else 0
+                ticks_here = ticks_here + 1 if deadline <= self._last_tick else 0
                 assert ticks_here < MAX_TICKS_AT_ONE_TIME, \
                     f"next_deadline() {deadline} stays at or before now {self.now}"
-                self.last_tick = self.now
+                self._last_tick = self.now
                 self.feed(Tick())
+        else:
+            raise AssertionError(f"still busy after {MAX_STEPS} steps at {self.now}: livelock")
         if until != math.inf:
             self.now = max(self.now, until)
             self.feed(Tick())
@@ -154,12 +161,15 @@ class Driver:
     def _handle(self, event: Event) -> list[Command]:
         view, version = self._status(), self.machine.version
         if isinstance(event, RequestEnded):
-            self._ended(self.requests[event.rid])
+            self._ended(self._req(event.rid))
         out = self.machine.handle(event, self.now)
         for command in out:
             self.log.append((self.now, command))
             self._execute(command)
         self._check_state()
+        if any(isinstance(c, Scale) for c in out):
+            # Invariant 6: a Degraded pool makes no replica changes.
+            assert not self.machine.view().missing_members, f"Scale while Degraded: {out}"
         if self.check_view_version and self._status() != view:
             assert self.machine.version > version, \
                 f"view changed without a version bump on {event}: {view} -> {self._status()}"
@@ -167,8 +177,8 @@ class Driver:
 
     def _execute(self, command: Command) -> None:
         match command:
-            case Admit(rid, member, held_for):
-                req = self.requests[rid]
+            case Admit(wire, member, held_for):
+                req = self._req(wire)
                 # Invariant 3: only the resident, Ready member is admitted to.
                 assert member == req.member and req.state in ("new", "held"), (command, req)
                 assert self.machine.resident == member and self.machine.obs[member].ready, \
@@ -177,19 +187,20 @@ class Driver:
                 assert held_for == (self.now - req.arrived if req.held else 0.0)
                 req.state, req.ended = "admitted", self.now
                 if req.duration != math.inf:
-                    self.at(self.now + req.duration, lambda: self.feed(RequestEnded(rid)))
-            case Hold(rid, member, deadline, coalesced):
-                req = self.requests[rid]
+                    self.at(self.now + req.duration, lambda: self.feed(RequestEnded(wire)))
+            case Hold(wire, member, deadline, coalesced):
+                req = self._req(wire)
                 assert req.state == "new" and member == req.member, (command, req)
-                assert deadline == req.arrived + self.spec.swap_budget
+                assert deadline == req.arrived + self.machine.spec.swap_budget
                 req.state, req.held, req.deadline, req.coalesced = "held", True, deadline, \
                     coalesced
-            case Reject(rid):
-                req = self.requests.get(rid)
-                assert req is not None and req.state in ("new", "held"), (command, req)
+            case Reject(wire):
+                req = self._req(wire)
+                assert req.state in ("new", "held"), (command, req)
                 assert command.retry_after >= 0 if command.status == 404 \
                     else command.retry_after >= 1
                 req.state, req.ended, req.reject = "rejected", self.now, command
+                del self._live[wire]
             case Scale(member, replicas):
                 self._check_scale(member, replicas)
                 self.cluster.scale(member, replicas, self.now)
@@ -207,31 +218,43 @@ class Driver:
             assert not others, f"Scale({member}, 1) while {others} still hold the GPU"
         if replicas == 0:
             # Invariant 2: drain before unload.
-            busy = [r.rid for r in self.requests.values()
+            busy = [r.wire for r in self.requests.values()
                     if r.member == member and r.state == "admitted"]
             assert not busy, f"Scale({member}, 0) with requests {busy} in flight"
 
     def _check_state(self) -> None:
         if not self.cluster.out_of_band:
             assert len(self.cluster.up()) <= 1, f"two members up: {self.cluster.up()}"
-        held = {r.rid for r in self.requests.values() if r.state == "held"}
-        admitted = {r.rid for r in self.requests.values() if r.state == "admitted"}
+        held = {r.wire for r in self.requests.values() if r.state == "held"}
+        admitted = {r.wire for r in self.requests.values() if r.state == "admitted"}
         assert held == set(self.machine.held), (held, set(self.machine.held))
         assert admitted == set(self.machine.in_flight), (admitted, set(self.machine.in_flight))
         # Invariant 4: nothing stays held past its deadline (the budget).
-        late = [r.rid for r in self.requests.values() if r.state == "held"
+        late = [r.wire for r in self.requests.values() if r.state == "held"
                 and r.deadline <= self.now]
         assert not late, f"requests {late} still held at {self.now}, past their deadline"
+
+    def _req(self, wire: int) -> Request:
+        return self.requests[self._live[wire]]
+
+    def _arrive(self, req: Request) -> None:
+        wire = req.rid
+        if self.reuse_rids:
+            wire = next(i for i in itertools.count(1) if i not in self._live)
+        req.wire = wire
+        self._live[wire] = req.rid
+        self.feed(RequestArrived(wire, req.member))
 
     def _ended(self, req: Request) -> None:
         if req.state == "admitted":
             req.state = "done"
         elif req.state == "held":
             req.state, req.ended = "abandoned", self.now
+        del self._live[req.wire]
 
     def _abandon(self, req: Request) -> None:
         if req.state == "held":
-            self.feed(RequestEnded(req.rid))
+            self.feed(RequestEnded(req.wire))
 
     # ---- reading the record -------------------------------------------------------------
 
@@ -242,7 +265,3 @@ class Driver:
     def notices(self, kind: str) -> list[Notice]:
         """Every Notice of one kind issued so far."""
         return [c for c in self.commands(Notice) if c.kind == kind]
-
-    def state(self, rid: int) -> str:
-        """The request's state: new, held, admitted, rejected, abandoned or done."""
-        return self.requests[rid].state

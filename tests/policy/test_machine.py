@@ -459,3 +459,28 @@ def test_a_reused_request_id_is_held_for_its_own_full_budget() -> None:
     assert not [c for c in m.handle(Tick(), 100.0) if isinstance(c, Reject)]
     assert [c.code for c in m.handle(Tick(), 150.0) if isinstance(c, Reject)] == \
         ["swap_budget_exceeded"]
+
+
+def test_a_probe_retry_that_falls_due_while_degraded_does_not_stay_due() -> None:
+    gate = IdleGate(delay=0.1)
+    gate.scripts["a"] = [False]
+    d = make(("a", "b", "c"), warm="a", gate=gate, limits=Limits(idle_gate=True))
+    rid = d.request("b", at=0)
+    d.at(0.5, lambda: d.cluster.delete("c"))
+    d.run(until=5)  # the driver fails if next_deadline() stays at or before now
+    assert d.machine.next_deadline() == 300.0  # only the held request's budget is left
+    d.at(10, lambda: d.cluster.recreate("c"))
+    d.run()
+    assert gate.asked == ["a", "a"] and admitted_at(d, rid) == 10.1 + SWAP
+
+
+def test_a_failed_swap_to_the_resident_itself_leaves_no_resident() -> None:
+    # Two members up at start: the machine keeps the hinted resident and unloads the other.
+    cluster = Cluster(("a", "b"), load_delay=1, unload_delay=UNLOAD, outcome={"a": FAILS})
+    cluster.warm("b")
+    cluster.out_of_band = True
+    d = make(cluster=cluster, warm="a", resident_hint="a")
+    d.at(0.5, lambda: cluster.kill("a", d.now))  # then it reloads and fails
+    d.run(until=10)
+    assert [n.target for n in d.notices("SwapFailed")] == ["a"]
+    assert d.machine.resident == "" and d.machine.view().resident == ""
