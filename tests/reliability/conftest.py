@@ -1,0 +1,39 @@
+"""Fixture: a module-scoped static-pool stack (fake members, in-process service, real Envoy)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import AsyncIterator
+
+import pytest
+import pytest_asyncio
+from relstack import POOLS, Stack, settings_for
+
+from devstack import procs
+from devstack.upstream import start_upstream
+from extproc.app import Service
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def stack(envoy_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
+    """Service + Envoy + members judge and coder, shared by one module's tests."""
+    workdir = tmp_path_factory.mktemp("reliability")
+    pools = workdir / "pools.yaml"
+    pools.write_text(POOLS)
+    upstreams = {name: await start_upstream(name, token_delay_ms=1) for name in ("judge", "coder")}
+    service = Service(settings_for(pools))
+    await service.start()
+    envoy = procs.EnvoyProcess(service.grpc_port, {f"{n}.demo": h.port
+                                                   for n, h in upstreams.items()},
+                               workdir=workdir / "envoy")
+    try:
+        await asyncio.to_thread(envoy.start)
+        yield Stack(service, envoy, upstreams)
+    finally:
+        envoy.stop()
+        await service.stop()
+        for handle in upstreams.values():
+            await handle.stop()
+
+
