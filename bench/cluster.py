@@ -1,0 +1,152 @@
+"""The cluster-mode stack for parts 2 to 4, one process per piece, all on loopback.
+
+API emulator with a commit log (``bench.apiserver``), the member simulator
+(``devstack.simulator``), the ext_proc watching the emulator, and Envoy with the bench config.
+Pool ``bench/pool`` has members ``a`` (the default, warmed at start) and ``b``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from devstack.procs import LOCALHOST, PROJECT_ROOT, EnvoyProcess, ManagedProcess, free_port, \
+    wait_for_http
+
+from . import envoycfg, services
+
+NAMESPACE = "bench"
+POOL = "pool"
+MEMBERS = ("a", "b")
+
+
+def _objects(load_delay: float, unload_delay: float) -> list[dict[str, Any]]:
+    members = [{"apiVersion": "inference.llmkube.dev/v1alpha1", "kind": "InferenceService",
+                "metadata": {"name": m, "namespace": NAMESPACE, "annotations": {
+                    "sim.llmkube.dev/load-delay": f"{load_delay}s",
+                    "sim.llmkube.dev/unload-delay": f"{unload_delay}s"}},
+                "spec": {"replicas": 0, "modelRef": f"model-{m}"}} for m in MEMBERS]
+    pool = {"apiVersion": "inference.llmkube.dev/v1alpha1", "kind": "ModelPool",
+            "metadata": {"name": POOL, "namespace": NAMESPACE},
+            "spec": {"default": MEMBERS[0], "gpu": 1, "swapPolicy": "sticky",
+                     "swapBudget": "120s",
+                     "members": [{"inferenceServiceRef": {"name": m}} for m in MEMBERS]}}
+    return [*members, pool]
+
+
+class ClusterStack:
+    """Start with ``start()``, always ``stop()``; ``url`` is Envoy's chat endpoint."""
+
+    def __init__(self, workdir: Path, load_delay: float, unload_delay: float,
+                 member_ports: dict[str, int] | None = None) -> None:
+        self.workdir = workdir
+        self.load_delay, self.unload_delay = load_delay, unload_delay
+        self.kubeconfig = workdir / "kubeconfig"
+        self.commits_path = workdir / "commits.jsonl"
+        self.api_port = free_port()
+        self.sim_ports = {m: free_port() for m in MEMBERS}
+        # Where Envoy sends each member's traffic: the simulator's server unless overridden.
+        self.member_ports = member_ports or dict(self.sim_ports)
+        self.extproc = services.ExtProc(workdir, "extproc", services.EXTPROC,
+                                        "--kubeconfig", str(self.kubeconfig),
+                                        "--namespace", NAMESPACE)
+        self._procs: list[Any] = []
+        self.envoy: EnvoyProcess | None = None
+
+    @property
+    def url(self) -> str:
+        """Envoy's chat completions URL."""
+        assert self.envoy is not None
+        return f"{self.envoy.url}/v1/chat/completions"
+
+    @property
+    def api_url(self) -> str:
+        """The emulator's base URL."""
+        return f"http://{LOCALHOST}:{self.api_port}"
+
+    def start(self) -> "ClusterStack":
+        """Bring every piece up and wait until member ``a`` serves through Envoy."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.commits_path.unlink(missing_ok=True)
+        self.kubeconfig.unlink(missing_ok=True)
+        self._procs.append(self._launch("apiserver", [
+            sys.executable, "-m", "bench.apiserver", "--port", str(self.api_port),
+            "--crds", str(PROJECT_ROOT / "crds"), "--kubeconfig-out", str(self.kubeconfig),
+            "--commits", str(self.commits_path), "--namespace", NAMESPACE]))
+        wait_for_http(f"{self.api_url}/version", timeout=30)
+        self._wait(self.kubeconfig.exists, 10, "kubeconfig")
+        manifest = self.workdir / "objects.yaml"
+        manifest.write_text(yaml.safe_dump_all(_objects(self.load_delay, self.unload_delay)),
+                            encoding="utf-8")
+        self.kubectl("apply", "-f", str(manifest))
+        sim = [sys.executable, "-m", "devstack.simulator", "--kubeconfig", str(self.kubeconfig),
+               "--namespace", NAMESPACE, "--load-delay", f"{self.load_delay}s",
+               "--unload-delay", f"{self.unload_delay}s", "--log-dir",
+               str(self.workdir / "members"), "--timeline", str(self.workdir / "timeline.jsonl")]
+        for member, port in self.sim_ports.items():
+            sim += ["--port", f"{member}={port}"]
+        self._procs.append(self._launch("simulator", sim))
+        self._procs.append(self.extproc.start())
+        members = {f"{m}.{NAMESPACE}": port for m, port in self.member_ports.items()}
+        self.envoy = envoycfg.bench_envoy(self.workdir / "envoy", self.extproc.port, members)
+        self._procs.append(self.envoy.start())
+        services.wait_routed(self.url, body_for("a"), timeout=60)
+        return self
+
+    def stop(self) -> None:
+        """Stop every piece, newest first."""
+        for proc in reversed(self._procs):
+            proc.stop()
+        self._procs.clear()
+
+    def kubectl(self, *args: str) -> str:
+        """Run kubectl against the emulator (bounded in time)."""
+        return subprocess.run(["kubectl", "--kubeconfig", str(self.kubeconfig), "-n", NAMESPACE,
+                               *args], capture_output=True, text=True, check=True,
+                              timeout=30).stdout
+
+    def annotate(self, member: str, key: str, value: str | None) -> None:
+        """Set (or with None remove) an annotation on a member InferenceService."""
+        self.kubectl("annotate", "isvc", member, f"{key}-" if value is None else f"{key}={value}",
+                     "--overwrite")
+
+    def commits(self) -> list[dict[str, Any]]:
+        """Every logged commit so far, oldest first."""
+        text = self.commits_path.read_text(encoding="utf-8")
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def api_requests(self) -> list[dict[str, Any]]:
+        """The emulator's request record since the last reset."""
+        with urllib.request.urlopen(f"{self.api_url}/_emulator/requests", timeout=10) as resp:
+            return json.loads(resp.read())
+
+    def reset_api_record(self) -> None:
+        """Empty the emulator's request record."""
+        request = urllib.request.Request(f"{self.api_url}/_emulator/reset-record", data=b"{}",
+                                         method="POST")
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            resp.read()
+
+    def _launch(self, name: str, args: list[str]) -> ManagedProcess:
+        return ManagedProcess(args, self.workdir / f"{name}.log", cwd=PROJECT_ROOT).start()
+
+    @staticmethod
+    def _wait(check: Any, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not check():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out waiting for {what}")
+            time.sleep(0.05)
+
+
+def body_for(member: str) -> bytes:
+    """A small chat request naming ``member``."""
+    return json.dumps({"model": member, "max_tokens": 4,
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
