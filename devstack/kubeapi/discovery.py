@@ -14,7 +14,7 @@ from typing import Any
 
 from devstack.kubeapi.resources import ResourceType
 
-_VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
+VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 _SUB_VERBS = ["get", "patch", "update"]
 
 
@@ -28,7 +28,7 @@ def resource_list(api_version: str, types: list[ResourceType]) -> dict[str, Any]
     resources: list[dict[str, Any]] = []
     for rt in types:
         resources.append({"name": rt.plural, "singularName": rt.singular, "namespaced": rt.namespaced,
-                          "kind": rt.kind, "verbs": _VERBS, "shortNames": list(rt.short_names),
+                          "kind": rt.kind, "verbs": VERBS, "shortNames": list(rt.short_names),
                           "categories": list(rt.categories)})
         if rt.status:
             resources.append({"name": f"{rt.plural}/status", "singularName": "", "namespaced": rt.namespaced,

@@ -25,7 +25,7 @@ from devstack.kubeapi.store import CLOSED
 from devstack.kubeapi.watch import WatchOptions, present, serve_watch
 
 DEBUG_PREFIX = "/_emulator/"
-WRITE_VERBS = frozenset({"create", "update", "patch", "delete"})
+WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 _KMOCK_REQUEST_KEEP = 1_000  # kmock keeps every parsed request with its body; a long demo must not grow
 
 
@@ -59,6 +59,9 @@ class KubeHandler(kmock.KubernetesScaffold):
     watch_timeout: float = 1800.0
     record_limit: int = 100_000
     record: list[RequestRecord] = attrs.field(factory=list, init=False)
+    # (caller, request): the same requests with who made them, so the e2e suite can check one
+    # client's calls (the ext_proc's) against its RBAC rules while others share the server
+    callers: list[tuple[str, RequestRecord]] = attrs.field(factory=list, init=False)
     unavailable: bool = attrs.field(default=False, init=False)
     write_faults: dict[tuple[str, str], int] = attrs.field(factory=dict, init=False)
     _by_url: dict[tuple[str, str, str], ResourceType] = attrs.field(factory=dict, init=False)
@@ -69,7 +72,7 @@ class KubeHandler(kmock.KubernetesScaffold):
             self._by_url[(rt.group, rt.version, rt.plural)] = rt
             self.resources[kmock.resource(rt.group, rt.version, rt.plural)] = kmock.ResourceInfo(
                 namespaced=rt.namespaced, kind=rt.kind, singular=rt.singular,
-                verbs={"create", "delete", "get", "list", "patch", "update", "watch"},
+                verbs=set(discovery.VERBS),
                 shortnames=set(rt.short_names), categories=set(rt.categories), subresources=set(rt.subresources),
             )
         self.fallback["get /openapi/v3"] << discovery.openapi_v3_index(self.types)
@@ -126,9 +129,13 @@ class KubeHandler(kmock.KubernetesScaffold):
         target = routes.parse(path)
         verb = routes.verb(request.method, target, request.query) if target else ""
         if target is not None:
-            self.record.append(routes.record_of(verb, target))
+            entry = routes.record_of(verb, target)
+            self.record.append(entry)
+            self.callers.append((routes.caller(request.headers.get("Authorization")), entry))
             if len(self.record) > self.record_limit:
                 del self.record[: len(self.record) - self.record_limit]
+            if len(self.callers) > self.record_limit:
+                del self.callers[: len(self.callers) - self.record_limit]
         if self.unavailable:
             return status_response(errors.unavailable())
         if target is None:
@@ -164,7 +171,7 @@ class KubeHandler(kmock.KubernetesScaffold):
         content_type = (request.headers.get("Content-Type") or "application/json").split(";")[0].strip()
         table_include = (params.get("includeObject") or "PartialObjectMetadata") \
             if tables.wants_table(request.headers.get("Accept")) and sub is None else None
-        if verb in ("list", "watch"):
+        if verb in ("list", "watch", "deletecollection"):
             return await self._serve_collection(request, rt, namespace, target.name, verb, table_include)
         if verb == "create" and target.name is None and sub is None:
             return json_response(present(rt, api.create(rt, namespace, decode_body(raw, content_type), dry_run=dry_run)), 201)
@@ -215,6 +222,13 @@ class KubeHandler(kmock.KubernetesScaffold):
                 bookmarks=params.get("allowWatchBookmarks") in ("1", "true", "True"),
                 bookmark_interval=self.bookmark_interval, table_include=table_include)
             return await serve_watch(request, store, rt, options)
+        if verb == "deletecollection":
+            dry_run = bool(params.get("dryRun"))
+            gone = [present(rt, self.api.delete(rt, obj["metadata"].get("namespace"), obj["metadata"]["name"],
+                                                dry_run=dry_run))
+                    for obj in store.items(rt, namespace) if matches(obj)]
+            return json_response({"kind": f"{rt.kind}List", "apiVersion": rt.api_version,
+                                  "metadata": {"resourceVersion": str(store.resource_version)}, "items": gone})
         if since and params.get("resourceVersionMatch") == "Exact" and since < store.oldest_resumable:
             raise errors.gone(since, store.oldest_resumable)
         rv = str(store.resource_version)
@@ -233,9 +247,13 @@ class KubeHandler(kmock.KubernetesScaffold):
         body = body if isinstance(body, dict) else {}
         store = self.api.store
         if (method, action) == ("GET", "requests"):
+            user = request.query.get("user")
+            if user is not None:  # one client's requests (its kubeconfig token `<user>-token`)
+                return json_response([entry._asdict() for who, entry in self.callers if who == user])
             return json_response([entry._asdict() for entry in self.record])
         if (method, action) == ("POST", "reset-record"):
             self.record.clear()
+            self.callers.clear()
             return json_response({"requests": 0})
         if (method, action) == ("POST", "compact"):
             expire = request.query.get("expireWatches", "true") not in ("0", "false", "False")

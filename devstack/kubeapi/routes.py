@@ -71,6 +71,14 @@ def verb(method: str, target: Target, params: Mapping[str, str]) -> str:
     return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, method.lower())
 
 
+def caller(authorization: str | None) -> str:
+    """Who sent a request: the bearer token without its `-token` suffix ("" when anonymous)."""
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        return ""
+    return token.strip().removesuffix("-token")
+
+
 def record_of(verb_name: str, target: Target) -> RequestRecord:
     """The record entry for a request."""
     return RequestRecord(verb_name, target.group, target.plural, target.subresource, target.namespace, target.name)

@@ -81,6 +81,11 @@ class Store:
         """The oldest version a watch can still resume from."""
         return self._oldest
 
+    @property
+    def open_watches(self) -> int:
+        """How many watch streams are open (lets tests check that clients close theirs)."""
+        return len(self._watchers)
+
     def get(self, rt: ResourceType, namespace: str | None, name: str) -> dict[str, Any] | None:
         """The stored object, or None."""
         return self._objects[rt.storage_key].get((namespace, name))

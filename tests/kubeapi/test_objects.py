@@ -171,3 +171,13 @@ async def test_in_process_helpers_seed_status(emulator):
     assert [o["metadata"]["name"] for o in emulator.list("inferenceservices")] == ["a"]
     emulator.delete("isvc", "a")
     assert emulator.get("isvc", "a") is None
+
+
+async def test_delete_collection_honours_the_label_selector(custom, emulator):
+    for name, tier in (("p1", "gpu"), ("p2", "gpu"), ("p3", "cpu")):
+        await custom.create_namespaced_custom_object(
+            GROUP, VERSION, NS, "modelpools", {**modelpool(name), "metadata": {"name": name, "labels": {"tier": tier}}})
+    gone = await custom.delete_collection_namespaced_custom_object(GROUP, VERSION, NS, "modelpools",
+                                                                   label_selector="tier=gpu")
+    assert [o["metadata"]["name"] for o in gone["items"]] == ["p1", "p2"]
+    assert [o["metadata"]["name"] for o in emulator.list("mpool")] == ["p3"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import aiohttp
 import pytest
 from kubernetes import client, watch
 from kubernetes.aio import watch as awatch
@@ -167,3 +168,23 @@ async def test_bounded_history_forgets_old_versions():
     replay, watcher = emu.store.open_watch(rt, emu.store.resource_version - 2)
     assert [e.obj["data"]["n"] for e in replay] == ["3", "4"]
     emu.store.close_watch(watcher)
+
+
+async def test_a_client_leaving_releases_its_watch_and_stop_ends_open_ones(emulator):
+    url = f"{emulator.url}/apis/{GROUP}/{VERSION}/namespaces/{NS}/modelpools?watch=1"
+    async with aiohttp.ClientSession() as http:
+        response = await http.get(url)
+        await asyncio.sleep(0.1)
+        assert emulator.store.open_watches == 1
+        response.close()  # drops the connection without a word
+        for _ in range(40):  # an idle watch notices within about a second
+            if emulator.store.open_watches == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert emulator.store.open_watches == 0
+        async with http.get(url) as held:
+            await asyncio.sleep(0.1)
+            started = time.monotonic()
+            await emulator.stop()
+            assert await held.read() == b""  # the stream ended cleanly, with no events
+            assert time.monotonic() - started < 2
