@@ -20,7 +20,7 @@ from harness import Driver, spec
 
 HORIZON = 400.0  # traffic and faults happen in [0, HORIZON)
 PROBE_DELAY = 0.1
-EXAMPLES = settings(max_examples=100, deadline=None,
+EXAMPLES = settings(max_examples=200, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
 
 times = st.floats(0, HORIZON, allow_nan=False)
@@ -76,12 +76,19 @@ def scenarios(draw: st.DrawFn, faults: bool) -> Scenario:
     d = Driver(pool, limits, cluster, gate, resident_hint=draw(hint),
                pending_hint=draw(hint) if faults else "", reuse_rids=draw(st.booleans()))
     d.start()
-    max_duration = draw(st.floats(0.1, 20))
+    max_duration = draw(st.floats(1, 20))
     requests = st.tuples(times, some_member, st.floats(0.1, max_duration),
                          st.none() | st.floats(0, 100) if faults else st.none())
     for at, member, duration, abandon in draw(st.lists(requests, max_size=40)):
         d.request(member, at=at, duration=duration,
                   abandon_after=math.inf if abandon is None else abandon)
+    # Busy clients: back-to-back overlapping requests keep a member in flight for a while,
+    # which is what the fairness window exists for.
+    for member, start, length in draw(st.lists(st.tuples(some_member, times,
+                                                         st.floats(0, 200)), max_size=2)):
+        gap = draw(st.floats(1, max_duration))
+        for k in range(int(length / gap)):
+            d.request(member, at=start + k * gap, duration=draw(st.floats(gap, max_duration)))
     kinds = st.sampled_from(["kill", "kill", "delete", "force_up"])
     recreate = st.none() | st.floats(0, 120)
     drawn = draw(st.lists(st.tuples(times, kinds, some_member, recreate),
