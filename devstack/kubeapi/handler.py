@@ -59,8 +59,8 @@ class KubeHandler(kmock.KubernetesScaffold):
     watch_timeout: float = 1800.0
     record_limit: int = 100_000
     record: list[RequestRecord] = attrs.field(factory=list, init=False)
-    # (caller, request): the same requests with who made them, so the e2e suite can check one
-    # client's calls (the ext_proc's) against its RBAC rules while others share the server
+    # (caller, request): the same requests with who sent them, so a suite can check one client's
+    # calls (the ext_proc's) against its RBAC rules while others share the server
     callers: list[tuple[str, RequestRecord]] = attrs.field(factory=list, init=False)
     unavailable: bool = attrs.field(default=False, init=False)
     write_faults: dict[tuple[str, str], int] = attrs.field(factory=dict, init=False)
