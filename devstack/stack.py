@@ -218,9 +218,14 @@ class LocalStack:
         return self.get(f"/apis/inference.llmkube.dev/v1alpha1/namespaces/{ns}"
                         f"/inferenceservices/{name}")
 
-    def api_requests(self) -> list[dict[str, Any]]:
-        """The emulator's request record so far (every resource request, oldest first)."""
-        return self.get("/_emulator/requests")
+    def api_requests(self, user: str | None = None) -> list[dict[str, Any]]:
+        """The emulator's request record so far, oldest first; only `user`'s when given.
+
+        Users are the kubeconfig users of USERS: ``stack`` (kubectl, these helpers),
+        ``simulator`` and ``modelpool-extproc``.
+        """
+        query = f"?user={user}" if user is not None else ""
+        return self.get(f"/_emulator/requests{query}")
 
     # ---- what the pieces recorded --------------------------------------------------------
 
