@@ -19,7 +19,8 @@ from devstack.kubeapi.resources import ResourceType, builtin_types, load_crds
 from devstack.kubeapi.routes import RequestRecord
 from devstack.kubeapi.store import CLOSED, Store
 
-TOKEN = "kubeapi-emulator-token"  # any bearer token is accepted; clients just need one to send
+# Any bearer token is accepted; a kubeconfig's token `<user>-token` names the caller in the record.
+DEFAULT_USER = "kubeapi-emulator"
 
 
 class KubeEmulator:
@@ -75,6 +76,10 @@ class KubeEmulator:
         """Every resource request so far, oldest first (the live list; clear it to reset)."""
         return self.handler.record
 
+    def requests_of(self, user: str) -> list[RequestRecord]:
+        """The resource requests sent with the kubeconfig written for `user` (token `<user>-token`)."""
+        return [entry for caller, entry in self.handler.callers if caller == user]
+
     def compact(self, *, expire_watches: bool = True) -> int:
         """Forget the event history so older resourceVersions answer 410; returns the oldest resumable version."""
         return self.store.compact(expire_watches=expire_watches)
@@ -87,15 +92,16 @@ class KubeEmulator:
         """Play an unreachable API server (503 to everything but /_emulator/) until switched off."""
         self.handler.set_unavailable(on)
 
-    def write_kubeconfig(self, path: str | os.PathLike[str], *, namespace: str = "default") -> Path:
-        """Write a kubeconfig for kubectl and the `kubernetes` clients (plain HTTP, dummy token)."""
+    def write_kubeconfig(self, path: str | os.PathLike[str], *, namespace: str = "default",
+                         user: str = DEFAULT_USER) -> Path:
+        """Write a kubeconfig for kubectl and the `kubernetes` clients (plain HTTP, token `<user>-token`)."""
         if self.url is None:
             raise RuntimeError("start the emulator before writing its kubeconfig")
         name = "kubeapi-emulator"
         config = {
             "apiVersion": "v1", "kind": "Config", "preferences": {}, "current-context": name,
             "clusters": [{"name": name, "cluster": {"server": self.url}}],
-            "users": [{"name": name, "user": {"token": TOKEN}}],
+            "users": [{"name": name, "user": {"token": f"{user}-token"}}],
             "contexts": [{"name": name, "context": {"cluster": name, "user": name, "namespace": namespace}}],
         }
         target = Path(path)

@@ -6,6 +6,8 @@ import asyncio
 
 import aiohttp
 import pytest
+from kubernetes.aio import client as aclient
+from kubernetes.aio import config as aconfig
 from kubernetes.aio import watch as awatch
 from kubernetes.aio.client.exceptions import ApiException as AioApiException
 
@@ -106,3 +108,20 @@ async def test_unknown_resources_and_subresources_are_404(emulator):
             async with http.get(path) as response:
                 assert response.status == 404, path
                 assert (await response.json())["kind"] == "Status"
+
+
+async def test_record_per_caller_follows_the_kubeconfig_user(emulator, tmp_path):
+    kubeconfig = emulator.write_kubeconfig(tmp_path / "extproc.kubeconfig", user="extproc")
+    api = await aconfig.new_client_from_config(config_file=str(kubeconfig))
+    try:
+        await aclient.CustomObjectsApi(api).list_namespaced_custom_object(*ISVCS)
+    finally:
+        await api.close()
+    emulator.create("isvc", isvc("a"))  # in-process helpers are not requests
+    async with aiohttp.ClientSession(emulator.url) as http:
+        await http.get(f"/apis/{GROUP}/{VERSION}/namespaces/{NS}/modelpools")  # anonymous
+        async with http.get("/_emulator/requests", params={"user": "extproc"}) as response:
+            by_extproc = await response.json()
+    assert emulator.requests_of("extproc") == [RequestRecord("list", GROUP, "inferenceservices", None, NS, None)]
+    assert by_extproc == [emulator.requests_of("extproc")[0]._asdict()]
+    assert [r.resource for r in emulator.requests_of("")] == ["modelpools"]
