@@ -1,0 +1,217 @@
+"""Garbage at the ext_proc gRPC port: the service neither crashes nor leaks streams, tasks or
+file descriptors, and keeps answering well-formed streams."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from pathlib import Path
+from typing import AsyncIterator
+
+import grpc
+import pytest
+import pytest_asyncio
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from relstack import POOLS, SERVING, health_status, settings_for, settle, streams_in_flight
+
+from extproc.app import Service
+from extproc.protocol.service import SERVICE
+
+PROCESS = f"/{SERVICE}/Process"
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
+@pytest_asyncio.fixture
+async def service(tmp_path: Path) -> AsyncIterator[Service]:
+    """The service alone (no Envoy), static pools, on a free loopback port."""
+    pools = tmp_path / "pools.yaml"
+    pools.write_text(POOLS)
+    svc = Service(settings_for(pools))
+    await svc.start()
+    assert await settle(lambda: svc.platform.synced.is_set())
+    try:
+        yield svc
+    finally:
+        await svc.stop()
+
+
+def headers_message(path: str = "/v1/chat/completions", eos: bool = False) -> bytes:
+    """A request_headers message as Envoy sends it."""
+    fields = [(":method", "POST"), (":path", path), ("content-type", "application/json")]
+    return ep.ProcessingRequest(request_headers=ep.HttpHeaders(
+        headers=base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode())
+                                            for k, v in fields]),
+        end_of_stream=eos)).SerializeToString()
+
+
+def body_message(body: bytes) -> bytes:
+    """A buffered request_body message."""
+    return ep.ProcessingRequest(request_body=ep.HttpBody(body=body, end_of_stream=True)) \
+        .SerializeToString()
+
+
+def open_process(channel: grpc.aio.Channel) -> grpc.aio.StreamStreamCall:
+    """A raw Process stream: messages in as bytes, ProcessingResponse out."""
+    return channel.stream_stream(PROCESS, request_serializer=None,
+                                 response_deserializer=ep.ProcessingResponse.FromString)()
+
+
+async def answers_a_good_request(port: int) -> bool:
+    """One well-formed stream ends in a routing decision for judge."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = open_process(channel)
+        await call.write(headers_message())
+        first = await call.read()
+        await call.write(body_message(b'{"model": "judge"}'))
+        second = await call.read()
+        await call.done_writing()
+        await call.read()  # the service keeps the stream until we end it
+        assert await call.code() == grpc.StatusCode.OK
+    mutation = second.request_body.response.header_mutation.set_headers
+    return first.HasField("request_headers") and \
+        [(h.header.key, h.header.raw_value) for h in mutation] == \
+        [("x-modelpool-member", b"judge.demo")]
+
+
+def open_fds() -> int:
+    """File descriptors this process holds (service and test share it)."""
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def raw_tcp(port: int, payload: bytes) -> bytes:
+    """Send bytes, return whatever comes back before the server closes (bounded)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(payload)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(65536), 5)
+    except (ConnectionError, asyncio.TimeoutError):
+        return b""
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("payload", [
+    pytest.param(random.Random(1).randbytes(64 * 1024), id="random-bytes"),
+    pytest.param(H2_PREFACE + random.Random(2).randbytes(4096), id="h2-preface-then-junk"),
+    # a frame header announcing a 16 MiB DATA frame on stream 1, then nothing
+    pytest.param(H2_PREFACE + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+                 + b"\xff\xff\xff\x00\x00\x00\x00\x00\x01", id="h2-giant-frame-header"),
+    pytest.param(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n", id="http1-request"),
+    pytest.param(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\0" * 64, id="tls-hello"),
+])
+async def test_garbage_on_the_port(service: Service, payload: bytes) -> None:
+    assert await answers_a_good_request(service.grpc_port)  # warm: lazily built state exists
+    baseline = open_fds()
+    for _ in range(20):
+        await raw_tcp(service.grpc_port, payload)
+    assert await settle(lambda: open_fds() <= baseline), f"{open_fds()} fds, {baseline} before"
+    assert await answers_a_good_request(service.grpc_port)
+    assert await health_status(service.grpc_port) == SERVING
+
+
+@pytest.mark.parametrize("method", [f"/{SERVICE}/Nope", "/foo.Bar/Baz", "/", "/x/y/z"])
+async def test_unknown_methods_are_unimplemented(service: Service, method: str) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await channel.unary_unary(method)(b"\x00garbage", timeout=5)
+    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert await answers_a_good_request(service.grpc_port)
+
+
+async def _stream_of(port: int, messages: list[bytes]) -> list[ep.ProcessingResponse]:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = open_process(channel)
+        for message in messages:
+            await call.write(message)
+        await call.done_writing()
+        replies = [reply async for reply in call]
+        assert await call.code() == grpc.StatusCode.OK
+        return replies
+
+
+RESPONSE_HEADERS = ep.ProcessingRequest(response_headers=ep.HttpHeaders()).SerializeToString()
+RESPONSE_BODY = ep.ProcessingRequest(response_body=ep.HttpBody(body=b"x", end_of_stream=True)) \
+    .SerializeToString()
+TRAILERS = ep.ProcessingRequest(request_trailers=ep.HttpTrailers()).SerializeToString()
+
+
+@pytest.mark.parametrize("messages, answers", [
+    pytest.param([], 0, id="nothing"),
+    pytest.param([body_message(b'{"model": "judge"}')], 0, id="body-without-headers"),
+    pytest.param([RESPONSE_HEADERS], 0, id="response-headers-first"),
+    pytest.param([RESPONSE_BODY], 0, id="response-body-first"),
+    pytest.param([TRAILERS], 0, id="trailers-first"),
+    pytest.param([b""], 0, id="empty-message"),
+    # headers answered (CONTINUE), then phases Envoy never sends in this mode: skipped, no body
+    pytest.param([headers_message(), RESPONSE_HEADERS, RESPONSE_BODY, TRAILERS], 1,
+                 id="headers-then-response-phases"),
+    pytest.param([headers_message(), headers_message()], 1, id="headers-twice"),
+])
+async def test_out_of_order_messages_end_cleanly(service: Service, messages: list[bytes],
+                                                answers: int) -> None:
+    replies = await _stream_of(service.grpc_port, messages)
+    assert len(replies) == answers
+    assert all(r.HasField("request_headers") for r in replies)
+    assert not any(r.HasField("request_body") for r in replies)  # no routing decision
+    assert await settle(lambda: streams_in_flight() == 0)
+    assert await answers_a_good_request(service.grpc_port)
+
+
+async def test_undecodable_message_fails_only_its_stream(service: Service) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
+        call = open_process(channel)
+        await call.write(b"\xff\xff\xff\xff\x0f")  # a truncated varint: not a protobuf
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await call.read()
+    assert caught.value.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
+    assert await settle(lambda: streams_in_flight() == 0)
+    assert await answers_a_good_request(service.grpc_port)
+
+
+async def test_message_over_the_receive_limit_is_refused(service: Service) -> None:
+    async with grpc.aio.insecure_channel(
+            f"127.0.0.1:{service.grpc_port}",
+            options=[("grpc.max_send_message_length", 64 << 20)]) as channel:
+        call = open_process(channel)
+        await call.write(headers_message())
+        await call.read()
+        await call.write(body_message(b"x" * (3 << 20)))  # limit: 1 MiB body + 1 MiB slack
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await call.read()
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert await settle(lambda: streams_in_flight() == 0)
+    assert await answers_a_good_request(service.grpc_port)
+
+
+async def _idle_streams_round(port: int, send_headers: bool, count: int = 200) -> None:
+    """Open ``count`` streams that never finish a request, check they are counted, cancel."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        calls = [open_process(channel) for _ in range(count)]
+        if send_headers:
+            await asyncio.gather(*(c.write(headers_message()) for c in calls))
+            replies = await asyncio.gather(*(c.read() for c in calls))
+            assert all(r.HasField("request_headers") for r in replies)
+        else:
+            await asyncio.gather(*(c.wait_for_connection() for c in calls))
+        assert await settle(lambda: streams_in_flight() == count), streams_in_flight()
+        assert await health_status(port) == SERVING  # still responsive meanwhile
+        for call in calls:
+            call.cancel()
+    assert await settle(lambda: streams_in_flight() == 0), streams_in_flight()
+
+
+@pytest.mark.parametrize("send_headers", [False, True], ids=["silent", "headers-then-silent"])
+async def test_200_idle_streams_cancelled_leak_nothing(service: Service,
+                                                       send_headers: bool) -> None:
+    # Leaks show as growth from round to round; the first round creates lazily built state.
+    await _idle_streams_round(service.grpc_port, send_headers)
+    tasks, fds = len(asyncio.all_tasks()), open_fds()
+    for _ in range(2):
+        await _idle_streams_round(service.grpc_port, send_headers)
+        assert await settle(lambda: len(asyncio.all_tasks()) <= tasks), \
+            f"{len(asyncio.all_tasks())} tasks, {tasks} after the first round"
+        assert await settle(lambda: open_fds() <= fds), f"{open_fds()} fds, {fds} before"
+    assert await answers_a_good_request(service.grpc_port)
