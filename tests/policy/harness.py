@@ -47,6 +47,7 @@ class Request:
     deadline: float = math.inf
     held: bool = False
     coalesced: bool = False
+    behind: str = ""  # target of the swap under way when it was held ("" if none)
     ended: float = math.inf  # when it left the held state or was answered
     reject: Reject | None = None
     wire: int = 0  # the id the machine sees; reused after the request ends if reuse_rids
@@ -194,6 +195,8 @@ class Driver:
                 assert deadline == req.arrived + self.machine.spec.swap_budget
                 req.state, req.held, req.deadline, req.coalesced = "held", True, deadline, \
                     coalesced
+                swap = self.machine.swap
+                req.behind = swap.target if swap else ""
             case Reject(wire):
                 req = self._req(wire)
                 assert req.state in ("new", "held"), (command, req)
