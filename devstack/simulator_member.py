@@ -140,11 +140,13 @@ class MemberActor:
         isvc = self.isvc
         pods = await self.kube.list_pods(self.namespace, self.name)
         live = [p for p in pods if not is_terminating(p)]
-        # someone else started deleting a pod (kubectl delete pod, or our unload cut short by
-        # a restart): it dies now, as a kubelet would finish it
         for pod in pods:
-            if is_terminating(pod):
-                await self._kill(pod)
+            if not is_terminating(pod):
+                continue
+            if isvc is not None and desired_replicas(isvc) < 1:
+                await self._finish_unload(pod)  # our unload, cut short by an API error or restart
+            else:
+                await self._kill(pod)  # kubectl delete pod: it dies now, as a kubelet would end it
         for pod in live[1:]:  # one pod per member; extras only appear if someone made them
             await self._kill(pod)
         pod = live[0] if live else None
@@ -295,12 +297,18 @@ class MemberActor:
 
     async def _unload(self, pod: dict[str, Any]) -> None:
         """Graceful scale-down: the pod stays (terminating) until the model has unloaded."""
+        await self._report("Progressing", 1, 0)
+        await self.kube.begin_delete_pod(self.namespace, pod["metadata"]["name"])
+        self._record("pod_terminating", pod["metadata"]["name"])
+        await self._finish_unload(pod)
+
+    async def _finish_unload(self, pod: dict[str, Any]) -> None:
+        """Stop the server, sit out the unload delay, then let the pod go."""
         name = pod["metadata"]["name"]
+        # counted from here: a resumed unload (after an error or restart) then errs on the
+        # safe side, the pod holding the slot a little longer, never shorter
         began = time.monotonic()
         delay = self._delay(ANN_UNLOAD_DELAY, self.ctx.default_unload_delay)
-        await self._report("Progressing", 1, 0)
-        await self.kube.begin_delete_pod(self.namespace, name)
-        self._record("pod_terminating", name)
         await self._stop_server()  # the model goes first; the pod object goes last
         await asyncio.sleep(max(0.0, began + delay - time.monotonic()))
         await self.kube.remove_pod(self.namespace, name)

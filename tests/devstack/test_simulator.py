@@ -52,8 +52,8 @@ async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = TIMEO
 class Cluster:
     """Test-side access to the emulator with the real client."""
 
-    def __init__(self, api: client.ApiClient, kubeconfig: Path) -> None:
-        self.api, self.kubeconfig = api, kubeconfig
+    def __init__(self, emu: KubeEmulator, api: client.ApiClient, kubeconfig: Path) -> None:
+        self.emu, self.api, self.kubeconfig = emu, api, kubeconfig
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
 
@@ -111,7 +111,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     api = await config.new_client_from_config(config_file=str(kubeconfig), persist_config=False)
     try:
         await client.CoreV1Api(api).create_namespace({"metadata": {"name": NS}})
-        yield Cluster(api, kubeconfig)
+        yield Cluster(emu, api, kubeconfig)
     finally:
         await api.close()
         await emu.stop()
@@ -147,6 +147,39 @@ def events(sim: MemberSimulator, member: str) -> list[str]:
 
 def first(sim: MemberSimulator, member: str, event: str, pod: str | None = None) -> float:
     return next(e.t for e in sim.timeline.of(member, event) if pod in (None, e.pod))
+
+
+async def _is(value: Awaitable[Any], expected: Any) -> bool:
+    return (await value) == expected
+
+
+async def _has(sim: MemberSimulator, member: str, event: str) -> bool:
+    return bool(sim.timeline.of(member, event))
+
+
+async def _phase_in(cluster: Cluster, name: str, phases: set[str]) -> bool:
+    return (await cluster.status(name)).get("phase") in phases
+
+
+async def _ready_count(cluster: Cluster, sim: MemberSimulator, member: str, count: int) -> bool:
+    status = await cluster.status(member)
+    return status.get("phase") == "Ready" and len(sim.timeline.of(member, "ready")) == count
+
+
+
+def _count(cluster: Cluster, verb: str, resource: str) -> int:
+    return sum(1 for r in cluster.emu.requests if r.verb == verb and r.resource == resource)
+
+
+async def _kubectl(cluster: Cluster, *args: str) -> None:
+    """Run kubectl against the emulator (the annotations must work from the command line)."""
+    if not shutil.which("kubectl"):
+        pytest.skip("kubectl is not on PATH")
+    proc = await asyncio.create_subprocess_exec(
+        "kubectl", "--kubeconfig", str(cluster.kubeconfig), "-n", NS, *args,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out, _ = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0, out.decode()
 
 
 async def test_scale_up_creates_pod_then_ready_with_a_live_upstream(cluster: Cluster, sims):
@@ -202,10 +235,6 @@ async def test_scale_down_unloads_before_the_pod_goes(cluster: Cluster, sims, tm
     assert [e["event"] for e in on_disk if e["member"] == "coder"] == events(sim, "coder")
 
 
-async def _is(value: Awaitable[Any], expected: Any) -> bool:
-    return (await value) == expected
-
-
 async def test_fail_annotation_ends_in_failed_and_clearing_it_retries(cluster: Cluster, sims):
     port = free_port()
     await cluster.create("writer", replicas=0, **{"sim.llmkube.dev/fail": "true"})
@@ -250,25 +279,6 @@ async def test_kill_pod_replaces_the_pod_and_loads_again(cluster: Cluster, sims)
     assert events(sim, "judge").count("pod_killed") == 1
 
 
-async def _has(sim: MemberSimulator, member: str, event: str) -> bool:
-    return bool(sim.timeline.of(member, event))
-
-
-async def _phase_in(cluster: Cluster, name: str, phases: set[str]) -> bool:
-    return (await cluster.status(name)).get("phase") in phases
-
-
-async def _kubectl(cluster: Cluster, *args: str) -> None:
-    """Run kubectl against the emulator (the annotations must work from the command line)."""
-    if not shutil.which("kubectl"):
-        pytest.skip("kubectl is not on PATH")
-    proc = await asyncio.create_subprocess_exec(
-        "kubectl", "--kubeconfig", str(cluster.kubeconfig), "-n", NS, *args,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    out, _ = await asyncio.wait_for(proc.communicate(), 30)
-    assert proc.returncode == 0, out.decode()
-
-
 async def test_stuck_stays_creating_until_cleared(cluster: Cluster, sims):
     port = free_port()
     await cluster.create("coder", replicas=0, **{"sim.llmkube.dev/stuck": "true"})
@@ -289,16 +299,11 @@ async def test_quick_flip_finishes_the_unload_before_the_new_pod(cluster: Cluste
     await cluster.wait_phase("judge", "Ready")
     await cluster.scale("judge", 0)
     await cluster.scale("judge", 1)
-    await eventually(lambda: _ready_again(cluster, sim), what="judge Ready on a new pod")
+    await eventually(lambda: _ready_count(cluster, sim, "judge", 2), what="judge Ready again")
     pods = [e for e in sim.timeline.of("judge") if e.event in ("pod_created", "pod_deleted")]
     assert [e.event for e in pods] == ["pod_created", "pod_deleted", "pod_created"]
     assert len(await cluster.pods("judge")) == 1
     assert await health(sim.ports["judge"]) == 200  # an unmapped member got a free port
-
-
-async def _ready_again(cluster: Cluster, sim: MemberSimulator) -> bool:
-    status = await cluster.status("judge")
-    return status.get("phase") == "Ready" and len(sim.timeline.of("judge", "ready")) == 2
 
 
 async def test_restart_adopts_existing_state(cluster: Cluster, sims):
@@ -340,3 +345,58 @@ async def test_cli_runs_until_sigterm_and_leaves_nothing(cluster: Cluster, tmp_p
     assert await health(port) is None
     assert [e["event"] for e in read_timeline(timeline)] == \
         ["pod_created", "server_started", "ready", "server_stopped"]
+
+
+async def test_survives_410_an_api_outage_and_failed_writes(cluster: Cluster, sims):
+    await cluster.create("judge", replicas=0)
+    sim = await sims()
+    await cluster.wait_phase("judge", "Stopped")
+
+    lists_before = _count(cluster, "list", "inferenceservices")
+    cluster.emu.compact()  # open watches get 410 Gone: the simulator must re-list
+    await cluster.scale("judge", 1)
+    await cluster.wait_phase("judge", "Ready")
+    assert _count(cluster, "list", "inferenceservices") > lists_before
+
+    cluster.emu.set_unavailable(True)
+    await asyncio.sleep(0.5)
+    cluster.emu.set_unavailable(False)
+    cluster.emu.fail_writes("pods", 2)  # deleting the pod fails twice: retried with backoff
+    await cluster.scale("judge", 0)
+    await cluster.wait_phase("judge", "Stopped")
+    assert await cluster.pods("judge") == []
+    assert "pod_killed" not in events(sim, "judge")  # failed writes only delay the unload
+
+    # the simulator writes an InferenceService's status only, never its spec
+    writes = [r for r in cluster.emu.requests if r.resource == "inferenceservices"
+              and r.verb in ("update", "patch") and r.subresource != "status"]
+    assert len(writes) == 2  # the test's own two scale patches
+
+
+async def test_restart_mid_unload_finishes_the_unload(cluster: Cluster, sims):
+    await cluster.create("coder", replicas=1, **{"sim.llmkube.dev/unload-delay": "30s"})
+    first_sim = await sims(timeline_path=None)
+    await cluster.wait_phase("coder", "Ready")
+    await cluster.scale("coder", 0)
+    await eventually(lambda: _has(first_sim, "coder", "server_stopped"), what="unload under way")
+    await first_sim.stop()
+    (pod,) = await cluster.pods("coder")
+    assert pod.metadata.deletion_timestamp is not None
+
+    await cluster.annotate("coder", "sim.llmkube.dev/unload-delay", "200ms")
+    second = await sims(timeline_path=None)
+    await cluster.wait_phase("coder", "Stopped")
+    assert await cluster.pods("coder") == []
+    assert events(second, "coder") == ["pod_deleted", "stopped"]
+
+
+async def test_kubectl_delete_pod_gets_a_replacement(cluster: Cluster, sims):
+    await cluster.create("writer", replicas=1)
+    sim = await sims(timeline_path=None)
+    await cluster.wait_phase("writer", "Ready")
+    (old,) = await cluster.pods("writer")
+    await _kubectl(cluster, "delete", "pod", old.metadata.name, "--wait=false")
+    await eventually(lambda: _ready_count(cluster, sim, "writer", 2), what="a reloaded writer")
+    (new,) = await cluster.pods("writer")
+    assert new.metadata.name != old.metadata.name
+    assert await health(sim.ports["writer"]) == 200
