@@ -80,7 +80,8 @@ def unsupported_media(content_type: str) -> ApiError:
 
 def method_not_allowed(verb: str) -> ApiError:
     """405 for a verb the resource does not support here."""
-    return ApiError(405, "MethodNotAllowed", f"the server does not allow this method on the requested resource ({verb})")
+    return ApiError(405, "MethodNotAllowed",
+                    f"the server does not allow this method on the requested resource ({verb})")
 
 
 def unavailable() -> ApiError:

@@ -103,7 +103,7 @@ class KubeHandler(kmock.KubernetesScaffold):
         return await super()._render_error(exc)
 
     def find_type(self, name: str) -> ResourceType:
-        """A served type by any kubectl-style name (`mpool`, `modelpools`, `ModelPool`, `pods`, `leases.coordination.k8s.io`)."""
+        """A served type by any kubectl-style name (`mpool`, `modelpools`, `ModelPool`, `leases.coordination.k8s.io`)."""
         wanted = name.lower()
         for rt in self.types:
             if wanted in rt.names():
@@ -174,7 +174,8 @@ class KubeHandler(kmock.KubernetesScaffold):
         if verb in ("list", "watch", "deletecollection"):
             return await self._serve_collection(request, rt, namespace, target.name, verb, table_include)
         if verb == "create" and target.name is None and sub is None:
-            return json_response(present(rt, api.create(rt, namespace, decode_body(raw, content_type), dry_run=dry_run)), 201)
+            created = api.create(rt, namespace, decode_body(raw, content_type), dry_run=dry_run)
+            return json_response(present(rt, created), 201)
         if target.name is None or verb not in ("get", "update", "patch", "delete"):
             raise errors.method_not_allowed(verb)
         name = target.name

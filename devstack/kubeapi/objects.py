@@ -129,7 +129,8 @@ class ObjectApi:
             raise errors.bad_request("the object must be a JSON object")
         meta = _meta(body)
         if meta.get("name") not in (None, name):
-            raise errors.bad_request(f"the name of the object ({meta['name']}) does not match the name on the URL ({name})")
+            raise errors.bad_request(f"the name of the object ({meta['name']}) does not match the name on the URL "
+                                     f"({name})")
         if not meta.get("resourceVersion") and rt.crd:
             # custom resources do not allow unconditional updates (the real server says the same)
             raise errors.invalid(rt.display, rt.kind, name,

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import kubernetes
 import pytest
-from kubernetes import aio as kaio  # noqa: F401  (imported for its subpackages)
 from kubernetes.aio import client as aclient
 from kubernetes.aio import config as aconfig
 
@@ -56,8 +55,10 @@ def sync_client(kubeconfig: Path):
 
 @pytest.fixture
 async def aio_client(kubeconfig: Path):
-    """The official asyncio client (`kubernetes.aio`)."""
-    api = await aconfig.new_client_from_config(config_file=str(kubeconfig))
+    """The official asyncio client (`kubernetes.aio`), configured by its `load_kube_config`."""
+    configuration = aclient.Configuration()
+    await aconfig.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    api = aclient.ApiClient(configuration=configuration)
     try:
         yield api
     finally:

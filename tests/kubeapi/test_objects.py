@@ -150,7 +150,8 @@ async def test_scale_subresource_reads_and_writes_replicas(custom):
 
 async def test_pods_delete_and_finalizers(sync_client, emulator):
     core = client.CoreV1Api(sync_client)
-    pod = {"metadata": {"name": "p", "finalizers": ["test/hold"]}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
+    pod = {"metadata": {"name": "p", "finalizers": ["test/hold"]},
+           "spec": {"containers": [{"name": "c", "image": "x"}]}}
     created = await asyncio.to_thread(core.create_namespaced_pod, NS, pod)
     assert created.status.phase == "Pending"
     await asyncio.to_thread(core.delete_namespaced_pod, "p", NS)
