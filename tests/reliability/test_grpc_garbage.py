@@ -12,14 +12,13 @@ from typing import AsyncIterator
 import grpc
 import pytest
 import pytest_asyncio
-from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from grpcprobe import answers_a_good_request, body_message, headers_message, open_process
 from relstack import POOLS, SERVING, health_status, settings_for, settle, streams_in_flight
 
 from extproc.app import Service
 from extproc.protocol.service import SERVICE
 
-PROCESS = f"/{SERVICE}/Process"
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 
@@ -35,44 +34,6 @@ async def service(tmp_path: Path) -> AsyncIterator[Service]:
         yield svc
     finally:
         await svc.stop()
-
-
-def headers_message(path: str = "/v1/chat/completions", eos: bool = False) -> bytes:
-    """A request_headers message as Envoy sends it."""
-    fields = [(":method", "POST"), (":path", path), ("content-type", "application/json")]
-    return ep.ProcessingRequest(request_headers=ep.HttpHeaders(
-        headers=base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode())
-                                            for k, v in fields]),
-        end_of_stream=eos)).SerializeToString()
-
-
-def body_message(body: bytes) -> bytes:
-    """A buffered request_body message."""
-    return ep.ProcessingRequest(request_body=ep.HttpBody(body=body, end_of_stream=True)) \
-        .SerializeToString()
-
-
-def open_process(channel: grpc.aio.Channel) -> grpc.aio.StreamStreamCall:
-    """A raw Process stream: messages in as bytes, ProcessingResponse out."""
-    return channel.stream_stream(PROCESS, request_serializer=None,
-                                 response_deserializer=ep.ProcessingResponse.FromString)()
-
-
-async def answers_a_good_request(port: int) -> bool:
-    """One well-formed stream ends in a routing decision for judge."""
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        call = open_process(channel)
-        await call.write(headers_message())
-        first = await call.read()
-        await call.write(body_message(b'{"model": "judge"}'))
-        second = await call.read()
-        await call.done_writing()
-        await call.read()  # the service keeps the stream until we end it
-        assert await call.code() == grpc.StatusCode.OK
-    mutation = second.request_body.response.header_mutation.set_headers
-    return first.HasField("request_headers") and \
-        [(h.header.key, h.header.raw_value) for h in mutation] == \
-        [("x-modelpool-member", b"judge.demo")]
 
 
 def open_fds() -> int:
