@@ -21,6 +21,8 @@ Lifecycle of one member (phases written through the ``/status`` subresource, mer
 - A pod that dies out of band (``kill-pod`` below, or ``kubectl delete pod``) goes at once: its
   process is SIGKILLed, the pod removed, phase ``Progressing`` (replicas 0), and since
   ``spec.replicas`` is still 1 a replacement pod is created and loads again (``Creating``).
+- An upstream process that dies on its own (checked every 0.5 s while serving) is a container
+  restart: the pod stays, phase ``Progressing``, then ``Creating`` and the load again.
 
 Per-member controls, annotations on the InferenceService, read live (``kubectl annotate isvc
 <m> key=value --overwrite`` takes effect at once, even mid-load):

@@ -157,7 +157,7 @@ async def watch_forever(kube: Kube, list_fn: ListFn, args: tuple, what: str,
                         on_list: Callable[[list[dict[str, Any]]], None],
                         on_event: Callable[[str, dict[str, Any]], None],
                         **list_kwargs: Any) -> None:
-    """List, then watch from that version; resume after timeouts, re-list on 410, back off on errors.
+    """List, then watch from there; resume after timeouts, re-list on 410, back off on errors.
 
     ``on_list`` gets every object after each (re-)list, so objects deleted while the watch was
     down are noticed; ``on_event`` gets ADDED / MODIFIED / DELETED with the raw object.

@@ -29,6 +29,7 @@ ANN_UNLOAD_DELAY = "sim.llmkube.dev/unload-delay"
 ANN_FAIL = "sim.llmkube.dev/fail"
 ANN_KILL = "sim.llmkube.dev/kill-pod"
 ANN_STUCK = "sim.llmkube.dev/stuck"
+CRASH_POLL = 0.5  # seconds between checks that a serving upstream process is still alive
 
 
 @dataclass
@@ -119,7 +120,11 @@ class MemberActor:
     async def _run(self) -> None:
         backoff = Backoff()
         while True:
-            await self.wake.wait()
+            # while serving, also look at the process now and then: a crashed server must
+            # not stay reported Ready (no API traffic unless it really died)
+            woke = await _wait_event(self.wake, CRASH_POLL if self.server else None)
+            if not woke and self.server and self.server.process.running:
+                continue
             self.wake.clear()
             try:
                 await self.reconcile()
@@ -138,6 +143,8 @@ class MemberActor:
     async def reconcile(self) -> None:
         """One pass: make pods, process and status agree with spec.replicas and annotations."""
         isvc = self.isvc
+        if self.server and not self.server.process.running:
+            await self._server_crashed()
         pods = await self.kube.list_pods(self.namespace, self.name)
         live = [p for p in pods if not is_terminating(p)]
         for pod in pods:
@@ -267,14 +274,20 @@ class MemberActor:
         await self._report("Ready", 1, 1, endpoint=f"http://127.0.0.1:{port}")
         self._record("ready", self.server_pod)
 
-    async def _stop_server(self, hard: bool = False) -> None:
+    async def _stop_server(self, hard: bool = False, **why: str) -> None:
         if self.server is None:
             return
         # cleared only once stopped, so a stop() cancelling this still finds the process
         await self.server.stop(hard)
         pod_name = self.server_pod
         self.server = self.server_pod = None
-        self._record("server_stopped", pod_name)
+        self._record("server_stopped", pod_name, **why)
+
+    async def _server_crashed(self) -> None:
+        """The process died on its own: like a container restart, the pod stays and reloads."""
+        await self._stop_server(hard=True, reason="crashed")  # reaps the dead process
+        if self.isvc is not None:
+            await self._report("Progressing", 1, 0)
 
     async def _lost_pod(self) -> None:
         name = self.server_pod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import signal
 import subprocess
@@ -400,3 +401,16 @@ async def test_kubectl_delete_pod_gets_a_replacement(cluster: Cluster, sims):
     (new,) = await cluster.pods("writer")
     assert new.metadata.name != old.metadata.name
     assert await health(sim.ports["writer"]) == 200
+
+
+async def test_a_crashed_upstream_is_restarted_in_the_same_pod(cluster: Cluster, sims):
+    await cluster.create("judge", replicas=1)
+    sim = await sims(timeline_path=None)
+    await cluster.wait_phase("judge", "Ready")
+    (pod,) = await cluster.pods("judge")
+    os.kill(sim.actors[(NS, "judge")].server.process.pid, signal.SIGKILL)
+    await eventually(lambda: _phase_in(cluster, "judge", {"Progressing", "Creating"}),
+                     what="judge to leave Ready")
+    await eventually(lambda: _ready_count(cluster, sim, "judge", 2), what="judge Ready again")
+    assert [p.metadata.name for p in await cluster.pods("judge")] == [pod.metadata.name]
+    assert sim.timeline.of("judge", "server_stopped")[0].extra == {"reason": "crashed"}
