@@ -36,7 +36,7 @@ class KubeEmulator:
                                    watch_timeout=watch_timeout, record_limit=record_limit)
         self.url: str | None = None
         self._runner: web.ServerRunner | None = None
-        for namespace in namespaces:
+        for namespace in dict.fromkeys(namespaces):  # a name given twice is created once
             self.create("namespaces", {"metadata": {"name": namespace}})
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
@@ -106,7 +106,10 @@ class KubeEmulator:
         }
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(yaml.safe_dump(config, sort_keys=False))
+        # written whole then renamed: other processes poll for this file and read it at once
+        partial = target.with_name(f".{target.name}.partial")
+        partial.write_text(yaml.safe_dump(config, sort_keys=False))
+        partial.replace(target)
         return target
 
     def resource_type(self, resource: str) -> ResourceType:

@@ -26,3 +26,11 @@ async def test_cli_serves_until_sigterm(crds_dir, tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 10) == 0
+
+
+async def test_repeated_namespaces_are_created_once(crds_dir):
+    from devstack.kubeapi import KubeEmulator
+
+    emu = KubeEmulator([crds_dir], namespaces=("default", "ml", "default"))
+    assert [ns["metadata"]["name"] for ns in emu.list("namespaces")] == ["default", "ml"]
+    assert emu.get("namespaces", "ml")["status"] == {"phase": "Active"}
