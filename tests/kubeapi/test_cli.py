@@ -9,6 +9,8 @@ import sys
 import aiohttp
 import yaml
 
+from devstack.kubeapi import KubeEmulator
+
 
 async def test_cli_serves_until_sigterm(crds_dir, tmp_path):
     kubeconfig = tmp_path / "kc" / "kubeconfig"
@@ -29,8 +31,6 @@ async def test_cli_serves_until_sigterm(crds_dir, tmp_path):
 
 
 async def test_repeated_namespaces_are_created_once(crds_dir):
-    from devstack.kubeapi import KubeEmulator
-
     emu = KubeEmulator([crds_dir], namespaces=("default", "ml", "default"))
     assert [ns["metadata"]["name"] for ns in emu.list("namespaces")] == ["default", "ml"]
     assert emu.get("namespaces", "ml")["status"] == {"phase": "Active"}
