@@ -17,8 +17,9 @@ class RawResponse:
 
 def build_request(method: str, path: str, body: bytes, headers: list[tuple[str, str]],
                   *, version: str = "HTTP/1.1", framing: str = "length",
-                  chunk_size: int = 7) -> bytes:
-    """Serialize a request; framing is ``length``, ``chunked`` or ``none`` (no body header)."""
+                  chunk_size: int = 7, trailers: tuple[tuple[str, str], ...] = ()) -> bytes:
+    """Serialize a request; framing is ``length``, ``chunked`` (with optional trailers) or
+    ``none`` (no body header)."""
     lines = [f"{method} {path} {version}", "host: 127.0.0.1", "connection: close"]
     lines += [f"{k}: {v}" for k, v in headers]
     if framing == "length":
@@ -28,7 +29,8 @@ def build_request(method: str, path: str, body: bytes, headers: list[tuple[str, 
         lines.append("transfer-encoding: chunked")
         payload = b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + chunk_size]),
                                               body[i:i + chunk_size])
-                           for i in range(0, len(body), chunk_size)) + b"0\r\n\r\n"
+                           for i in range(0, len(body), chunk_size)) + b"0\r\n" + \
+            "".join(f"{k}: {v}\r\n" for k, v in trailers).encode("latin-1") + b"\r\n"
     else:
         payload = body
     return "\r\n".join(lines).encode("latin-1") + b"\r\n\r\n" + payload
