@@ -20,7 +20,7 @@ from extproc.policy.events import (Admit, Command, Event, Hold, IdleProbed, Memb
                                    Notice, ProbeIdle, Reject, RequestArrived, RequestEnded,
                                    Scale, Tick)
 from extproc.policy.machine import Limits, PoolMachine
-from extproc.policy.model import PoolKey, PoolSpec, PoolView
+from extproc.policy.model import MemberObservation, PoolKey, PoolSpec, PoolView
 
 KEY = PoolKey("ns", "pool")
 # Ticks at one instant before the driver decides next_deadline() is stuck in the past.
@@ -71,6 +71,7 @@ class Driver:
     pending_hint: str = ""
     check_view_version: bool = True
     reuse_rids: bool = False  # hand the machine the smallest free id, as a runtime may
+    watch_latency: float = 0.0  # the watch reports each cluster change this much later
     machine: PoolMachine = field(init=False)
     requests: dict[int, Request] = field(default_factory=dict)
     log: list[tuple[float, Command]] = field(default_factory=list)
@@ -151,8 +152,14 @@ class Driver:
     def _deliver(self) -> None:
         while changes := self.cluster.take_changes():
             for obs in changes:
-                if obs.name in self.machine.spec.members:  # the watch follows the spec
-                    self._handle(MemberObserved(obs))
+                if self.watch_latency:
+                    self.at(self.now + self.watch_latency, lambda o=obs: self._observe(o))
+                else:
+                    self._observe(obs)
+
+    def _observe(self, obs: MemberObservation) -> None:
+        if obs.name in self.machine.spec.members:  # the watch follows the spec
+            self._handle(MemberObserved(obs))
 
     def _status(self) -> PoolView:
         # held/in_flight are gauges for metrics, not status: they change on every request
@@ -184,7 +191,9 @@ class Driver:
                 assert member == req.member and req.state in ("new", "held"), (command, req)
                 assert self.machine.resident == member and self.machine.obs[member].ready, \
                     f"admit to {member} while resident is {self.machine.resident!r}"
-                assert self.cluster.ready(member), f"admit to {member} which is not Ready"
+                # With a lagging watch the pod may have died since; the machine cannot know.
+                assert self.watch_latency or self.cluster.ready(member), \
+                    f"admit to {member} which is not Ready"
                 assert held_for == (self.now - req.arrived if req.held else 0.0)
                 req.state, req.ended = "admitted", self.now
                 if req.duration != math.inf:

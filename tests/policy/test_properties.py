@@ -74,7 +74,8 @@ def scenarios(draw: st.DrawFn, faults: bool) -> Scenario:
         gate.scripts = {m: draw(answers) for m in members}
     hint = st.sampled_from(("",) + members)
     d = Driver(pool, limits, cluster, gate, resident_hint=draw(hint),
-               pending_hint=draw(hint) if faults else "", reuse_rids=draw(st.booleans()))
+               pending_hint=draw(hint) if faults else "", reuse_rids=draw(st.booleans()),
+               watch_latency=draw(st.just(0.0) | st.floats(0, 2)))
     d.start()
     max_duration = draw(st.floats(1, 20))
     requests = st.tuples(times, some_member, st.floats(0.1, max_duration),
@@ -128,7 +129,7 @@ def test_fairness_bounds_every_wait_without_faults(s: Scenario) -> None:
     # A swap drains the incumbent for at most the fairness window plus one request, then
     # unloads and loads; idle probes add their round trips.
     per_swap = (d.spec.fairness_window + s.max_duration + d.cluster.unload_delay
-                + d.cluster.load_delay + 2 * PROBE_DELAY)
+                + d.cluster.load_delay + 2 * PROBE_DELAY + 2 * d.watch_latency)
     starts = {}
     for t, c in d.log:
         if getattr(c, "kind", "") == "SwapStarted":
