@@ -49,6 +49,7 @@ def _fault(d: Driver, kind: str, member: str, recreate_after: float | None) -> N
 
 @st.composite
 def scenarios(draw: st.DrawFn, faults: bool) -> Scenario:
+    """A random pool, cluster, idle gate, traffic and (if ``faults``) faults, started."""
     members = ("a", "b", "c")[:draw(st.integers(2, 3))]
     some_member = st.sampled_from(members)
     pool = spec(members, default=draw(st.sampled_from(("",) + members)),
