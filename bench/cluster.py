@@ -45,15 +45,16 @@ class ClusterStack:
     """Start with ``start()``, always ``stop()``; ``url`` is Envoy's chat endpoint."""
 
     def __init__(self, workdir: Path, load_delay: float, unload_delay: float,
-                 member_ports: dict[str, int] | None = None) -> None:
+                 sink_for: str | None = None) -> None:
         self.workdir = workdir
         self.load_delay, self.unload_delay = load_delay, unload_delay
         self.kubeconfig = workdir / "kubeconfig"
         self.commits_path = workdir / "commits.jsonl"
         self.api_port = free_port()
         self.sim_ports = {m: free_port() for m in MEMBERS}
-        # Where Envoy sends each member's traffic: the simulator's server unless overridden.
-        self.member_ports = member_ports or dict(self.sim_ports)
+        # Envoy sends this member's traffic to a bare Envoy answering 200 over h2 instead of
+        # the simulator's Python server (the scale test measures release, not that server).
+        self.sink_for = sink_for
         self.extproc = services.ExtProc(workdir, "extproc", services.EXTPROC,
                                         "--kubeconfig", str(self.kubeconfig),
                                         "--namespace", NAMESPACE)
@@ -94,8 +95,14 @@ class ClusterStack:
             sim += ["--port", f"{member}={port}"]
         self._procs.append(self._launch("simulator", sim))
         self._procs.append(self.extproc.start())
-        members = {f"{m}.{NAMESPACE}": port for m, port in self.member_ports.items()}
-        self.envoy = envoycfg.bench_envoy(self.workdir / "envoy", self.extproc.port, members)
+        members = {f"{m}.{NAMESPACE}": port for m, port in self.sim_ports.items()}
+        h2_members: tuple[str, ...] = ()
+        if self.sink_for:
+            sink, members[f"{self.sink_for}.{NAMESPACE}"] = services.start_sink(self.workdir)
+            self._procs.append(sink)
+            h2_members = (f"{self.sink_for}.{NAMESPACE}",)
+        self.envoy = envoycfg.bench_envoy(self.workdir / "envoy", self.extproc.port, members,
+                                          h2_members=h2_members)
         self._procs.append(self.envoy.start())
         services.wait_routed(self.url, body_for("a"), timeout=60)
         return self

@@ -38,8 +38,9 @@ def _hcm(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def render(envoy: EnvoyProcess, extproc_port: int, members: dict[str, int],
-           direct_to: str | None = None) -> dict[str, Any]:
-    """The bench config for ``envoy``'s ports; ``direct_to`` names the member of a direct run."""
+           direct_to: str | None = None, h2_members: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The bench config for ``envoy``'s ports; ``direct_to`` names the member of a direct run,
+    ``h2_members`` the member clusters reached over HTTP/2 (the sink of the scale test)."""
     cfg = envoyconf.render(envoy.listen_port, envoy.admin_port, extproc_port, members,
                            str(envoy.access_log_path))
     hcm = _hcm(cfg)
@@ -48,6 +49,10 @@ def render(envoy: EnvoyProcess, extproc_port: int, members: dict[str, int],
     for cluster in cfg["static_resources"]["clusters"]:
         if cluster["name"] != envoyconf.EXTPROC_CLUSTER:
             cluster["circuit_breakers"] = copy.deepcopy(_MEMBER_LIMITS)
+        if cluster["name"] in h2_members:
+            cluster["typed_extension_protocol_options"] = copy.deepcopy(
+                _named(cfg["static_resources"]["clusters"], envoyconf.EXTPROC_CLUSTER)
+                ["typed_extension_protocol_options"])
     if direct_to is not None:
         hcm["http_filters"] = [f for f in hcm["http_filters"]
                                if f["name"] != envoyconf.EXTPROC_FILTER]
@@ -64,9 +69,28 @@ def render(envoy: EnvoyProcess, extproc_port: int, members: dict[str, int],
 
 
 def bench_envoy(workdir: Path, extproc_port: int, members: dict[str, int],
-                direct_to: str | None = None) -> EnvoyProcess:
+                direct_to: str | None = None, h2_members: tuple[str, ...] = ()) -> EnvoyProcess:
     """An EnvoyProcess (not started) running the bench config in ``workdir``."""
     envoy = EnvoyProcess(extproc_port, members, workdir=workdir)
-    envoy.config_path.write_text(envoyconf.dump(render(envoy, extproc_port, members, direct_to)),
-                                 encoding="utf-8")
+    cfg = render(envoy, extproc_port, members, direct_to, h2_members)
+    envoy.config_path.write_text(envoyconf.dump(cfg), encoding="utf-8")
     return envoy
+
+
+def sink_config(port: int, admin_port: int) -> dict[str, Any]:
+    """A bare Envoy that answers every request with a small JSON 200 (HTTP/1.1 or h2c)."""
+    hcm = {"@type": "type.googleapis.com/envoy.extensions.filters.network."
+                    "http_connection_manager.v3.HttpConnectionManager",
+           "stat_prefix": "sink",
+           "route_config": {"virtual_hosts": [{"name": "sink", "domains": ["*"], "routes": [{
+               "match": {"prefix": "/"},
+               "direct_response": {"status": 200, "body": {"inline_string": '{"ok":true}'}}}]}]},
+           "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+               "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}
+    return {"admin": {"address": {"socket_address": {"address": "127.0.0.1",
+                                                     "port_value": admin_port}}},
+            "static_resources": {"listeners": [{
+                "name": "sink",
+                "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+                "filter_chains": [{"filters": [{
+                    "name": envoyconf.HCM_FILTER, "typed_config": hcm}]}]}]}}

@@ -9,8 +9,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from devstack.procs import LOCALHOST, PROJECT_ROOT, ManagedProcess, free_port, wait_for_http, \
-    wait_for_port
+from devstack import envoyconf
+from devstack.procs import LOCALHOST, PROJECT_ROOT, ManagedProcess, envoy_binary, free_port, \
+    wait_for_http, wait_for_port
+
+from . import envoycfg
 
 #: The shipped service, and the same logic on envoy-data-plane classes (the codec baseline).
 EXTPROC = "extproc"
@@ -93,3 +96,15 @@ def wait_routed(url: str, body: bytes, timeout: float = 30.0) -> None:
             return
         time.sleep(0.1)
     raise TimeoutError(f"{url} did not answer 200 within {timeout}s (last {status})")
+
+
+def start_sink(workdir: Path) -> tuple[ManagedProcess, int]:
+    """A bare Envoy answering 200 to everything, on a free port: (process, port)."""
+    port, admin = free_port(), free_port()
+    config = workdir / "sink.yaml"
+    config.write_text(envoyconf.dump(envoycfg.sink_config(port, admin)), encoding="utf-8")
+    proc = ManagedProcess([str(envoy_binary()), "-c", str(config), "--base-id", str(admin),
+                           "--concurrency", "1", "--log-level", "warn"],
+                          workdir / "sink.log").start()
+    wait_for_http(f"http://{LOCALHOST}:{admin}/ready", timeout=20, expect_status=200)
+    return proc, port

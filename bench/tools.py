@@ -93,10 +93,12 @@ class H2loadResult:
 
 
 def h2load_args(url: str, body_file: Path, requests: int, clients: int, streams: int,
-                h1: bool = False) -> list[str]:
-    """An h2load command line: ``requests`` POSTs over ``clients`` connections (h2c unless h1)."""
+                h1: bool = False, rate: int = 0) -> list[str]:
+    """An h2load command line: ``requests`` POSTs over ``clients`` connections (h2c unless h1),
+    opening ``rate`` connections per second when given (all at once otherwise)."""
     args = ["h2load", "-n", str(requests), "-c", str(clients), "-t", "1",
             "-H", "content-type: application/json", "-d", str(body_file)]
+    args += ["-r", str(rate)] if rate else []
     args += ["--h1"] if h1 else ["-m", str(streams)]
     return args + [url]
 
