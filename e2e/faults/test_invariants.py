@@ -1,0 +1,60 @@
+"""The invariant checker itself, on hand-made histories: it passes a correct swap and catches
+each kind of breach (so a green fault suite means something)."""
+
+from __future__ import annotations
+
+from invariants import ApiEvent, Outcome, exclusive_slot, misroutes, upstream_failures
+
+POOLS = {("ns", "p"): ["a", "b"]}
+
+
+def isvc(rv: int, member: str, replicas: int) -> ApiEvent:
+    return ApiEvent(rv, "isvc", "MODIFIED", "ns", member, member, replicas)
+
+
+def pod(rv: int, member: str, etype: str) -> ApiEvent:
+    return ApiEvent(rv, "pod", etype, "ns", f"{member}-x", member)
+
+
+def test_an_ordered_swap_keeps_the_slot_exclusive() -> None:
+    history = [isvc(1, "a", 1), pod(2, "a", "ADDED"), isvc(3, "a", 0),
+               pod(4, "a", "MODIFIED"), pod(5, "a", "DELETED"), isvc(6, "b", 1),
+               pod(7, "b", "ADDED")]
+    assert exclusive_slot(history, POOLS) == []
+
+
+def test_scale_up_while_the_incumbent_pod_terminates_is_caught() -> None:
+    history = [isvc(1, "a", 1), pod(2, "a", "ADDED"), isvc(3, "a", 0),
+               pod(4, "a", "MODIFIED"), isvc(5, "b", 1), pod(6, "a", "DELETED")]
+    [breach] = exclusive_slot(history, POOLS)
+    assert "rv 5" in breach and "ns/b scaled up" in breach and "a (a-x)" in breach
+
+
+def test_two_members_with_pods_are_caught() -> None:
+    history = [pod(1, "a", "ADDED"), pod(2, "b", "ADDED")]
+    assert len(exclusive_slot(history, POOLS)) == 1
+
+
+def test_members_of_other_pools_do_not_count() -> None:
+    pools = {("ns", "p"): ["a"], ("ns", "q"): ["b"]}
+    assert exclusive_slot([pod(1, "a", "ADDED"), isvc(2, "b", 1), pod(3, "b", "ADDED")],
+                          pools) == []
+
+
+def test_upstream_failures_on_member_clusters() -> None:
+    log = [{"upstream_cluster": "a.ns", "flags": "-", "status": 200},
+           {"upstream_cluster": None, "flags": "-", "status": 503},
+           {"upstream_cluster": "b.ns", "flags": "UF,URX", "status": 503},
+           {"upstream_cluster": "a.ns", "flags": "UC", "status": 503}]
+    assert len(upstream_failures(log)) == 2
+    assert len(upstream_failures(log, excused=["a.ns"])) == 1
+
+
+def test_misroutes() -> None:
+    good = [Outcome("a", 200, "a", body_member="a"), Outcome("a", 503, code="swap_budget"),
+            Outcome("b", gave_up=True)]
+    assert misroutes(good) == []
+    bad = [Outcome("a", 200, "b"), Outcome("a", 200, "a", body_member="b"),
+           Outcome("a", 502), Outcome("a", error="reset")]
+    assert len(misroutes(bad)) == 4
+    assert len(misroutes(bad, allow_broken=True)) == 3
