@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -13,7 +14,7 @@ from typing import Any
 
 from devstack import stack_manifests as manifests
 from devstack.procs import PROJECT_ROOT
-from devstack.stack import LocalStack, demo_workdir
+from devstack.stack import LocalStack, StackError, demo_workdir
 from devstack.stack_ports import Ports
 from devstack.stack_swaps import LogTail, describe
 
@@ -74,7 +75,11 @@ def instructions(stack: LocalStack) -> str:
 def run(args: Any) -> int:
     """Start the demo, then follow swaps until Ctrl-C (or run the smoke check and exit)."""
     workdir = demo_workdir(args.workdir)
-    stack = build(workdir, args.load_delay, args.unload_delay, args.port)
+    try:
+        stack = build(workdir, args.load_delay, args.unload_delay, args.port)
+    except RuntimeError as exc:  # the listener port is taken
+        print(f"demo: {exc}", file=sys.stderr)
+        return 2
     _stop_on_signals()
     print(f"Starting the demo stack in {_short(workdir)} ...", flush=True)
     try:
@@ -87,6 +92,9 @@ def run(args: Any) -> int:
         return 0
     except KeyboardInterrupt:
         return 0
+    except (StackError, FileNotFoundError) as exc:  # a piece did not start (log tail inside)
+        print(f"demo: could not start: {exc}", file=sys.stderr)
+        return 1
     finally:
         print("\nStopping the demo ...", flush=True)
         stack.stop()
