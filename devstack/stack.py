@@ -38,7 +38,6 @@ from devstack.stack_ports import Ports
 from devstack.stack_swaps import read_log, swap_notices
 
 CRDS = PROJECT_ROOT / "crds"
-USERS = ("stack", "simulator", "modelpool-extproc")  # kubeconfig users, one per API client
 START_TIMEOUT = 60.0
 
 
@@ -63,7 +62,7 @@ class LocalStack:
 
     def __init__(self, workdir: Path | str, docs: list[dict[str, Any]], ports: Ports, *,
                  load_delay: float = 3.0, unload_delay: float = 1.0,
-                 extproc_args: Iterable[str] = (), kubeconfig: Path | str | None = None) -> None:
+                 extproc_args: Iterable[str] = ()) -> None:
         self.workdir = Path(workdir).resolve()
         self.docs = docs
         self.ports = ports
@@ -73,7 +72,7 @@ class LocalStack:
         self.members = manifests.members_of(docs)
         self.pools = manifests.pools_of(docs)
         self.log_dir = self.workdir / "logs"
-        self.kubeconfig = Path(kubeconfig).resolve() if kubeconfig else self.workdir / "kubeconfig"
+        self.kubeconfig = self.workdir / "kubeconfig"  # the `stack` user's: kubectl, helpers
         self.timeline_path = self.workdir / "timeline.jsonl"
         self._procs: dict[str, ManagedProcess] = {}
         self.envoy: EnvoyProcess | None = None
@@ -143,6 +142,13 @@ class LocalStack:
         self._upstream_pids.clear()
         self._stop("kubeapi")
         atexit.unregister(self.stop)
+
+    def exited(self) -> list[str]:
+        """Pieces that were started and are no longer running (a crash, or stop())."""
+        gone = [name for name, proc in self._procs.items() if not proc.running]
+        if self.envoy is not None and not self.envoy.process.running:
+            gone.append("envoy")
+        return gone
 
     def __enter__(self) -> LocalStack:
         return self.start()
@@ -221,7 +227,7 @@ class LocalStack:
     def api_requests(self, user: str | None = None) -> list[dict[str, Any]]:
         """The emulator's request record so far, oldest first; only `user`'s when given.
 
-        Users are the kubeconfig users of USERS: ``stack`` (kubectl, these helpers),
+        Users are the stack's kubeconfig users: ``stack`` (kubectl, these helpers),
         ``simulator`` and ``modelpool-extproc``.
         """
         query = f"?user={user}" if user is not None else ""

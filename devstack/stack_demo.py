@@ -105,8 +105,10 @@ def follow(stack: LocalStack, tail: LogTail) -> None:
     """Print a line per swap from the ext_proc's log until interrupted."""
     while True:
         _print_swaps(tail)
-        if not stack.envoy or not stack.envoy.process.running:
-            print("Envoy exited; see its log in", _short(stack.workdir / "envoy"), flush=True)
+        gone = stack.exited()
+        if gone:
+            print(f"{', '.join(gone)} exited unexpectedly; see the logs in "
+                  f"{_short(stack.workdir)}", flush=True)
             return
         time.sleep(0.2)
 

@@ -23,6 +23,7 @@ STACK_DOCS = pools(
      {"default": "unl-a", "member_annotations": {"unl-a": {UNLOAD: "3s"}}}),
     ("loading", ["lod-a", "lod-b"],
      {"default": "lod-a", "member_annotations": {"lod-b": {LOAD: "3s"}}}),
+    ("steady", ["std-a", "std-b"], {"default": "std-a"}),
 )
 
 
@@ -87,3 +88,18 @@ async def test_killed_while_the_target_loads(stack: LocalStack,
     assert len(timeline(stack, "lod-b", "pod_created")) == 1  # the load was not restarted
     # the new process reports the completion it saw (its SwapStarted resumed the swap)
     assert any(n["target"] == "lod-b" for n in notices(stack, "loading"))
+
+
+async def test_graceful_restart_of_a_settled_pool_moves_nothing(
+        stack: LocalStack, http: aiohttp.ClientSession) -> None:
+    await wait_resident(stack, "steady", "std-a")
+    assert (await chat(http, stack, "std-b")).served_by == "std-b"  # sticky now on std-b
+    started = len(notices(stack, "steady", "SwapStarted"))
+    await asyncio.to_thread(stack.restart_extproc)
+    # The new process adopts the Ready resident: no warm-up of the default, no swap.
+    reply = await chat(http, stack, "std-b")
+    assert (reply.status, reply.served_by) == (200, "std-b")
+    assert len(notices(stack, "steady", "SwapStarted")) == started
+    assert len(timeline(stack, "std-b", "pod_created")) == 1
+    assert len(timeline(stack, "std-a", "pod_created")) == 1  # the default was not re-warmed
+    await kubectl_shows(stack, "steady", "std-b", "Ready")
