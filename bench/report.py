@@ -7,7 +7,6 @@ replaced on each run, so the numbers and the analysis sit side by side.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from devstack.procs import PROJECT_ROOT
@@ -69,8 +68,9 @@ def render(r: dict[str, Any]) -> str:
                          f"{row[f'{name}_p99_ms']:.2f}", row[f"{name}_errors"]])
     out.append(_table(["conns", "path", "req/s", "vs direct", "p50 ms", "added p50 ms",
                        "p99 ms", "errors"], rows))
-    out += ["", f"ext_proc vs envoy-data-plane baseline: {r['overhead']['c1']['extproc_vs_baseline_rps']}x "
-            f"req/s at c=1, {r['overhead']['c32']['extproc_vs_baseline_rps']}x at c=32.", "",
+    speedup = {c: r["overhead"][c]["extproc_vs_baseline_rps"] for c in ("c1", "c32")}
+    out += ["", f"ext_proc vs envoy-data-plane baseline: {speedup['c1']}x req/s at c=1, "
+            f"{speedup['c32']}x at c=32.", "",
             "### 2. Swap release latency", ""]
     s = r["swap"]
     out.append(_table(["swaps", "held requests", "release p50", "release p99", "release max",

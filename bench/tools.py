@@ -76,7 +76,9 @@ def wrk(url: str, script: Path, connections: int, seconds: int) -> WrkResult:
                               r"timeout (\d+)", out)
     if socket_errors:
         errors += sum(int(n) for n in socket_errors.groups())
-    return WrkResult(rps=float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),  # type: ignore[union-attr]
+    rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    assert rps is not None, out
+    return WrkResult(rps=float(rps.group(1)),
                      p50_ms=_ms(percentiles["50"]), p99_ms=_ms(percentiles["99"]),
                      requests=requests, errors=errors, command=" ".join(args))
 
