@@ -1,7 +1,8 @@
 """``make bench``: run the four parts in one go and write the results down.
 
 Every figure is a ratio or a difference between two things measured in this same run. The
-whole run is bounded (fixed durations and counts, timeouts on every wait) at about 3 minutes on this machine.
+whole run is bounded (fixed durations and counts, timeouts on every wait): about 3 minutes
+on this machine.
 """
 
 from __future__ import annotations

@@ -47,10 +47,14 @@ class ExtProc:
         return self.process.pid
 
     def start(self) -> "ExtProc":
-        """Start and wait until the gRPC and metrics ports answer."""
+        """Start and wait until the gRPC and metrics ports answer; stopped again if not."""
         self.process.start()
-        wait_for_port(LOCALHOST, self.port, timeout=30)
-        wait_for_http(f"http://{LOCALHOST}:{self.metrics_port}/healthz", timeout=30)
+        try:
+            wait_for_port(LOCALHOST, self.port, timeout=30)
+            wait_for_http(f"http://{LOCALHOST}:{self.metrics_port}/healthz", timeout=30)
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def stop(self) -> None:
