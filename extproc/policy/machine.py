@@ -41,68 +41,19 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass, field
-from enum import Enum
 
 from .events import (Admit, Command, Event, Hold, IdleProbed, MemberObserved, Notice,
                      ProbeIdle, Reject, RequestArrived, RequestEnded, Scale, SpecChanged,
                      Tick)
 from .model import PHASE_FAILED, MemberObservation, PoolPhase, PoolSpec, PoolView
+from .state import Held, Limits, PolicyError, Stage, Swap
+
+__all__ = ["Limits", "PolicyError", "PoolMachine", "STAGE_STEPS"]
 
 # While the idle gate says busy (or cannot tell), ask again after this long.
 PROBE_RETRY_SECONDS = 1.0
 # Swap durations remembered per pool for Retry-After estimates.
 HISTORY_LENGTH = 16
-
-
-class PolicyError(RuntimeError):
-    """An event that cannot happen in the machine's current state."""
-
-
-class Stage(str, Enum):
-    """Where a swap stands."""
-
-    DRAIN = "Draining"
-    PROBE = "Probing"
-    UNLOAD = "Unloading"
-    LOAD = "Loading"
-
-
-@dataclass(slots=True)
-class Swap:
-    """A swap under way: the member that will own the slot and its progress."""
-
-    target: str
-    incumbent: str
-    started: float
-    stage: Stage = Stage.DRAIN
-    load_started: float = 0.0
-    scaled_down: set[str] = field(default_factory=set)
-    scaled_up: bool = False
-    # The target's phase when LOAD began: a Failed phase only counts once the member has
-    # moved since, so a stale Failed from an earlier attempt does not fail a fresh load.
-    phase_at_load: str | None = None
-    saw_progress: bool = False
-    probing: set[str] = field(default_factory=set)
-    probe_retry_at: float = math.inf
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """Process-wide policy knobs that a PoolSpec does not carry."""
-
-    swap_timeout: float = 900.0
-    failure_backoff: float = 30.0
-    retry_after_default: int = 5
-    retry_after_max: int = 120
-    idle_gate: bool = False
-
-
-@dataclass(slots=True)
-class _Held:
-    member: str
-    arrived: float
-    deadline: float
 
 
 class PoolMachine:
@@ -117,7 +68,7 @@ class PoolMachine:
         self.swap: Swap | None = None
         self.in_flight: dict[int, str] = {}
         self._busy: dict[str, int] = {}
-        self.held: dict[int, _Held] = {}
+        self.held: dict[int, Held] = {}
         # (deadline, rid) of held requests; entries of requests no longer held are skipped
         # lazily, so every event costs O(log n) even with thousands of requests parked.
         self._deadlines: list[tuple[float, int]] = []
@@ -225,7 +176,7 @@ class PoolMachine:
                               self.limits.retry_after_default))
             return
         coalesced = self.swap is not None and self.swap.target == member
-        self.held[rid] = _Held(member, now, now + self.spec.swap_budget)
+        self.held[rid] = Held(member, now, now + self.spec.swap_budget)
         heapq.heappush(self._deadlines, (now + self.spec.swap_budget, rid))
         out.append(Hold(rid, member, now + self.spec.swap_budget, coalesced))
 
@@ -360,44 +311,56 @@ class PoolMachine:
                 return True
             return False
         others = [m for m in self.spec.members if m != swap.target]
-        if swap.stage is Stage.DRAIN:
-            if now < swap.probe_retry_at and swap.probe_retry_at != math.inf:
-                return False
-            swap.probe_retry_at = math.inf
-            if any(self._busy.get(m, 0) for m in others):
-                return False
-            live = [m for m in others if self.obs[m].pods > 0 and self.obs[m].replicas > 0]
-            if self.limits.idle_gate and live:
-                swap.stage, swap.probing = Stage.PROBE, set(live)
-                out.extend(ProbeIdle(m) for m in live)
-                return True
-            swap.stage = Stage.UNLOAD
+        return STAGE_STEPS[swap.stage](self, swap, others, now, out)
+
+    # ---- one method per stage; STAGE_STEPS below is the transition table --------------------
+    # Each returns True when it moved the swap (so _advance runs another pass).
+
+    def _drain(self, swap: Swap, others: list[str], now: float, out: list[Command]) -> bool:
+        """DRAIN -> PROBE | UNLOAD once no other member has a request in flight."""
+        if now < swap.probe_retry_at and swap.probe_retry_at != math.inf:
+            return False
+        swap.probe_retry_at = math.inf
+        if any(self._busy.get(m, 0) for m in others):
+            return False
+        live = [m for m in others if self.obs[m].pods > 0 and self.obs[m].replicas > 0]
+        if self.limits.idle_gate and live:
+            swap.stage, swap.probing = Stage.PROBE, set(live)
+            out.extend(ProbeIdle(m) for m in live)
             return True
-        if swap.stage is Stage.PROBE:
-            if any(self._busy.get(m, 0) for m in others):
-                swap.stage, swap.probing = Stage.DRAIN, set()  # a new request came in
-                return True
-            if swap.probing:
-                return False
-            swap.stage = Stage.UNLOAD
+        swap.stage = Stage.UNLOAD
+        return True
+
+    def _probe(self, swap: Swap, others: list[str], now: float, out: list[Command]) -> bool:
+        """PROBE -> UNLOAD when every runtime says idle; back to DRAIN if a request came in."""
+        if any(self._busy.get(m, 0) for m in others):
+            swap.stage, swap.probing = Stage.DRAIN, set()
             return True
-        if swap.stage is Stage.UNLOAD:
-            if any(self._busy.get(m, 0) for m in others):
-                raise PolicyError("a member with requests in flight is being unloaded")
-            for m in others:
-                if self.obs[m].replicas > 0 and m not in swap.scaled_down:
-                    swap.scaled_down.add(m)
-                    out.append(Scale(m, 0))
-                if m == self.resident:
-                    self.resident = ""
-                    self.version += 1
-            if not all(self.obs[m].unloaded for m in others):
-                return False  # wait for pods to be gone, not for phase Stopped
-            self._clear_deferral()
-            swap.stage, swap.load_started = Stage.LOAD, now
-            self.version += 1
-            return True
-        # Stage.LOAD
+        if swap.probing:
+            return False
+        swap.stage = Stage.UNLOAD
+        return True
+
+    def _unload(self, swap: Swap, others: list[str], now: float, out: list[Command]) -> bool:
+        """UNLOAD -> LOAD once every other member is scaled to zero and its pods are gone."""
+        if any(self._busy.get(m, 0) for m in others):
+            raise PolicyError("a member with requests in flight is being unloaded")
+        for m in others:
+            if self.obs[m].replicas > 0 and m not in swap.scaled_down:
+                swap.scaled_down.add(m)
+                out.append(Scale(m, 0))
+            if m == self.resident:
+                self.resident = ""
+                self.version += 1
+        if not all(self.obs[m].unloaded for m in others):
+            return False  # wait for pods to be gone, not for phase Stopped
+        self._clear_deferral()
+        swap.stage, swap.load_started = Stage.LOAD, now
+        self.version += 1
+        return True
+
+    def _load(self, swap: Swap, others: list[str], now: float, out: list[Command]) -> bool:
+        """LOAD -> done when the target is Ready; -> failed when it reports Failed."""
         target = self.obs[swap.target]
         if not swap.scaled_up:
             swap.scaled_up, swap.phase_at_load = True, target.phase
@@ -492,9 +455,12 @@ class PoolMachine:
                 out.append(Reject(rid, 503, "member_failed",
                                   f"model {held.member!r} failed to load: {reason}", retry,
                                   now - held.arrived))
-        if self.obs[swap.target].replicas > 0 and not self._missing():
-            # Free the slot for the next member; a Degraded pool leaves that to the next
-            # swap, whose unload stage scales every other member down.
+        if self.obs[swap.target].replicas > 0 and not self._missing() \
+                and not self._busy.get(swap.target, 0):
+            # Free the slot for the next member. A Degraded pool, or a target that still has
+            # requests in flight from before it broke (drain before unload holds even for a
+            # failed member), leaves that to the next swap, whose stages drain and unload
+            # every other member.
             out.append(Scale(swap.target, 0))
         out.append(Notice("SwapFailed", f"swap {swap.incumbent or '(none)'} -> {swap.target} "
                           f"failed: {reason}", source=swap.incumbent, target=swap.target,
@@ -531,3 +497,12 @@ class PoolMachine:
         if self._deferred != ("", ""):
             self._deferred = ("", "")
             self.version += 1
+
+
+# The transition table: which step runs for a swap in each stage.
+STAGE_STEPS = {
+    Stage.DRAIN: PoolMachine._drain,
+    Stage.PROBE: PoolMachine._probe,
+    Stage.UNLOAD: PoolMachine._unload,
+    Stage.LOAD: PoolMachine._load,
+}
