@@ -96,6 +96,8 @@ def run(args: Any) -> int:
         print(f"demo: could not start: {exc}", file=sys.stderr)
         return 1
     finally:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
         print("\nStopping the demo ...", flush=True)
         stack.stop()
         print("Stopped; nothing left running.", flush=True)
@@ -164,6 +166,9 @@ def _stop_on_signals() -> None:
         raise KeyboardInterrupt(f"signal {signum}")
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, interrupt)
+    # Started in the background by a shell, Python inherits SIGINT ignored; Ctrl-C (or
+    # `kill -INT`) must still stop the demo.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _short(path: Path) -> str:
