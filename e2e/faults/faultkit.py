@@ -64,3 +64,34 @@ def violations(stack: LocalStack, events: list[ApiEvent], outcomes: list[Outcome
     return exclusive_slot(events, pool_members(stack)) + \
         upstream_failures(stack.envoy.access_log(), excused) + \
         misroutes(outcomes, allow_broken)
+
+
+async def trickle(stack: LocalStack, model: str, *, pause: float, pieces: int = 10,
+                  stall: bool = False) -> Outcome:
+    """A slow client: the body in ``pieces`` writes ``pause`` s apart; with ``stall`` it stops
+    halfway and hangs up."""
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "slow"}]}).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n"
+            f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n").encode()
+    assert stack.envoy is not None
+    reader, writer = await asyncio.open_connection("127.0.0.1", stack.envoy.listen_port)
+    try:
+        writer.write(head)
+        step = -(-len(body) // pieces)
+        for i in range(0, len(body), step):
+            if stall and i >= len(body) // 2:
+                return Outcome(model, gave_up=True)
+            writer.write(body[i:i + step])
+            await writer.drain()
+            await asyncio.sleep(pause)
+        raw = await asyncio.wait_for(reader.read(), 30)
+    finally:
+        writer.close()
+    head_text, _, payload = raw.partition(b"\r\n\r\n")
+    lines = head_text.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])}
+    outcome = Outcome(model, int(lines[0].split()[1]), headers.get("x-served-by", ""))
+    if outcome.status == 200:
+        text = json.loads(payload)["choices"][0]["message"]["content"]
+        outcome.body_member = text[1:text.index("]")]
+    return outcome
