@@ -76,7 +76,6 @@ class LocalStack:
         self.timeline_path = self.workdir / "timeline.jsonl"
         self._procs: dict[str, ManagedProcess] = {}
         self.envoy: EnvoyProcess | None = None
-        self._upstream_pids: set[int] = set()
 
     # ---- addresses -------------------------------------------------------------------------
 
@@ -131,15 +130,11 @@ class LocalStack:
         if self.envoy is not None:
             self.envoy.stop()
         self._stop("extproc")
-        sim = self._procs.get("simulator")
-        if sim is not None and sim.pid is not None:
-            self._upstream_pids |= _children(sim.pid)
         self._stop("simulator")
-        # The simulator stops its member servers on SIGTERM; one it could not stop in time
-        # (its own SIGKILL fallback) would outlive it, so reap those by the ids noted above.
-        for pid in self._upstream_pids:
-            _kill_if_alive(pid)
-        self._upstream_pids.clear()
+        # The simulator stops its member servers on SIGTERM, but one it could not stop (it was
+        # SIGKILLed after its grace, or crashed earlier) outlives it in its own session.
+        for pid in _writing_into(self.log_dir / "members"):
+            _kill_member_server(pid)
         self._stop("kubeapi")
         atexit.unregister(self.stop)
 
@@ -165,13 +160,17 @@ class LocalStack:
         for ns in self.namespaces:
             args += ["--namespace", ns]
         proc = self._launch("extproc", args + self.extproc_args)
-        self._await(proc, lambda: self._has_pools(), timeout, "the ext_proc to sync its pools")
+        self._await(proc, self._has_pools, timeout, "the ext_proc to sync its pools")
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one piece (extproc, simulator, kubeapi): a crash, with no clean-up."""
+        proc = self._procs.get(name)
+        if proc is not None:
+            proc.kill()
 
     def kill_extproc(self) -> None:
         """SIGKILL the ext_proc (a crash: no drain, no status write on the way out)."""
-        proc = self._procs.get("extproc")
-        if proc is not None:
-            proc.kill()
+        self.kill("extproc")
 
     def restart_extproc(self, timeout: float = START_TIMEOUT) -> None:
         """Stop the ext_proc gracefully (if running) and start it again on the same ports."""
@@ -338,20 +337,25 @@ class LocalStack:
         return all(p in seen for p in self.pools)
 
 
-def _children(pid: int) -> set[int]:
-    """Ids of the live direct children of `pid` (Linux /proc)."""
-    found: set[int] = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+def _writing_into(directory: Path) -> list[int]:
+    """Ids of live processes whose stdout is a file in `directory` (Linux /proc).
+
+    Every member server the simulator starts logs to its own file there, so this finds this
+    stack's servers, and only them, even after the simulator is gone.
+    """
+    prefix = str(directory.resolve()) + os.sep
+    found = []
+    for fd in Path("/proc").glob("[0-9]*/fd/1"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[1] == str(pid):
-            found.add(int(stat.parent.name))
+            target = os.readlink(fd)
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        if target.startswith(prefix):
+            found.append(int(fd.parent.parent.name))
     return found
 
 
-def _kill_if_alive(pid: int) -> None:
+def _kill_member_server(pid: int) -> None:
     """SIGKILL a member server the simulator started, if it is still there."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
