@@ -73,14 +73,16 @@ def test_every_request_is_served_whole_by_its_member(run: Run) -> None:
     assert all(r.events[-1] == "[DONE]" and len(r.events) == TOKENS + 2 for r in run.replies)
 
 
-def test_nobody_waits_past_the_window_plus_a_swap(run: Run) -> None:
-    # The bound of the issue: fairness window + the swap waited for, plus the incumbent's
-    # drain (one in-flight request) and this request's own service time, with a margin for a
-    # loaded 2-core machine.
+def test_nobody_waits_past_the_window_plus_the_swaps(run: Run) -> None:
+    # A request whose member is not resident waits at most the fairness window (the
+    # incumbent keeps serving that long at most), the incumbent's drain (one in-flight
+    # request) and the swap; one that arrives while the slot is already moving to the other
+    # member first waits for that swap too. Plus its own service time and a margin for a
+    # loaded 2-core machine. Swap durations are measured, so a slow machine widens the bound.
     service = TOKENS * TOKEN_MS / 1000
     longest_swap = max(n["duration_s"] for n in run.swaps)
     worst = max(r.took for r in run.replies)
-    assert worst <= WINDOW + longest_swap + 2 * service + 1.0, (worst, longest_swap)
+    assert worst <= WINDOW + 2 * longest_swap + 2 * service + 1.0, (worst, longest_swap)
 
 
 @pytest.mark.xfail(strict=True, reason=(
