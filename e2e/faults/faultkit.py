@@ -58,7 +58,8 @@ async def at_rest(stack: LocalStack, timeout: float = 20.0) -> None:
 
 
 def violations(stack: LocalStack, events: list[ApiEvent], outcomes: list[Outcome] = (),
-               excused: tuple[str, ...] = (), allow_broken: bool = False) -> list[str]:
+               excused: dict[str, list[float]] | None = None,
+               allow_broken: bool = False) -> list[str]:
     """Every invariant breach found in the API history, Envoy's access log and the outcomes."""
     assert stack.envoy is not None
     return exclusive_slot(events, pool_members(stack)) + \

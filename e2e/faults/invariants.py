@@ -25,6 +25,7 @@ import asyncio
 import json
 import os
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -217,19 +218,26 @@ def exclusive_slot(events: Iterable[ApiEvent],
 
 
 def upstream_failures(entries: Iterable[dict[str, Any]],
-                      excused: Iterable[str] = ()) -> list[str]:
+                      excused: dict[str, list[float]] | None = None,
+                      margin: float = 2.0) -> list[str]:
     """Access-log entries where Envoy sent a request to a member that could not serve it.
 
-    ``excused`` names member clusters a test broke on purpose (a killed pod mid-request).
+    ``excused`` maps a member cluster to wall-clock times when a test broke it on purpose
+    (a pod killed under in-flight requests); entries in flight within ``margin`` s of such a
+    time are not counted.
     """
-    allowed = set(excused)
     violations = []
     for e in entries:
         cluster = e.get("upstream_cluster")
         flags = set((e.get("flags") or "-").split(","))
-        if cluster and cluster not in allowed and flags & UPSTREAM_FAILURE_FLAGS:
-            violations.append(f"{e.get('start_time')} {e.get('path')} -> {cluster}: "
-                              f"{e.get('status')} {e.get('flags')} {e.get('details')}")
+        if not cluster or not flags & UPSTREAM_FAILURE_FLAGS:
+            continue
+        began = datetime.fromisoformat(e["start_time"].replace("Z", "+00:00")).timestamp()
+        ended = began + int(e.get("duration_ms") or 0) / 1000
+        if any(began - margin <= t <= ended + margin for t in (excused or {}).get(cluster, ())):
+            continue
+        violations.append(f"{e.get('start_time')} {e.get('path')} -> {cluster}: "
+                          f"{e.get('status')} {e.get('flags')} {e.get('details')}")
     return violations
 
 

@@ -3,6 +3,8 @@ each kind of breach (so a green fault suite means something)."""
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 from invariants import ApiEvent, Outcome, exclusive_slot, misroutes, upstream_failures
 
 POOLS = {("ns", "p"): ["a", "b"]}
@@ -42,12 +44,16 @@ def test_members_of_other_pools_do_not_count() -> None:
 
 
 def test_upstream_failures_on_member_clusters() -> None:
-    log = [{"upstream_cluster": "a.ns", "flags": "-", "status": 200},
-           {"upstream_cluster": None, "flags": "-", "status": 503},
-           {"upstream_cluster": "b.ns", "flags": "UF,URX", "status": 503},
-           {"upstream_cluster": "a.ns", "flags": "UC", "status": 503}]
+    at = "2026-01-01T00:00:10.000Z"
+    log = [{"upstream_cluster": "a.ns", "flags": "-", "status": 200, "start_time": at},
+           {"upstream_cluster": None, "flags": "-", "status": 503, "start_time": at},
+           {"upstream_cluster": "b.ns", "flags": "UF,URX", "status": 503, "start_time": at},
+           {"upstream_cluster": "a.ns", "flags": "UC", "status": 503, "start_time": at,
+            "duration_ms": 500}]
     assert len(upstream_failures(log)) == 2
-    assert len(upstream_failures(log, excused=["a.ns"])) == 1
+    killed = datetime(2026, 1, 1, 0, 0, 11, tzinfo=timezone.utc).timestamp()
+    assert len(upstream_failures(log, excused={"a.ns": [killed]})) == 1  # 0.5 s + margin
+    assert len(upstream_failures(log, excused={"a.ns": [killed + 60]})) == 2  # another time
 
 
 def test_misroutes() -> None:
