@@ -85,10 +85,6 @@ def test_nobody_waits_past_the_window_plus_the_swaps(run: Run) -> None:
     assert worst <= WINDOW + 2 * longest_swap + 2 * service + 1.0, (worst, longest_swap)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "service finding: the slot flips at the first instant the incumbent has nothing in "
-    "flight, so busy back-to-back clients get one swap per round of requests (see the e2e "
-    "report); remove this marker when batching holds"))
 def test_swaps_are_batched(run: Run) -> None:
     # Runs of answers from one member, in completion order: a batched slot serves its
     # members' busy clients many times per residency, not just the requests that waited.

@@ -107,6 +107,10 @@ class Settings:
                                   "(0 = pure coalescing); per pool: annotation "
                                   "modelpool.inference.llmkube.dev/fairness-window",
                                   group="swap", metavar="DURATION")
+    drain_linger: float = _opt(0.5, "before unloading an incumbent, wait until it has been idle "
+                               "this long (unless the fairness window is over), so interleaved "
+                               "traffic is batched instead of swapped per request",
+                               group="swap", metavar="DURATION")
     swap_timeout: float = _opt(900.0, "a swap whose target is not Ready after this long is "
                                "declared failed, so a stuck member cannot wedge its pool",
                                group="swap", metavar="DURATION")
@@ -138,8 +142,8 @@ class Settings:
         return dataclasses.replace(self, **changes)
 
 
-_DURATION_FIELDS = {"shutdown_grace", "swap_budget", "fairness_window", "swap_timeout",
-                    "failure_backoff"}
+_DURATION_FIELDS = {"shutdown_grace", "swap_budget", "fairness_window", "drain_linger",
+                    "swap_timeout", "failure_backoff"}
 
 
 def _convert(name: str, kind: Any, raw: Any) -> Any:

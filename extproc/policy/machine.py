@@ -68,6 +68,7 @@ class PoolMachine:
         self.swap: Swap | None = None
         self.in_flight: dict[int, str] = {}
         self._busy: dict[str, int] = {}
+        self._idle_since: dict[str, float] = {}  # when each member's last request ended
         self.held: dict[int, Held] = {}
         # (deadline, rid) of held requests; entries of requests no longer held are skipped
         # lazily, so every event costs O(log n) even with thousands of requests parked.
@@ -117,6 +118,7 @@ class PoolMachine:
         times.extend(self._failed_until.values())  # the status's failed member clears then
         if self.swap is not None:
             times.append(self.swap.probe_retry_at)
+            times.append(self.swap.linger_until)
             if self.swap.stage is Stage.LOAD:
                 times.append(self.swap.load_started + self.limits.swap_timeout)
         return min(times, default=math.inf)
@@ -147,9 +149,14 @@ class PoolMachine:
         """Seconds a client should wait before retrying: the expected rest of the swap."""
         if not self._history:
             return self.limits.retry_after_default
-        expected = sum(self._history) / len(self._history)
+        mean = sum(self._history) / len(self._history)
+        expected = mean
         if self.swap is not None:
-            expected -= self._now - self.swap.started
+            elapsed = self._now - self.swap.started
+            # A swap already slower than usual: expect it to take as long as the slowest
+            # one seen, and once past even that, another half of a usual swap.
+            total = mean if elapsed < mean else max(self._history)
+            expected = total - elapsed if elapsed < total else mean / 2
         return max(1, min(self.limits.retry_after_max, math.ceil(expected)))
 
     # ---- events --------------------------------------------------------------------------
@@ -184,6 +191,8 @@ class PoolMachine:
         member = self.in_flight.pop(rid, None)
         if member is not None:
             self._busy[member] -= 1
+            if not self._busy[member]:
+                self._idle_since[member] = now
             return
         if self.held.pop(rid, None) is None:
             raise PolicyError(f"request {rid} ended but is neither held nor in flight")
@@ -281,6 +290,8 @@ class PoolMachine:
             # The retry pause is over even if _step cannot act now (Degraded, a member not
             # yet observed): left set, next_deadline() would stay in the past and spin.
             swap.probe_retry_at = math.inf
+        if swap is not None and swap.linger_until <= now:
+            swap.linger_until = math.inf
         # Same arithmetic as next_deadline(): a Tick at that deadline must fire the timeout.
         if swap is not None and swap.stage is Stage.LOAD \
                 and now >= swap.load_started + self.limits.swap_timeout:
@@ -323,6 +334,17 @@ class PoolMachine:
         swap.probe_retry_at = math.inf
         if any(self._busy.get(m, 0) for m in others):
             return False
+        if not self._fairness_due(swap, now):
+            # Batching: back-to-back clients leave the incumbent idle for only a moment
+            # between requests. Flipping in that gap would swap once per request under
+            # interleaved traffic; lingering lets it keep serving its demand until the
+            # fairness window ends, after which its new requests are held and it drains.
+            calm_at = max((self._idle_since.get(m, -math.inf) for m in others),
+                          default=-math.inf) + self.limits.drain_linger
+            if now < calm_at:
+                swap.linger_until = calm_at
+                return False
+        swap.linger_until = math.inf
         live = [m for m in others if self.obs[m].pods > 0 and self.obs[m].replicas > 0]
         if self.limits.idle_gate and live:
             swap.stage, swap.probing = Stage.PROBE, set(live)
@@ -479,9 +501,12 @@ class PoolMachine:
     def _fairness_holds(self, member: str, now: float) -> bool:
         """True when ``member`` is the incumbent of a swap that has waited long enough."""
         swap = self.swap
+        return swap is not None and swap.target != member and self._fairness_due(swap, now)
+
+    def _fairness_due(self, swap: Swap, now: float) -> bool:
+        """True once ``swap`` has waited its pool's fairness window (never when it is 0)."""
         window = self.spec.fairness_window
-        return (swap is not None and window > 0 and swap.target != member
-                and now - swap.started >= window)
+        return window > 0 and now - swap.started >= window
 
     def _missing(self) -> tuple[str, ...]:
         return tuple(m for m in self.spec.members if m in self.obs and not self.obs[m].exists)

@@ -40,6 +40,8 @@ class Swap:
     saw_progress: bool = False
     probing: set[str] = field(default_factory=set)
     probe_retry_at: float = math.inf
+    # While the incumbent was busy a moment ago, wait until then before unloading it.
+    linger_until: float = math.inf
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +53,7 @@ class Limits:
     retry_after_default: int = 5
     retry_after_max: int = 120
     idle_gate: bool = False
+    drain_linger: float = 0.0
 
 
 @dataclass(slots=True)

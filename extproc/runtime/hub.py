@@ -40,7 +40,8 @@ def limits_from(settings: Settings) -> Limits:
     """The policy knobs that come from process settings."""
     return Limits(swap_timeout=settings.swap_timeout, failure_backoff=settings.failure_backoff,
                   retry_after_default=settings.retry_after_default,
-                  retry_after_max=settings.retry_after_max, idle_gate=settings.idle_gate)
+                  retry_after_max=settings.retry_after_max, idle_gate=settings.idle_gate,
+                  drain_linger=settings.drain_linger)
 
 
 class Hub:

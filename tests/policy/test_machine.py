@@ -167,14 +167,48 @@ def test_retry_after_comes_from_swap_history_clamped(cap: int, expected: float) 
     assert d.requests[second].reject.retry_after == expected
 
 
-def test_retry_after_is_at_least_one_when_the_swap_is_overdue() -> None:
+def test_retry_after_for_an_overdue_swap_is_half_a_usual_swap() -> None:
     d = make(warm="a", swap_budget=30)
     d.request("b", at=0)
     d.run()
     d.cluster.load_delay = 100
     slow = d.request("a", at=100)
     d.run()
-    assert d.requests[slow].reject.retry_after == 1  # 18 s expected, 30 s already gone
+    # 18 s usual (and slowest), 30 s already gone: not "1 s", which would invite a retry
+    # storm against a slow load, but half a usual swap.
+    assert d.requests[slow].reject.retry_after == math.ceil(SWAP / 2)
+
+
+def test_retry_after_expects_the_slowest_swap_seen_once_past_the_mean() -> None:
+    d = make(warm="a", swap_budget=20)
+    d.request("b", at=0)  # an 18 s swap
+    d.run()
+    d.cluster.load_delay = 40
+    d.request("a", at=100)  # a 43 s swap
+    d.run()
+    d.cluster.load_delay = 100
+    slow = d.request("b", at=300)
+    d.run()
+    # usual (18 + 43) / 2 = 30.5 s; 20 s gone is below it: 10.5 s expected remaining
+    assert d.requests[slow].reject.retry_after == 11
+
+
+def test_drain_linger_batches_back_to_back_requests_for_the_incumbent() -> None:
+    d = make(warm="a", swap_budget=200, fairness_window=30,
+             limits=Limits(drain_linger=0.5))
+    first = d.request("a", at=0, duration=2)
+    cross = d.request("b", at=1)
+    # a client sending to the incumbent back to back: each request 2 s, 0.1 s apart
+    follow = [d.request("a", at=2.1 + 2.1 * i, duration=2) for i in range(20)]
+    d.run()
+    assert admitted_at(d, first) == 0
+    served_at_once = [r for r in follow if not d.requests[r].held]
+    # The incumbent kept the slot through the 0.1 s gaps until the 30 s window ended ...
+    assert len(served_at_once) == 14  # arrivals at 2.1 ... 29.4 s
+    assert all(d.requests[r].arrived < 31 for r in served_at_once)
+    # ... then drained, and the waiting request got the slot right after.
+    last_done = max(d.requests[r].arrived for r in served_at_once) + 2
+    assert admitted_at(d, cross) == last_done + SWAP
 
 
 # ---- failures ------------------------------------------------------------------------------

@@ -64,7 +64,8 @@ def scenarios(draw: st.DrawFn, faults: bool) -> Scenario:
     # Without faults every load beats the timeout; with them, timeouts may cut loads short.
     timeout = draw(st.floats(20, 200)) + (0 if faults else cluster.load_delay)
     limits = Limits(swap_timeout=timeout, failure_backoff=draw(st.floats(1, 60)),
-                    idle_gate=draw(st.booleans()))
+                    idle_gate=draw(st.booleans()),
+                    drain_linger=draw(st.sampled_from([0.0, 0.5, 3.0])))
     warm = draw(st.lists(some_member, max_size=2 if faults else 1, unique=True))
     for m in warm:
         cluster.warm(m)
@@ -127,9 +128,10 @@ def test_invariants_hold_under_random_traffic_and_faults(s: Scenario) -> None:
 def test_fairness_bounds_every_wait_without_faults(s: Scenario) -> None:
     d = s.driver
     run_to_rest(d)
-    # A swap drains the incumbent for at most the fairness window plus one request, then
-    # unloads and loads; idle probes add their round trips.
-    per_swap = (d.spec.fairness_window + s.max_duration + d.cluster.unload_delay
+    # A swap drains the incumbent for at most the fairness window plus one request (or a
+    # drain linger after it), then unloads and loads; idle probes add their round trips.
+    per_swap = (d.spec.fairness_window + s.max_duration + d.machine.limits.drain_linger
+                + d.cluster.unload_delay
                 + d.cluster.load_delay + 2 * PROBE_DELAY + 2 * d.watch_latency)
     starts = {}
     for t, c in d.log:
