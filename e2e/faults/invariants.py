@@ -12,7 +12,8 @@ The invariants, one function each, each returning a list of human-readable viola
 means kept), so a test can assert ``== []`` and print every breach at once:
 
 - `exclusive_slot`: a member is never scaled up while another member of its pool still has a
-  pod (a terminating pod holds the GPU), and two members of a pool never have pods at once;
+  pod (a terminating pod holds the GPU) or still asks for replicas (its controller may start
+  a new pod at any moment), and two members of a pool never have pods at once;
 - `upstream_failures`: no request was sent to a member that could not serve it (Envoy's
   connection-failure/reset flags on a member cluster), outside windows a test caused on purpose;
 - `misroutes`: every client got its own member's answer or an explicit JSON error;
@@ -182,8 +183,8 @@ class _Gone(Exception):
 def exclusive_slot(events: Iterable[ApiEvent],
                    pools: dict[tuple[str, str], list[str]]) -> list[str]:
     """Replay the API history: no scale-up of a member while another member of its pool has
-    pods, and never pods of two members of one pool at once. ``pools`` maps (namespace, pool)
-    to member names."""
+    pods or replicas, and never pods of two members of one pool at once. ``pools`` maps
+    (namespace, pool) to member names."""
     pool_of = {(ns, m): (ns, p) for (ns, p), members in pools.items() for m in members}
     pods: dict[tuple[str, str], set[str]] = {}
     replicas: dict[tuple[str, str], int] = {}
@@ -203,9 +204,13 @@ def exclusive_slot(events: Iterable[ApiEvent],
             now = 0 if e.type == "DELETED" else (e.replicas or 0)
             replicas[key] = now
             busy = others_with_pods(*key)
-            if before == 0 and now > 0 and busy:
+            # Unload before load: another member still asking for replicas can get a new pod
+            # at any moment (its controller replaces a lost one), so it counts as up too.
+            wanted = sorted(m for m in pools[pool_of[key]]
+                            if m != e.member and replicas.get((e.namespace, m), 0) > 0)
+            if before == 0 and now > 0 and (busy or wanted):
                 violations.append(f"rv {e.rv}: {e.namespace}/{e.member} scaled up while "
-                                  f"{'; '.join(busy)} still had pods")
+                                  f"{'; '.join(busy + wanted)} still had pods or replicas")
         elif e.type == "DELETED":
             pods.get(key, set()).discard(e.name)
         else:

@@ -32,6 +32,13 @@ def test_scale_up_while_the_incumbent_pod_terminates_is_caught() -> None:
     assert "rv 5" in breach and "ns/b scaled up" in breach and "a (a-x)" in breach
 
 
+def test_scale_up_before_the_incumbent_is_scaled_down_is_caught() -> None:
+    # The incumbent's pod is gone (killed) but it still wants a replica: a new pod may come.
+    history = [isvc(1, "a", 1), pod(2, "a", "ADDED"), pod(3, "a", "DELETED"), isvc(4, "b", 1)]
+    [breach] = exclusive_slot(history, POOLS)
+    assert "rv 4" in breach and breach.endswith("a still had pods or replicas")
+
+
 def test_two_members_with_pods_are_caught() -> None:
     history = [pod(1, "a", "ADDED"), pod(2, "b", "ADDED")]
     assert len(exclusive_slot(history, POOLS)) == 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+import pytest
 from faultkit import at_rest, attempt, trickle, violations
 from invariants import ApiRecorder
 
@@ -25,6 +26,7 @@ STACK_DOCS = pools(
     ("restart", ["restart-a", "restart-b"],
      {"default": "restart-a", "member_annotations": {"restart-b": {LOAD: "2s"}}}),
     ("trickle", ["trickle-a", "trickle-b"], {"default": "trickle-a"}),
+    ("race", ["race-a", "race-b"], {"default": "race-a"}),
 )
 
 
@@ -99,3 +101,19 @@ async def test_slow_clients_trickling_or_stalling(
     assert all(o.status == 200 for o in outcomes if not o.gave_up), outcomes
     await at_rest(stack)
     assert violations(stack, recorder.ordered(), [*quick, *outcomes]) == []
+
+
+@pytest.mark.xfail(strict=True, reason="after the resident's pod dies out of band, a swap scales "
+                   "the incumbent to 0 and the target up 30 ms later, trusting a cache that "
+                   "has not seen the replacement pod the incumbent's controller created while "
+                   "its replicas were still 1: both members have pods at once")
+async def test_swap_right_after_the_resident_pod_dies(
+        stack: LocalStack, http: aiohttp.ClientSession, recorder: ApiRecorder) -> None:
+    outcomes = []
+    for n in range(6):  # a race: a few rounds make it show every time
+        resident, other = ("race-a", "race-b") if n % 2 == 0 else ("race-b", "race-a")
+        await wait_resident(stack, "race", resident, timeout=30)
+        await asyncio.to_thread(stack.annotate, resident, "sim.llmkube.dev/kill-pod", str(n))
+        outcomes.append(await attempt(http, stack, other, timeout=SWAP_BOUND * 2))
+    await at_rest(stack)
+    assert violations(stack, recorder.ordered(), outcomes) == []
