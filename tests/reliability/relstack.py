@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from devstack import procs
-from devstack.upstream import UpstreamHandle, start_upstream
+from devstack.upstream import UpstreamHandle
 from extproc import metrics
 from extproc.app import Service
 from extproc.settings import Settings
