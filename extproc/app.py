@@ -30,7 +30,10 @@ from .settings import Settings
 
 log = get_logger(__name__)
 
-# Room for the largest body plus the rest of the ext_proc message.
+# The gRPC receive limit must exceed Envoy's buffer limit (32 MiB in the shipped configs):
+# a body between our own limit and Envoy's must reach us so we answer 413; a message over
+# the gRPC limit breaks the stream instead, and Envoy fails open to a 503.
+_GRPC_MESSAGE_FLOOR = 64 * 1024 * 1024
 _GRPC_MESSAGE_SLACK = 1024 * 1024
 
 
@@ -59,7 +62,7 @@ class Service:
         self._background.append(asyncio.create_task(self.platform.run(self.hub)))
         self._grpc = grpc.aio.server(options=[
             ("grpc.max_receive_message_length",
-             self.settings.max_body_bytes + _GRPC_MESSAGE_SLACK),
+             max(_GRPC_MESSAGE_FLOOR, self.settings.max_body_bytes + _GRPC_MESSAGE_SLACK)),
             ("grpc.max_concurrent_streams", 1 << 20),
             # Each parked request is an open call. By default gRPC core cancels calls the
             # application has not picked up once 1,000 are pending, which under a burst

@@ -24,6 +24,8 @@ class PoolPhase(str, Enum):
 PHASE_READY = "Ready"
 PHASE_FAILED = "Failed"
 PHASE_STOPPED = "Stopped"
+# Phases in which the member's controller may still run (or be starting) a workload.
+ACTIVE_PHASES = frozenset({"Ready", "Creating", "Progressing", "WaitingForGPU"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +70,15 @@ class MemberObservation:
 
     @property
     def unloaded(self) -> bool:
-        """True when the member holds no GPU memory: scaled to zero and no pod left."""
-        return self.replicas == 0 and self.pods == 0
+        """True when the member holds no GPU memory: scaled to zero and no pod left.
+
+        The phase must have left the active ones too. The pods and the InferenceService come
+        through separate watches: right after a scale-down, the cache can show replicas 0
+        and no pods while a replacement pod the controller created a moment earlier is still
+        on its way. The controller reports Stopped only once it has torn the workload down,
+        so requiring both closes that gap (found by the fault suite).
+        """
+        return self.replicas == 0 and self.pods == 0 and self.phase not in ACTIVE_PHASES
 
 
 @dataclass(frozen=True, slots=True)

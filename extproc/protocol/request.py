@@ -75,7 +75,12 @@ def model_from_body(head: RequestHead, body: bytes, max_bytes: int) -> str:
                          f"content-type {media_type!r} is not supported; send "
                          "application/json or multipart/form-data")
     try:
-        document = json.loads(body)
+        # Decode strictly first: json.loads(bytes) would also accept UTF-16/32 and lone
+        # surrogates, which RFC 8259 forbids and the member may choke on.
+        document = json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise BadRequest(400, "invalid_json", f"request body is not valid UTF-8: {exc.reason} "
+                         f"at byte {exc.start}") from None
     except (ValueError, RecursionError) as exc:
         raise BadRequest(400, "invalid_json", f"request body is not valid JSON: {exc}") \
             from None

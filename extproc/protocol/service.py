@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from google.protobuf.message import DecodeError
 
 from .. import metrics
 from ..logs import get_logger
@@ -95,6 +96,10 @@ class ExtProcService:
             await self._until_closed(context, pending_read)
         except asyncio.CancelledError:
             raise  # Envoy reset the stream (client gone); `finally` does the accounting
+        except DecodeError as exc:
+            # Garbage from a peer is the peer's problem: one line, no traceback to flood logs.
+            log.warning("undecodable ext_proc message", error=str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed ProcessingRequest")
         except Exception:
             log.error("ext_proc stream failed", exc_info=True)
             await context.abort(grpc.StatusCode.INTERNAL, "internal error")
@@ -202,8 +207,9 @@ class ExtProcService:
             f"{', '.join(available) or '(none)'}", "model"))
 
     def _refuse(self, head: RequestHead, exc: BadRequest) -> bytes:
+        # The path without its query: query strings can carry API keys.
         log.info("request refused", request_id=head.request_id, status=exc.status,
-                 code=exc.code, path=head.path)
+                 code=exc.code, path=head.path.split("?", 1)[0])
         return self._error(exc.status, exc.code, exc.message, exc.param, exc.headers)
 
     def _models_answer(self, path: str) -> bytes:
