@@ -8,7 +8,6 @@ import asyncio
 import time
 
 import aiohttp
-import pytest
 from faultkit import at_rest, attempt, emulator, violations
 from invariants import ApiRecorder
 
@@ -92,10 +91,6 @@ async def test_watches_cut_with_410_gone(stack: LocalStack, http: aiohttp.Client
     assert violations(stack, recorder.ordered(), [outcome, back]) == []
 
 
-@pytest.mark.xfail(strict=True, reason="the watch backoff is reset only when a watch ends "
-                   "cleanly after >= 1 s (every 300 s), and a 410 streak is not reset by a "
-                   "successful re-list: after an API outage, two compactions leave the ext_proc "
-                   "blind for 6-30 s, stalling swaps and held requests")
 async def test_prompt_recovery_after_outage_and_compaction(
         stack: LocalStack, http: aiohttp.ClientSession, recorder: ApiRecorder) -> None:
     await wait_resident(stack, "relisted", "relisted-a")

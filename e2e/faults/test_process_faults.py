@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
-import pytest
 from faultkit import at_rest, attempt, trickle, violations
 from invariants import ApiRecorder
 
@@ -103,10 +102,6 @@ async def test_slow_clients_trickling_or_stalling(
     assert violations(stack, recorder.ordered(), [*quick, *outcomes]) == []
 
 
-@pytest.mark.xfail(strict=True, reason="after the resident's pod dies out of band, a swap scales "
-                   "the incumbent to 0 and the target up 30 ms later, trusting a cache that "
-                   "has not seen the replacement pod the incumbent's controller created while "
-                   "its replicas were still 1: both members have pods at once")
 async def test_swap_right_after_the_resident_pod_dies(
         stack: LocalStack, http: aiohttp.ClientSession, recorder: ApiRecorder) -> None:
     outcomes = []

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -148,7 +149,10 @@ class ClusterWatcher:
                     items, version = await self._list(kind, scope)
                     self._replace(kind, scope, items)
                     self._mark_listed(kind, scope)
-                version = await self._watch(kind, scope, version)
+                    # The server answers again: whatever failed before is over. Without this
+                    # a 10 s outage leaves a 13-30 s delay ceiling for the next hiccup.
+                    backoff.reset()
+                version = await self._watch(kind, scope, version, backoff.reset)
                 gone_streak = 0
                 if loop.time() - started >= 1.0:
                     backoff.reset()
@@ -210,14 +214,23 @@ class ClusterWatcher:
             resp.release()
         return body.get("items") or [], body["metadata"]["resourceVersion"]
 
-    async def _watch(self, kind: str, scope: str, version: str) -> str:
-        """Apply watch events from ``version`` until the server ends the stream; new version."""
+    async def _watch(self, kind: str, scope: str, version: str,
+                     progressed: Callable[[], None]) -> str:
+        """Apply watch events from ``version`` until the server ends the stream; new version.
+
+        ``progressed`` is called on the first event: the stream works, so any error after
+        it starts retrying from the shortest delay.
+        """
         resp = await self._open("watch", kind, scope, watch=True, allow_watch_bookmarks=True,
                                 resource_version=version, timeout_seconds=self._timeout,
                                 # the client gives up a little after the server should have
                                 _request_timeout=float(self._timeout + 30))
+        first = True
         try:
             while line := await resp.content.readline():
+                if first:
+                    progressed()
+                    first = False
                 event = json.loads(line)
                 obj = event.get("object") or {}
                 if event.get("type") == "ERROR":
