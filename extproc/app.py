@@ -88,6 +88,10 @@ class Service:
     async def stop(self) -> None:
         """Stop accepting, let in-flight streams finish up to the grace period, then exit."""
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.hub is not None:
+            # Held requests would be cut when the grace period ends and reach the client as
+            # Envoy's generic fail-open 503; answer them now with our own 503 + Retry-After.
+            self.hub.reject_held("shutting_down", "the model router is restarting; retry")
         if self._grpc is not None:
             log.info("draining", grace_s=self.settings.shutdown_grace,
                      streams=metrics.STREAMS_IN_FLIGHT._value.get())

@@ -17,6 +17,7 @@ class JsonFormatter(logging.Formatter):
     """Formats a record as a single JSON line."""
 
     def format(self, record: logging.LogRecord) -> str:
+        """The record as one line of JSON: time, level, logger, message, fields."""
         entry: dict[str, Any] = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
             + f".{int(record.msecs):03d}Z",
@@ -60,10 +61,6 @@ class StructuredLogger:
     def error(self, msg: str, exc_info: bool = False, **fields: Any) -> None:
         """Log at error level, optionally with the current exception."""
         self._log(logging.ERROR, msg, exc_info, fields)
-
-    def enabled(self, level: int) -> bool:
-        """Whether a message at ``level`` would be written (guards costly field building)."""
-        return self._logger.isEnabledFor(level)
 
 
 def get_logger(name: str) -> StructuredLogger:

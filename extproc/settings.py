@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +28,15 @@ def _opt(default: Any, help: str, *, group: str, metavar: str | None = None,
 
 
 def parse_duration(text: str | float | int) -> float:
-    """Parse ``300``, ``300s``, ``5m``, ``1h30m`` or ``250ms`` into seconds."""
+    """Parse ``300``, ``300s``, ``5m``, ``1h30m`` or ``250ms`` into seconds (finite, >= 0)."""
+    seconds = _parse_seconds(text)
+    # nan or inf would make deadlines that never fire; a negative one fires before it starts.
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"invalid duration {text!r}: must be finite and not negative")
+    return seconds
+
+
+def _parse_seconds(text: str | float | int) -> float:
     if isinstance(text, (int, float)):
         return float(text)
     s = text.strip()
@@ -137,9 +147,6 @@ class Settings:
                             "default because prompts may hold secrets (authorization headers "
                             "are never read, so never logged)", group="observability")
 
-    def replace(self, **changes: Any) -> Settings:
-        """Return a copy with some fields changed."""
-        return dataclasses.replace(self, **changes)
 
 
 _DURATION_FIELDS = {"shutdown_grace", "swap_budget", "fairness_window", "drain_linger",
@@ -204,4 +211,22 @@ def from_sources(args: argparse.Namespace | None = None,
             values[f.name] = _convert(f.name, f.type, raw)
         except ValueError as exc:
             raise SystemExit(f"modelpool-extproc: bad value for {f.name}: {exc}") from None
-    return Settings(**values)
+    settings = Settings(**values)
+    problem = validate(settings)
+    if problem:
+        raise SystemExit(f"modelpool-extproc: {problem}")
+    return settings
+
+
+def validate(settings: Settings) -> str:
+    """The first thing wrong with ``settings`` that would only show up per request, or ""."""
+    for name in ("route_template", "idle_probe_url"):
+        try:
+            getattr(settings, name).format(member="m", pool="p", namespace="ns")
+        except (KeyError, IndexError, ValueError) as exc:
+            return f"bad {name} {getattr(settings, name)!r}: unknown placeholder {exc}"
+    if not isinstance(logging.getLevelName(settings.log_level.upper()), int):
+        return f"bad log_level {settings.log_level!r}: use debug, info, warning or error"
+    if bool(settings.tls_cert) != bool(settings.tls_key):
+        return "--tls-cert and --tls-key go together"
+    return ""

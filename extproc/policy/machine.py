@@ -345,7 +345,9 @@ class PoolMachine:
                 swap.linger_until = calm_at
                 return False
         swap.linger_until = math.inf
-        live = [m for m in others if self.obs[m].pods > 0 and self.obs[m].replicas > 0]
+        # Only a serving member can be busy: one that crashed (CrashLoop, Failed) would never
+        # answer the probe and would block the swap that heals the pool.
+        live = [m for m in others if self.obs[m].ready]
         if self.limits.idle_gate and live:
             swap.stage, swap.probing = Stage.PROBE, set(live)
             out.extend(ProbeIdle(m) for m in live)
@@ -400,6 +402,7 @@ class PoolMachine:
         return False
 
     def _maybe_start(self, now: float, out: list[Command]) -> bool:
+        self._release_routable(now, out)
         if self._missing():
             return False
         target = self._next_target()
@@ -438,6 +441,17 @@ class PoolMachine:
             self.resident = self._resident_hint if self._resident_hint in ready else ready[0]
             self._owner_picked = True
             self.version += 1
+
+    def _release_routable(self, now: float, out: list[Command]) -> None:
+        """With no swap under way, admit held requests whose member is serving.
+
+        Normally none exist (a swap's completion releases its own). They appear when a
+        spec change cancels a swap while requests for the incumbent were held by fairness.
+        """
+        for rid, held in list(self.held.items()):
+            if self._routable(held.member):
+                del self.held[rid]
+                self._admit(rid, held.member, now - held.arrived, out)
 
     def _complete_swap(self, now: float, out: list[Command]) -> None:
         swap = self.swap

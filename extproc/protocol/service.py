@@ -69,7 +69,11 @@ class ExtProcService:
                 await context.write(early)
                 return await self._until_closed(context)
             await context.write(answers.CONTINUE_HEADERS)
-            body = await self._read_body(context)
+            try:
+                body = await self._read_body(context)
+            except BadRequest as exc:
+                await context.write(self._refuse(head, exc))
+                return await self._until_closed(context)
             if body is None:
                 return
             started = time.perf_counter()
@@ -135,6 +139,7 @@ class ExtProcService:
         return None
 
     async def _read_body(self, context: grpc.aio.ServicerContext) -> bytes | None:
+        """The whole request body (None if the stream ended first); 413 over the limit."""
         chunks: list[bytes] = []
         size, limit = 0, self._settings.max_body_bytes
         while True:
@@ -148,8 +153,10 @@ class ExtProcService:
             if size <= limit:
                 chunks.append(chunk)
             if msg.request_body.end_of_stream:
-                # Over the limit: hand a body of the real size to the checker for its 413.
-                return b"".join(chunks) if size <= limit else b"\0" * (limit + 1)
+                if size > limit:
+                    raise BadRequest(413, "request_too_large", f"request body is {size} bytes; "
+                                     f"the limit is {limit}")
+                return b"".join(chunks)
 
     async def _park(self, context: grpc.aio.ServicerContext, ticket: Ticket, route: Route,
                     head: RequestHead) -> asyncio.Future | None:

@@ -14,7 +14,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from .. import metrics
 from ..logs import get_logger
@@ -26,6 +26,9 @@ from ..policy.model import MemberObservation, PoolKey, PoolSpec, PoolView
 
 log = get_logger(__name__)
 _request_ids = itertools.count(1)
+# A scale the platform could not apply is asked again after these delays (doubling).
+SCALE_RETRY_FIRST = 1.0
+SCALE_RETRY_MAX = 30.0
 
 
 class Platform(Protocol):
@@ -51,9 +54,10 @@ class Ticket:
     rid: int
     member: str
     decision: Admit | Reject | None = None
+    held: bool = False  # parked at some point (counted in the held gauge until decided)
     deadline: float = 0.0
     held_since: float = 0.0
-    waiter: asyncio.Future[Admit | Reject] | None = None
+    waiter: asyncio.Future[Admit | Reject | None] | None = None
     ended: bool = False
 
 
@@ -79,6 +83,9 @@ class PoolDriver:
         self._published_version = -1
         self._labels = (spec.key.namespace, spec.key.name)
         self._held_gauge = metrics.HELD.labels(*self._labels)
+        self._coalesced = metrics.COALESCED.labels(*self._labels)
+        self._hold_children: dict[str, Any] = {}
+        self._gauged_members: set[str] = set()
         self._closed = False
 
     @property
@@ -110,8 +117,7 @@ class PoolDriver:
             return  # already rejected: the machine forgot it
         if ticket.decision is None:  # its client left while it was held
             self._held_gauge.dec()
-            metrics.HOLD_DURATION.labels(*self._labels, "disconnected").observe(
-                self._clock() - ticket.held_since)
+            self._hold_seconds("disconnected").observe(self._clock() - ticket.held_since)
         self._feed(RequestEnded(ticket.rid))
 
     # ---- observations from the platform ---------------------------------------------------
@@ -124,18 +130,27 @@ class PoolDriver:
         """The ModelPool's spec changed."""
         self._feed(SpecChanged(spec))
 
+    def reject_held(self, code: str, message: str) -> None:
+        """Answer every held request now with 503 (pool removed, or the process stopping)."""
+        retry = self._machine.retry_after()
+        for ticket in list(self._tickets.values()):
+            if ticket.decision is None:
+                self._on_reject(Reject(ticket.rid, 503, code, message, retry,
+                                       self._clock() - ticket.held_since))
+                self._feed(RequestEnded(ticket.rid))  # the machine forgets it too
+
     def close(self) -> None:
-        """Reject every waiter and cancel background work (pool removed or shutdown)."""
+        """Reject every waiter, cancel background work and drop this pool's gauges."""
+        self.reject_held("pool_removed", f"pool {self.key} is no longer served")
         self._closed = True
         if self._timer:
             self._timer.cancel()
-        for ticket in list(self._tickets.values()):
-            if ticket.decision is None:
-                self._decide(ticket, Reject(ticket.rid, 503, "pool_removed",
-                                            f"pool {self.key} is no longer served", 5))
         for task in self._tasks:
             task.cancel()
-        self._held_gauge.set(0)
+        metrics.HELD.remove(*self._labels)
+        for member in self._gauged_members:
+            metrics.RESIDENT.remove(*self._labels, member)
+        self._gauged_members.clear()
 
     # ---- the loop --------------------------------------------------------------------------
 
@@ -175,26 +190,33 @@ class PoolDriver:
         ticket = self._tickets.get(cmd.rid)
         if ticket is None:
             return
-        if cmd.held_for:
-            metrics.HOLD_DURATION.labels(*self._labels, "admitted").observe(cmd.held_for)
+        if ticket.held:
+            self._hold_seconds("admitted").observe(cmd.held_for)
             self._held_gauge.dec()
         self._decide(ticket, cmd)
 
     def _on_hold(self, cmd: Hold) -> None:
         ticket = self._tickets[cmd.rid]
-        ticket.deadline, ticket.held_since = cmd.deadline, self._clock()
+        ticket.held, ticket.deadline, ticket.held_since = True, cmd.deadline, self._clock()
         self._held_gauge.inc()
         if cmd.coalesced:
-            metrics.COALESCED.labels(*self._labels).inc()
+            self._coalesced.inc()
 
     def _on_reject(self, cmd: Reject) -> None:
         ticket = self._tickets.pop(cmd.rid, None)
         if ticket is None:
             return
-        if ticket.deadline:  # it had been held
+        if ticket.held:
             self._held_gauge.dec()
-            metrics.HOLD_DURATION.labels(*self._labels, cmd.code).observe(cmd.held_for)
+            self._hold_seconds(cmd.code).observe(cmd.held_for)
         self._decide(ticket, cmd)
+
+    def _hold_seconds(self, outcome: str) -> Any:
+        child = self._hold_children.get(outcome)
+        if child is None:
+            child = self._hold_children[outcome] = metrics.HOLD_DURATION.labels(*self._labels,
+                                                                                outcome)
+        return child
 
     def _decide(self, ticket: Ticket, decision: Admit | Reject) -> None:
         ticket.decision = decision
@@ -220,9 +242,12 @@ class PoolDriver:
     def _publish(self) -> None:
         view = self._machine.view()
         ns, pool = self._labels
-        for member in view.members:
-            metrics.RESIDENT.labels(ns, pool, member.name).set(
-                1 if member.name == view.resident else 0)
+        current = {m.name for m in view.members}
+        for gone in self._gauged_members - current:  # removed from the pool's spec
+            metrics.RESIDENT.remove(ns, pool, gone)
+        for member in current:
+            metrics.RESIDENT.labels(ns, pool, member).set(1 if member == view.resident else 0)
+        self._gauged_members = current
         self._platform.publish(view)
 
     def _arm(self, deadline: float) -> None:
@@ -246,17 +271,24 @@ class PoolDriver:
         task.add_done_callback(self._tasks.discard)
 
     async def _scale(self, member: str) -> None:
-        applied = None
+        applied, delay = None, SCALE_RETRY_FIRST
         try:
             while (wanted := self._desired[member]) != applied:
                 try:
                     await self._platform.scale(self.key, member, wanted)
+                    applied, delay = wanted, SCALE_RETRY_FIRST
                 except asyncio.CancelledError:
                     raise
-                except Exception:  # the watch shows the truth; the machine waits on it
-                    log.error("scale failed", exc_info=True, namespace=self.key.namespace,
-                              pool=self.key.name, member=member, replicas=wanted)
-                applied = wanted
+                except Exception as exc:
+                    # The platform already retried what a retry can fix; this is a 403, a
+                    # webhook's 422 ... Giving up would leave the machine waiting for a
+                    # change that never comes, so keep asking, slowly, until an operator
+                    # fixes the cause (the swap stays visible as Swapping meanwhile).
+                    log.error("scale failed; will retry", namespace=self.key.namespace,
+                              pool=self.key.name, member=member, replicas=wanted,
+                              error=f"{type(exc).__name__}: {exc}", retry_in_s=delay)
+                    await asyncio.sleep(delay)
+                    delay = min(SCALE_RETRY_MAX, delay * 2)
         finally:
             self._scalers.discard(member)
 
@@ -265,6 +297,8 @@ class PoolDriver:
             idle = await self._platform.probe_idle(self.key, member)
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as exc:
+            log.warning("idle probe failed", namespace=self.key.namespace, pool=self.key.name,
+                        member=member, error=f"{type(exc).__name__}: {exc}")
             idle = None
         self._feed(IdleProbed(member, idle))

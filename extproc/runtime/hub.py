@@ -67,10 +67,6 @@ class Hub:
         """Every pool's driver."""
         return list(self._drivers.values())
 
-    def driver(self, key: PoolKey) -> PoolDriver | None:
-        """The driver of one pool."""
-        return self._drivers.get(key)
-
     # ---- the platform's listener callbacks -------------------------------------------------
 
     def pool_changed(self, spec: PoolSpec, status: dict) -> None:
@@ -100,6 +96,11 @@ class Hub:
         driver = self._drivers.get(key)
         if driver is not None and obs.name in driver.spec.members:
             driver.observe(obs)
+
+    def reject_held(self, code: str, message: str) -> None:
+        """Answer every held request in every pool with 503 now (before a shutdown)."""
+        for driver in self._drivers.values():
+            driver.reject_held(code, message)
 
     def close(self) -> None:
         """Stop every driver (shutdown)."""

@@ -40,8 +40,9 @@ class Stack:
 
 def settings_for(pools: Path, **changes: object) -> Settings:
     """Loopback settings for an in-process service on free ports."""
-    return Settings(listen="127.0.0.1:0", metrics_listen="", pools_file=str(pools),
-                    max_body_bytes=BODY_LIMIT).replace(**changes)
+    defaults: dict[str, object] = {"listen": "127.0.0.1:0", "metrics_listen": "",
+                                   "pools_file": str(pools), "max_body_bytes": BODY_LIMIT}
+    return Settings(**{**defaults, **changes})  # type: ignore[arg-type]
 
 
 async def health_status(port: int, service: str = "") -> int:

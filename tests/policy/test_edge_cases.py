@@ -1,0 +1,63 @@
+"""Edge cases driven straight through PoolMachine.handle, one event at a time."""
+
+from __future__ import annotations
+
+from extproc.policy.events import (Admit, IdleProbed, MemberObserved, ProbeIdle, RequestArrived,
+                                   RequestEnded, Scale, SpecChanged, Tick)
+from extproc.policy.machine import Limits, PoolMachine
+from extproc.policy.model import MemberObservation as Obs
+from extproc.policy.model import PoolKey, PoolSpec
+
+KEY = PoolKey("ns", "pool")
+READY = dict(phase="Ready", replicas=1, pods=1)
+STOPPED = dict(phase="Stopped", replicas=0, pods=0)
+
+
+def machine(members=("a", "b"), limits=Limits(), **spec) -> PoolMachine:
+    """A machine whose first member is Ready and the others Stopped."""
+    m = PoolMachine(PoolSpec(KEY, members, **spec), limits, 0.0)
+    for i, name in enumerate(members):
+        m.handle(MemberObserved(Obs(name, **(READY if i == 0 else STOPPED))), 0.0)
+    assert m.resident == members[0]
+    return m
+
+
+def test_idle_gate_does_not_probe_a_crashed_incumbent():
+    m = machine(limits=Limits(idle_gate=True))
+    m.handle(MemberObserved(Obs("a", phase="Failed", replicas=1, pods=1)), 1.0)
+    out = m.handle(RequestArrived(1, "b"), 2.0)
+    # A crashed member cannot answer a probe; asking would defer the swap forever.
+    assert not any(isinstance(c, ProbeIdle) for c in out)
+    assert Scale("a", 0) in out
+
+
+def test_idle_gate_probes_a_serving_incumbent():
+    m = machine(limits=Limits(idle_gate=True))
+    out = m.handle(RequestArrived(1, "b"), 1.0)
+    assert ProbeIdle("a") in out and not any(isinstance(c, Scale) for c in out)
+    assert Scale("a", 0) in m.handle(IdleProbed("a", True), 1.1)
+
+
+def test_unloaded_needs_the_phase_to_leave_the_active_ones():
+    m = machine()
+    m.handle(RequestArrived(1, "b"), 1.0)
+    # The watch shows replicas 0 and no pods while the controller still reports Creating
+    # (a replacement pod may be on its way): the target must not be scaled up yet.
+    out = m.handle(MemberObserved(Obs("a", phase="Creating", replicas=0, pods=0)), 2.0)
+    assert Scale("b", 1) not in out
+    assert Scale("b", 1) in m.handle(MemberObserved(Obs("a", **STOPPED)), 3.0)
+
+
+def test_requests_held_by_fairness_are_released_when_a_spec_change_cancels_the_swap():
+    m = machine(("a", "b", "c"), fairness_window=5.0, swap_budget=100.0)
+    assert isinstance(m.handle(RequestArrived(1, "a"), 0.0)[0], Admit)  # a stays busy
+    m.handle(RequestArrived(2, "b"), 1.0)  # starts a swap a -> b
+    held = m.handle(RequestArrived(3, "a"), 7.0)  # past the window: held
+    assert not any(isinstance(c, Admit) for c in held)
+    out = m.handle(SpecChanged(PoolSpec(KEY, ("a", "c"), fairness_window=5.0,
+                                        swap_budget=100.0)), 8.0)
+    assert Admit(3, "a", 1.0) in out  # a still serves: no reason to keep it waiting
+    assert m.swap is None and not m.held
+    m.handle(RequestEnded(1), 9.0)
+    m.handle(RequestEnded(3), 9.0)
+    assert m.handle(Tick(), 200.0) == []

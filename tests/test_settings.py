@@ -1,0 +1,53 @@
+"""Settings: durations, precedence of flags over environment, start-up validation."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from extproc.cli import build_parser
+from extproc.settings import Settings, from_sources, parse_duration
+
+
+@pytest.mark.parametrize("text, seconds", [
+    ("300", 300.0), ("300s", 300.0), ("5m", 300.0), ("1h30m", 5400.0), ("250ms", 0.25),
+    (" 2.5s ", 2.5), (7, 7.0),
+])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "nan", "inf", "-1s", "5x", "5m3", "m", "1e400"])
+def test_bad_durations_are_refused(text):
+    with pytest.raises(ValueError):
+        parse_duration(text)
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["serve", *argv])
+
+
+def test_flag_beats_environment_beats_default():
+    env = {"MODELPOOL_SWAP_BUDGET": "2m", "MODELPOOL_NAMESPACES": "a,b",
+           "MODELPOOL_IDLE_GATE": "true"}
+    assert from_sources(_args(), env).swap_budget == 120.0
+    settings = from_sources(_args("--swap-budget", "45s", "--namespace", "c",
+                                  "--no-idle-gate"), env)
+    assert (settings.swap_budget, settings.namespaces, settings.idle_gate) == (45.0, ["c"],
+                                                                               False)
+    assert from_sources(_args(), {}) == Settings()
+
+
+@pytest.mark.parametrize("argv, complaint", [
+    (("--route-template", "{model}"), "route_template"),
+    (("--idle-probe-url", "http://{host}/slots"), "idle_probe_url"),
+    (("--log-level", "verbose"), "log_level"),
+    (("--tls-cert", "c.pem"), "--tls-cert and --tls-key"),
+    (("--swap-budget", "nan"), "swap_budget"),
+    (("--fairness-window=-5s",), "fairness_window"),
+])
+def test_settings_that_would_fail_per_request_fail_at_start(argv, complaint):
+    with pytest.raises(SystemExit) as caught:
+        from_sources(_args(*argv), {})
+    assert complaint in str(caught.value)
