@@ -61,9 +61,8 @@ class Load:
     async def faults(self) -> None:
         """Every few seconds make a random member's loads fail for 3 s.
 
-        Resident pods killed out of band are left out until the race pinned by
-        test_process_faults.py::test_swap_right_after_the_resident_pod_dies is fixed: it
-        breaks the exclusive slot and would make this test fail at random.
+        Pod kills are exercised on their own, where their in-flight casualties can be told
+        apart from misroutes: test_process_faults.py::test_swap_right_after_the_resident_pod_dies.
         """
         while time.monotonic() < self.deadline - FAULT_EVERY:
             await asyncio.sleep(FAULT_EVERY)
