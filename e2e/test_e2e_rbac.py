@@ -1,4 +1,4 @@
-"""The ext_proc's real API calls, recorded by the emulator, are all allowed by deploy/base's Role.
+"""deploy/base's Role allows exactly the ext_proc's real API calls, as the emulator recorded them.
 
 The stack gives the ext_proc its own kubeconfig user, so the emulator's record separates its
 calls from the simulator's and kubectl's. The test drives every kind of work the service does
@@ -74,6 +74,9 @@ async def test_deploy_base_role_covers_every_call_the_extproc_made(
     assert any(verb in ("list", "watch") and res == "pods" for verb, res, _ in done)
 
     rbac = load_rbac_helpers()
-    missing = rbac.rbac_covers([extproc_role(NAMESPACE)], record)
+    role = extproc_role(NAMESPACE)
+    missing = rbac.rbac_covers([role], record)
     assert missing == [], [str(m) for m in missing]
+    # ... and nothing more: every grant was used.
+    assert rbac.rbac_excess([role], record) == []
 

@@ -82,13 +82,12 @@ def test_excess_lists_unused_grants() -> None:
     ]
 
 
-# The calls the service makes (the settled list): the manifests must grant exactly these.
+# The calls the service makes (the end-to-end suite's record agrees: no get, the watch
+# cache answers every read): the manifests must grant exactly these.
 SERVICE_CALLS = [
-    ("get", "inference.llmkube.dev", "modelpools", "", "llm", "shared-gpu"),
     ("list", "inference.llmkube.dev", "modelpools", "", "llm", ""),
     ("watch", "inference.llmkube.dev", "modelpools", "", "llm", ""),
     ("patch", "inference.llmkube.dev", "modelpools", "status", "llm", "shared-gpu"),
-    ("get", "inference.llmkube.dev", "inferenceservices", "", "llm", "judge"),
     ("list", "inference.llmkube.dev", "inferenceservices", "", "llm", ""),
     ("watch", "inference.llmkube.dev", "inferenceservices", "", "llm", ""),
     ("patch", "inference.llmkube.dev", "inferenceservices", "", "llm", "judge"),
