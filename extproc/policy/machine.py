@@ -69,6 +69,8 @@ class PoolMachine:
         self.in_flight: dict[int, str] = {}
         self._busy: dict[str, int] = {}
         self._idle_since: dict[str, float] = {}  # when each member's last request ended
+        # Members removed from the spec that may still hold the GPU (see _respec).
+        self.departing: set[str] = set()
         self.held: dict[int, Held] = {}
         # (deadline, rid) of held requests; entries of requests no longer held are skipped
         # lazily, so every event costs O(log n) even with thousands of requests parked.
@@ -198,6 +200,12 @@ class PoolMachine:
             raise PolicyError(f"request {rid} ended but is neither held nor in flight")
 
     def _observe(self, obs: MemberObservation, out: list[Command]) -> None:
+        if obs.name in self.departing:
+            self.obs[obs.name] = obs
+            if obs.unloaded:
+                self.departing.discard(obs.name)  # gone for good: forget it
+                del self.obs[obs.name]
+            return
         if obs.name not in self.spec.members:
             raise PolicyError(f"{obs.name!r} is not a member of pool {self.spec.key}")
         before = self.obs.get(obs.name)
@@ -228,8 +236,14 @@ class PoolMachine:
         self.spec = spec
         self.version += 1
         for name in list(self.obs):
-            if name not in spec.members:
+            if name in spec.members:
+                self.departing.discard(name)  # added back
+            elif self.obs[name].unloaded and not self._busy.get(name, 0):
                 del self.obs[name]
+            else:
+                # Removed while it holds the GPU (or serves requests): it still counts for
+                # the slot until it is drained and unloaded like any other non-target member.
+                self.departing.add(name)
         # Requests for members that left the pool can never be served.
         for rid, held in list(self.held.items()):
             if held.member not in spec.members:
@@ -321,7 +335,7 @@ class PoolMachine:
                 self._complete_swap(now, out)
                 return True
             return False
-        others = [m for m in self.spec.members if m != swap.target]
+        others = [m for m in self.spec.members if m != swap.target] + sorted(self.departing)
         return STAGE_STEPS[swap.stage](self, swap, others, now, out)
 
     # ---- one method per stage; STAGE_STEPS below is the transition table --------------------

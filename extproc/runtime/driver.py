@@ -93,6 +93,10 @@ class PoolDriver:
         """The pool's current spec."""
         return self._machine.spec
 
+    def tracks(self, member: str) -> bool:
+        """Whether observations of ``member`` matter here (a member, or one departing)."""
+        return member in self._machine.spec.members or member in self._machine.departing
+
     def view(self) -> PoolView:
         """The machine's current snapshot."""
         return self._machine.view()

@@ -94,7 +94,7 @@ class Hub:
     def member_changed(self, key: PoolKey, obs: MemberObservation) -> None:
         """The cluster's view of a member changed."""
         driver = self._drivers.get(key)
-        if driver is not None and obs.name in driver.spec.members:
+        if driver is not None and driver.tracks(obs.name):
             driver.observe(obs)
 
     def reject_held(self, code: str, message: str) -> None:

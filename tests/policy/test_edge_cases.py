@@ -61,3 +61,19 @@ def test_requests_held_by_fairness_are_released_when_a_spec_change_cancels_the_s
     m.handle(RequestEnded(1), 9.0)
     m.handle(RequestEnded(3), 9.0)
     assert m.handle(Tick(), 200.0) == []
+
+
+def test_a_member_removed_while_serving_is_drained_and_unloaded_before_the_target_loads():
+    m = machine(("a", "b", "c"))
+    assert isinstance(m.handle(RequestArrived(1, "a"), 0.0)[0], Admit)
+    m.handle(SpecChanged(PoolSpec(KEY, ("b", "c"))), 1.0)  # a removed while it serves
+    assert m.departing == {"a"} and m.resident == ""
+    out = m.handle(RequestArrived(2, "b"), 2.0)
+    assert not any(isinstance(c, Scale) for c in out)  # a still has a request in flight
+    out = m.handle(RequestEnded(1), 3.0)
+    assert Scale("a", 0) in out and Scale("b", 1) not in out
+    out = m.handle(MemberObserved(Obs("a", phase="Progressing", replicas=0, pods=1)), 4.0)
+    assert Scale("b", 1) not in out  # its pod still holds the GPU
+    out = m.handle(MemberObserved(Obs("a", **STOPPED)), 5.0)
+    assert Scale("b", 1) in out and m.departing == set() and "a" not in m.obs
+    assert Admit(2, "b", 4.0) in m.handle(MemberObserved(Obs("b", **READY)), 6.0)

@@ -303,7 +303,8 @@ class ClusterWatcher:
             if old is None:
                 return
             del self._pools[key]
-            self._index(old.spec, add=False)
+            for pools in self._pools_of.values():  # every member it ever had, see below
+                pools.discard(key)
             self._delivered.pop(key, None)
             if self.synced.is_set():
                 self._call("pool_removed", key)
@@ -321,21 +322,18 @@ class ClusterWatcher:
         # Status-only updates (our own writes, mostly) change nothing the runtime acts on.
         if old is not None and old.spec == spec:
             return
-        if old is not None:
-            self._index(old.spec, add=False)
-        self._index(spec, add=True)
+        # Members removed from the spec stay indexed: one that still holds the GPU must keep
+        # being reported until the pool has drained and unloaded it (the runtime ignores
+        # reports about members it no longer tracks).
+        self._index(spec)
         if problems:
             log.warning("pool spec has problems", pool=str(key), problems=list(problems))
         self._announce(pool)
 
-    def _index(self, spec: PoolSpec, *, add: bool) -> None:
-        """Add or remove the pool under each of its members in the member -> pools index."""
+    def _index(self, spec: PoolSpec) -> None:
+        """File the pool under each of its members in the member -> pools index."""
         for member in spec.members:
-            pools = self._pools_of.setdefault((spec.key.namespace, member), set())
-            if add:
-                pools.add(spec.key)
-            else:
-                pools.discard(spec.key)
+            self._pools_of.setdefault((spec.key.namespace, member), set()).add(spec.key)
 
     def _announce(self, pool: _Pool) -> None:
         """Report a pool and then every member's current observation (after sync only)."""
