@@ -17,26 +17,14 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import yaml
 
 from ..policy.events import Notice
 from ..policy.model import MemberObservation, PoolKey, PoolSpec, PoolView
 from ..settings import Settings, parse_duration
-
-
-class PoolListener(Protocol):
-    """Receives pools and member observations (the runtime's Hub implements it)."""
-
-    def pool_changed(self, spec: PoolSpec, status: dict) -> None:
-        """A pool appeared or changed."""
-
-    def pool_removed(self, key: PoolKey) -> None:
-        """A pool went away."""
-
-    def member_changed(self, key: PoolKey, obs: MemberObservation) -> None:
-        """A member's observed state changed."""
+from .listener import PoolListener
 
 
 def load_specs(path: str | Path, settings: Settings) -> list[PoolSpec]:

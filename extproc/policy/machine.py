@@ -42,9 +42,22 @@ import heapq
 import math
 from collections import deque
 
-from .events import (Admit, Command, Event, Hold, IdleProbed, MemberObserved, Notice,
-                     ProbeIdle, Reject, RequestArrived, RequestEnded, Scale, SpecChanged,
-                     Tick)
+from .events import (
+    Admit,
+    Command,
+    Event,
+    Hold,
+    IdleProbed,
+    MemberObserved,
+    Notice,
+    ProbeIdle,
+    Reject,
+    RequestArrived,
+    RequestEnded,
+    Scale,
+    SpecChanged,
+    Tick,
+)
 from .model import PHASE_FAILED, MemberObservation, PoolPhase, PoolSpec, PoolView
 from .state import Held, Limits, PolicyError, Stage, Swap
 

@@ -18,9 +18,22 @@ from typing import Any, Protocol
 
 from .. import metrics
 from ..logs import get_logger
-from ..policy.events import (Admit, Command, Event, Hold, IdleProbed, MemberObserved, Notice,
-                             ProbeIdle, Reject, RequestArrived, RequestEnded, Scale,
-                             SpecChanged, Tick)
+from ..policy.events import (
+    Admit,
+    Command,
+    Event,
+    Hold,
+    IdleProbed,
+    MemberObserved,
+    Notice,
+    ProbeIdle,
+    Reject,
+    RequestArrived,
+    RequestEnded,
+    Scale,
+    SpecChanged,
+    Tick,
+)
 from ..policy.machine import Limits, PoolMachine
 from ..policy.model import MemberObservation, PoolKey, PoolSpec, PoolView
 

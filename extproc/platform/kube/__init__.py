@@ -6,11 +6,12 @@ Every API call goes through ``_calls.counted`` so ``KUBE_REQUESTS`` sees all of 
 """
 
 from extproc.platform.kube.actuator import Actuator, MemberMissing
-from extproc.platform.kube.cache import ClusterWatcher, PoolListener
+from extproc.platform.kube.cache import ClusterWatcher
 from extproc.platform.kube.client import make_api_client
 from extproc.platform.kube.events import EventRecorder
 from extproc.platform.kube.idle import probe_idle
 from extproc.platform.kube.status import StatusPublisher, StatusWriter, desired_status
+from extproc.platform.listener import PoolListener
 
 __all__ = [
     "Actuator",

@@ -17,7 +17,14 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from extproc.logs import get_logger
 from extproc.platform.kube._calls import (
-    GROUP, SERVICES, VERSION, Backoff, counted, describe, retryable, status_code,
+    GROUP,
+    SERVICES,
+    VERSION,
+    Backoff,
+    counted,
+    describe,
+    retryable,
+    status_code,
 )
 
 log = get_logger(__name__)

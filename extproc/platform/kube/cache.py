@@ -26,7 +26,7 @@ import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from kubernetes.aio.client import ApiClient, CoreV1Api, CustomObjectsApi
 from kubernetes.aio.client.exceptions import ApiException
@@ -34,30 +34,28 @@ from kubernetes.aio.client.exceptions import ApiException
 from extproc.logs import get_logger
 from extproc.metrics import KUBE_REQUESTS, WATCH_RESTARTS
 from extproc.platform.kube._calls import (
-    GROUP, POOLS, SERVICES, VERSION, Backoff, describe, status_code,
+    GROUP,
+    POOLS,
+    SERVICES,
+    VERSION,
+    Backoff,
+    describe,
+    status_code,
 )
 from extproc.platform.kube.objects import (
-    SERVICE_LABEL, object_key, pod_member, pool_spec, service_state,
+    SERVICE_LABEL,
+    object_key,
+    pod_member,
+    pool_spec,
+    service_state,
 )
+from extproc.platform.listener import PoolListener
 from extproc.policy.model import MemberObservation, PoolKey, PoolSpec
 from extproc.settings import Settings
 
 log = get_logger(__name__)
 
 PODS = "pods"
-
-
-class PoolListener(Protocol):
-    """Receives cache changes; calls are synchronous, so implementations must be quick."""
-
-    def pool_changed(self, spec: PoolSpec, status: dict) -> None:
-        """A pool appeared or its spec changed; ``status`` is its current ``.status``."""
-
-    def pool_removed(self, key: PoolKey) -> None:
-        """A pool was deleted."""
-
-    def member_changed(self, key: PoolKey, obs: MemberObservation) -> None:
-        """A member's observation changed (also sent once per member after pool_changed)."""
 
 
 @dataclass(slots=True)

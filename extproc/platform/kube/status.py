@@ -16,7 +16,13 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from extproc.logs import get_logger
 from extproc.platform.kube._calls import (
-    GROUP, POOLS, VERSION, Backoff, counted, describe, retryable,
+    GROUP,
+    POOLS,
+    VERSION,
+    Backoff,
+    counted,
+    describe,
+    retryable,
 )
 from extproc.policy.model import MemberObservation, PoolKey, PoolPhase, PoolView
 

@@ -10,11 +10,12 @@ import aiohttp
 from kubernetes.aio.client import ApiClient
 
 from extproc.platform.kube.actuator import Actuator
-from extproc.platform.kube.cache import ClusterWatcher, PoolListener
+from extproc.platform.kube.cache import ClusterWatcher
 from extproc.platform.kube.client import make_api_client
 from extproc.platform.kube.events import EventRecorder
 from extproc.platform.kube.idle import probe_idle
 from extproc.platform.kube.status import StatusPublisher, StatusWriter
+from extproc.platform.listener import PoolListener
 from extproc.policy.model import MemberObservation, PoolKey, PoolSpec, PoolView
 from extproc.settings import Settings
 
