@@ -5,15 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from devstack.simulator_kube import parse_duration
+from devstack.simulator_kube import duration_arg
 from devstack.stack_demo import default_workdir, run
-
-
-def _duration(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -29,9 +22,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       "stop everything and exit (0 when every answer came from the right member)")
     demo.add_argument("--port", type=int, default=None,
                       help="Envoy listener port (default: $MODELPOOL_DEMO_PORT or 8080)")
-    demo.add_argument("--load-delay", type=_duration, default=3.0,
+    demo.add_argument("--load-delay", type=duration_arg, default=3.0,
                       help="how long a simulated member takes to load (default 3s)")
-    demo.add_argument("--unload-delay", type=_duration, default=1.0,
+    demo.add_argument("--unload-delay", type=duration_arg, default=1.0,
                       help="how long a simulated member takes to unload (default 1s)")
     demo.add_argument("--workdir", default=str(default_workdir()),
                       help="kubeconfig, logs and records (default: .demo, or $MODELPOOL_DEMO_DIR)")

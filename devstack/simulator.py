@@ -64,7 +64,7 @@ from typing import Any, Iterable
 from kubernetes.aio import client, config
 
 from devstack.procs import free_port
-from devstack.simulator_kube import GROUP, PLURAL, SERVICE_LABEL, VERSION, Kube, parse_duration, \
+from devstack.simulator_kube import GROUP, PLURAL, SERVICE_LABEL, VERSION, Kube, duration_arg, \
     watch_forever
 from devstack.simulator_member import MemberActor, SimContext
 from devstack.simulator_timeline import Timeline
@@ -189,13 +189,6 @@ def _port_pair(text: str) -> tuple[str, int]:
     return member, int(port)
 
 
-def _duration(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line of ``python -m devstack.simulator``."""
     parser = argparse.ArgumentParser(prog="python -m devstack.simulator",
@@ -206,8 +199,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="namespace to watch (repeatable; default: default)")
     parser.add_argument("--port", action="append", type=_port_pair, default=[],
                         metavar="MEMBER=PORT", help="fixed upstream port of a member (repeatable)")
-    parser.add_argument("--load-delay", type=_duration, default=3.0, help="default load delay")
-    parser.add_argument("--unload-delay", type=_duration, default=1.0,
+    parser.add_argument("--load-delay", type=duration_arg, default=3.0, help="default load delay")
+    parser.add_argument("--unload-delay", type=duration_arg, default=1.0,
                         help="default unload delay")
     parser.add_argument("--timeline", help="append the timeline here as JSON lines")
     parser.add_argument("--log-dir", help="upstream process logs (default: a temp dir)")

@@ -6,16 +6,18 @@ runs unchanged against the devstack emulator or a real API server.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import random
-import re
 import string
 from typing import Any, Awaitable, Callable
 
 import aiohttp
 from kubernetes.aio import client, watch
 from kubernetes.aio.client.exceptions import ApiException
+
+from extproc.settings import parse_duration
 
 log = logging.getLogger("devstack.simulator")
 
@@ -37,16 +39,13 @@ WATCH_SECONDS = 30  # server-side watch timeout; the watch then resumes from the
 BACKOFF_MIN, BACKOFF_MAX = 0.2, 5.0
 TRANSIENT = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m)?\s*$")
 
-
-def parse_duration(text: str) -> float:
-    """Seconds from "3s", "250ms", "1.5", "2m"; raises ValueError on anything else."""
-    match = _DURATION.match(text)
-    if not match:
-        raise ValueError(f"not a duration: {text!r}")
-    value, unit = float(match.group(1)), match.group(2) or "s"
-    return value * {"ms": 0.001, "s": 1.0, "m": 60.0}[unit]
+def duration_arg(text: str) -> float:
+    """An argparse ``type`` for durations ("3s", "250ms", "2m"), with argparse's error."""
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def pod_name(member: str) -> str:
