@@ -60,11 +60,11 @@ class ExtProcService:
         route: Route | None = None
         pending_read: asyncio.Future | None = None
         try:
-            first = await context.read()
-            if first is grpc.aio.EOF or not first.HasField("request_headers"):
+            opened = await self._read_head(context)
+            if opened is None:
                 return
-            head = read_head(first.request_headers.headers)
-            early = self._decide_on_headers(head, first.request_headers.end_of_stream)
+            head, end_of_stream = opened
+            early = self._decide_on_headers(head, end_of_stream)
             if early is not None:
                 await context.write(early)
                 return await self._until_closed(context)
@@ -85,6 +85,7 @@ class ExtProcService:
             except BadRequest as exc:
                 await context.write(self._refuse(head, exc))
                 return await self._until_closed(context)
+            del body  # a parked stream should not pin its body (10,000 may be parked)
             route = self._hub.resolve(model)
             if route is None:
                 await context.write(self._unrouted(head, model))
@@ -137,6 +138,19 @@ class ExtProcService:
             return self._error(400, "missing_body",
                                "request body is empty; it must name a model", "model")
         return None
+
+    @staticmethod
+    async def _read_head(context: grpc.aio.ServicerContext) -> tuple[RequestHead, bool] | None:
+        """The request head and whether the request ends with it (None: not a request).
+
+        The message itself stays local here: its protobuf arena is freed on return instead
+        of living as long as the (possibly parked) stream.
+        """
+        first = await context.read()
+        if first is grpc.aio.EOF or not first.HasField("request_headers"):
+            return None
+        headers = first.request_headers
+        return read_head(headers.headers), headers.end_of_stream
 
     async def _read_body(self, context: grpc.aio.ServicerContext) -> bytes | None:
         """The whole request body (None if the stream ended first); 413 over the limit."""
