@@ -142,9 +142,14 @@ class ObjectApi:
               subresource: str | None = None, dry_run: bool = False) -> dict[str, Any]:
         """PATCH in any supported format; a resourceVersion carried by the patch must be current.
 
-        Strategic merge patch is applied as a merge patch (lists are replaced, not merged by key);
+        Strategic merge patch is refused on custom resources (415, as a real server does) and
+        applied as a merge patch on built-in kinds (lists are replaced, not merged by key);
         an apply patch is a merge patch that creates the object when missing (no field ownership).
         """
+        if content_type == patches.STRATEGIC and rt.crd:
+            # as a real API server: custom resources have no patch strategies, so a client that
+            # sends strategic merge (the Python client's default for dict bodies) must fail here
+            raise errors.unsupported_media(content_type)
         body = decode_body(raw, content_type)
         if content_type == patches.APPLY and self.store.get(rt, namespace if rt.namespaced else None, name) is None:
             return self.create(rt, namespace, body, dry_run=dry_run)

@@ -91,14 +91,15 @@ class Kubectl:
         self.env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
 
     async def __call__(self, *args: str, stdin: str | None = None, check: bool = True,
-                       timeout: float = 15.0) -> str:
+                       timeout: float = 15.0, stderr: bool = False) -> str:
+        """Run kubectl; its stdout (with ``stderr=True``, stdout and stderr together)."""
         proc = await asyncio.create_subprocess_exec(
             "kubectl", *args, env=self.env, stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         out, err = await asyncio.wait_for(proc.communicate(stdin.encode() if stdin else None), timeout)
         if check and proc.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed ({proc.returncode}): {err.decode()}")
-        return out.decode()
+        return (out + err).decode() if stderr else out.decode()
 
 
 @pytest.fixture
