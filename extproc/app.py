@@ -56,6 +56,8 @@ class Service:
     async def start(self) -> None:
         """Bind the listeners and start serving."""
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        loop = asyncio.get_running_loop()
+        metrics.EVENT_LOOP_TASKS.set_function(lambda: len(asyncio.all_tasks(loop)))
         if self.platform is None:
             self.platform = await self._build_platform()
         self.hub = Hub(self.settings, self.platform)

@@ -44,6 +44,9 @@ ERRORS = Counter(
 STREAMS_IN_FLIGHT = Gauge(
     "modelpool_extproc_streams_in_flight", "Open ext_proc streams (parked or admitted)",
     registry=REGISTRY)
+EVENT_LOOP_TASKS = Gauge(
+    "modelpool_extproc_event_loop_tasks", "asyncio tasks alive in the service's event loop "
+    "(flat under steady load; growth means a leak)", registry=REGISTRY)
 DECISION_SECONDS = Histogram(
     "modelpool_extproc_decision_seconds", "Time from the deciding message to the answer, "
     "held time excluded", buckets=_DECISION_BUCKETS, registry=REGISTRY)

@@ -76,6 +76,8 @@ class Load:
 async def test_soak(stack: LocalStack, recorder: ApiRecorder) -> None:
     pid = find_pid(f"{LOCALHOST}:{stack.ports.extproc}")
     connector = aiohttp.TCPConnector(limit=CONCURRENCY)
+    # Tasks alive with no traffic (watches, the status publisher, the servers' own).
+    tasks_idle = await asyncio.to_thread(stack.metric, "modelpool_extproc_event_loop_tasks")
     async with aiohttp.ClientSession(connector=connector) as session:
         load = Load(stack, session)
         load.deadline = time.monotonic() + DURATION
@@ -86,6 +88,7 @@ async def test_soak(stack: LocalStack, recorder: ApiRecorder) -> None:
         await asyncio.wait_for(asyncio.gather(*workers, faults), DURATION + 60)
     await at_rest(stack, timeout=60)
     after = sample_process(pid)
+    tasks_after = await asyncio.to_thread(stack.metric, "modelpool_extproc_event_loop_tasks")
 
     served = [o for o in load.outcomes if o.status == 200]
     swaps = sum(len(notices(stack, name, "SwapCompleted")) for name in POOLS)
@@ -94,6 +97,8 @@ async def test_soak(stack: LocalStack, recorder: ApiRecorder) -> None:
     assert len(served) >= 1000 and swaps >= 5  # the soak did exercise the system
     assert violations(stack, recorder.ordered(), load.outcomes) == []
     assert resource_growth(before, after) == []
+    # At rest again, no request's task is left behind (a few background ones may come and go).
+    assert tasks_after <= tasks_idle + 5, (tasks_idle, tasks_after)
     # Every fault healed: each pool serves its first member again (after any failure backoff).
     async with aiohttp.ClientSession() as session:
         for members in POOLS.values():
