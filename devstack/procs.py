@@ -40,6 +40,17 @@ def free_port(host: str = LOCALHOST) -> int:
         return sock.getsockname()[1]
 
 
+def port_is_free(port: int, host: str = LOCALHOST) -> bool:
+    """True when nothing listens on the port (TIME_WAIT leftovers do not count)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
 def wait_for_port(host: str, port: int, timeout: float = 10.0) -> None:
     """Block until a TCP connect to host:port succeeds; TimeoutError after `timeout` s."""
     deadline = time.monotonic() + timeout

@@ -3,28 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 import time
 from pathlib import Path
 
 import aiohttp
 
-from devstack.procs import LOCALHOST, PROJECT_ROOT, ManagedProcess
+from devstack.procs import LOCALHOST, PROJECT_ROOT, ManagedProcess, port_is_free
 
 START_TIMEOUT = 15.0
 STOP_GRACE = 2.0
-
-
-def port_is_free(port: int) -> bool:
-    """True when nothing listens on the loopback port (TIME_WAIT leftovers do not count)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((LOCALHOST, port))
-        except OSError:
-            return False
-        return True
 
 
 class UpstreamServer:

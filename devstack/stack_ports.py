@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass, field
 
-from devstack.procs import LOCALHOST, free_port
+from devstack.procs import free_port, port_is_free
 
 DEMO_PORT_ENV = "MODELPOOL_DEMO_PORT"
 DEMO_LISTEN_PORT = 8080
@@ -15,20 +14,9 @@ DEMO_PREFERRED = {"envoy_admin": 9901, "extproc": 9002, "metrics": 9090, "kubeap
 DEMO_MEMBER_PORTS = {"judge": 18081, "coder": 18082, "writer": 18083}
 
 
-def port_in_use(port: int) -> bool:
-    """True when something listens on the loopback port."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((LOCALHOST, port))
-        except OSError:
-            return True
-        return False
-
-
 def preferred_or_free(port: int) -> int:
     """`port` when it is free, else any free port (the demo prints the ports it uses)."""
-    return free_port() if port_in_use(port) else port
+    return port if port_is_free(port) else free_port()
 
 
 @dataclass
@@ -56,7 +44,7 @@ class Ports:
         """
         if listen is None:
             listen = int(os.environ.get(DEMO_PORT_ENV) or DEMO_LISTEN_PORT)
-        if port_in_use(listen):
+        if not port_is_free(listen):
             raise RuntimeError(f"port {listen} is in use; set {DEMO_PORT_ENV} to another port")
         taken = {listen}
         chosen: dict[str, int] = {}
