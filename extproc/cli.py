@@ -36,8 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
         "serve", help="run the ext_proc gRPC service", description=DESCRIPTION,
         epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     settings_module.add_arguments(serve)
-    check = sub.add_parser("check-config", help="print the effective settings as JSON and "
-                           "validate a pools file, then exit")
+    check = sub.add_parser(
+        "check-config", help="print the effective settings as JSON and validate a pools file, "
+        "then exit", description="Resolve the settings exactly as `serve` would (flags, then "
+        "environment, then defaults), validate them and any --pools-file, print them as JSON "
+        "and exit: 0 when they are usable.", epilog=SERVE_EPILOG.split("\n\nexamples:")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     settings_module.add_arguments(check)
     return parser
 

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
 
 from .events import (
     Admit,
@@ -58,6 +57,7 @@ from .events import (
     SpecChanged,
     Tick,
 )
+from .forecast import SwapHistory
 from .model import PHASE_FAILED, MemberObservation, PoolPhase, PoolSpec, PoolView
 from .state import Held, Limits, PolicyError, Stage, Swap
 
@@ -65,8 +65,6 @@ __all__ = ["Limits", "PolicyError", "PoolMachine", "STAGE_STEPS"]
 
 # While the idle gate says busy (or cannot tell), ask again after this long.
 PROBE_RETRY_SECONDS = 1.0
-# Swap durations remembered per pool for Retry-After estimates.
-HISTORY_LENGTH = 16
 
 
 class PoolMachine:
@@ -90,7 +88,7 @@ class PoolMachine:
         self._deadlines: list[tuple[float, int]] = []
         self._failed_until: dict[str, float] = {}
         self._failed_message = ""
-        self._history: deque[float] = deque(maxlen=HISTORY_LENGTH)
+        self._history = SwapHistory(limits.retry_after_default, limits.retry_after_max)
         self._deferred = ("", "")
         # An owner is picked by a request, by adoption, or by warming spec.default once.
         self._owner_picked = False
@@ -162,17 +160,8 @@ class PoolMachine:
 
     def retry_after(self) -> int:
         """Seconds a client should wait before retrying: the expected rest of the swap."""
-        if not self._history:
-            return self.limits.retry_after_default
-        mean = sum(self._history) / len(self._history)
-        expected = mean
-        if self.swap is not None:
-            elapsed = self._now - self.swap.started
-            # A swap already slower than usual: expect it to take as long as the slowest
-            # one seen, and once past even that, another half of a usual swap.
-            total = mean if elapsed < mean else max(self._history)
-            expected = total - elapsed if elapsed < total else mean / 2
-        return max(1, min(self.limits.retry_after_max, math.ceil(expected)))
+        return self._history.retry_after(
+            self._now - self.swap.started if self.swap is not None else None)
 
     # ---- events --------------------------------------------------------------------------
 
@@ -487,7 +476,7 @@ class PoolMachine:
         self.resident = swap.target
         self.version += 1
         duration = now - swap.started
-        self._history.append(duration)
+        self._history.record(duration)
         self._failed_until.pop(swap.target, None)
         released = 0
         for rid, held in list(self.held.items()):
