@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from extproc.platform.kube.cache import ClusterWatcher
 from extproc.policy.model import MemberObservation, PoolKey, PoolSpec
+from extproc.settings import Settings
 
 NS = "ml"
 
@@ -79,3 +82,20 @@ def modelpool(name: str, members: list[str], *, annotations: dict | None = None,
             "metadata": {"name": name, "namespace": NS, "annotations": annotations or {}},
             "spec": {"members": [{"inferenceServiceRef": {"name": m}} for m in members],
                      **spec}}
+
+
+@contextlib.asynccontextmanager
+async def running(api: Any, recorder: Any = None, **kwargs: Any) -> AsyncIterator[ClusterWatcher]:
+    """Run a watcher on namespace ml until the block ends; waits for the first sync."""
+    kwargs.setdefault("backoff_max", 0.5)
+    watcher = ClusterWatcher(api, [NS], recorder or Recorder(),
+                             settings=Settings(swap_budget=111.0, fairness_window=22.0),
+                             **kwargs)
+    task = asyncio.create_task(watcher.run())
+    try:
+        await asyncio.wait_for(watcher.synced.wait(), 5)
+        yield watcher
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

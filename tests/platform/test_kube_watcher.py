@@ -4,36 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from kube_helpers import NS, Recorder, eventually, isvc, modelpool, pod
+from kube_helpers import NS, Recorder, eventually, isvc, modelpool, pod, running
 
 from extproc.metrics import WATCH_RESTARTS
 from extproc.platform.kube.cache import ClusterWatcher
 from extproc.policy.model import MemberObservation, PoolKey
-from extproc.settings import Settings
 
 KEY = PoolKey(NS, "slot")
 SERVICE = "inference.llmkube.dev/service"
-
-
-@contextlib.asynccontextmanager
-async def running(api: Any, recorder: Recorder, **kwargs: Any) -> AsyncIterator[ClusterWatcher]:
-    """Run a watcher on namespace ml until the block ends; waits for the first sync."""
-    kwargs.setdefault("backoff_max", 0.5)
-    watcher = ClusterWatcher(api, [NS], recorder,
-                             settings=Settings(swap_budget=111.0, fairness_window=22.0),
-                             **kwargs)
-    task = asyncio.create_task(watcher.run())
-    try:
-        await asyncio.wait_for(watcher.synced.wait(), 5)
-        yield watcher
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def seed(emulator: Any) -> None:

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
 import subprocess
 from typing import Any
 
 import pytest
-from kube_helpers import NS, Recorder, eventually, isvc, modelpool
+from kube_helpers import NS, eventually, isvc, modelpool, running
 from kubernetes.aio.client.exceptions import ApiException
 
 from extproc.metrics import KUBE_REQUESTS
 from extproc.platform.kube.actuator import Actuator, MemberMissing
-from extproc.platform.kube.cache import ClusterWatcher
 from extproc.platform.kube.events import EventRecorder
 from extproc.platform.kube.status import StatusPublisher, StatusWriter
 from extproc.policy.model import MemberObservation, PoolKey, PoolPhase, PoolView
@@ -137,23 +135,9 @@ async def test_publish_removes_fields_it_does_not_own(emulator: Any, api: Any) -
     assert await writer.publish(ready_view(), status) is False
 
 
-@contextlib.asynccontextmanager
-async def watching(api: Any):
-    """A running ClusterWatcher on ml."""
-    watcher = ClusterWatcher(api, [NS], Recorder(), backoff_max=0.5)
-    task = asyncio.create_task(watcher.run())
-    try:
-        await asyncio.wait_for(watcher.synced.wait(), 5)
-        yield watcher
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
 async def test_publisher_coalesces_and_skips_unchanged(emulator: Any, api: Any) -> None:
     seed(emulator)
-    async with watching(api) as watcher:
+    async with running(api) as watcher:
         publisher = StatusPublisher(StatusWriter(api), watcher)
         cold = ready_view(phase=PoolPhase.PENDING, resident="",
                           members=(MemberObservation("a", phase="Stopped"), STOPPED_B))
@@ -182,7 +166,7 @@ async def test_publisher_coalesces_and_skips_unchanged(emulator: Any, api: Any) 
 
 async def test_publisher_retries_and_drops_deleted_pools(emulator: Any, api: Any) -> None:
     seed(emulator)
-    async with watching(api) as watcher:
+    async with running(api) as watcher:
         publisher = StatusPublisher(StatusWriter(api), watcher, backoff_initial=0.05)
         emulator.fail_writes("modelpools", 2)
         publisher.submit(ready_view())
