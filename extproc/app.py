@@ -23,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from . import metrics
 from .logs import get_logger
+from .platform.contract import Platform
 from .platform.static import StaticPlatform, load_specs
 from .protocol.service import SERVICE, ExtProcService
 from .runtime.hub import Hub
@@ -40,11 +41,10 @@ _GRPC_MESSAGE_SLACK = 1024 * 1024
 class Service:
     """The whole process: start(), wait for a signal, stop() gracefully."""
 
-    def __init__(self, settings: Settings, platform: Any = None) -> None:
+    def __init__(self, settings: Settings, platform: Platform | None = None) -> None:
         self.settings = settings
-        # Anything with the runtime's Platform methods plus ``run(listener)`` and ``synced``;
-        # built from settings (static file or Kubernetes) unless given.
-        self.platform: Any = platform
+        # Built from settings (static file or Kubernetes) unless given.
+        self.platform = platform
         self.hub: Hub | None = None
         self._grpc: grpc.aio.Server | None = None
         self._health = health_aio.HealthServicer()
@@ -59,9 +59,10 @@ class Service:
         loop = asyncio.get_running_loop()
         metrics.EVENT_LOOP_TASKS.set_function(lambda: len(asyncio.all_tasks(loop)))
         if self.platform is None:
-            self.platform = await self._build_platform()
-        self.hub = Hub(self.settings, self.platform)
-        self._background.append(asyncio.create_task(self.platform.run(self.hub)))
+            self.platform = await build_platform(self.settings)
+        platform = self.platform
+        self.hub = Hub(self.settings, platform)
+        self._background.append(asyncio.create_task(platform.run(self.hub)))
         self._grpc = grpc.aio.server(options=[
             ("grpc.max_receive_message_length",
              max(_GRPC_MESSAGE_FLOOR, self.settings.max_body_bytes + _GRPC_MESSAGE_SLACK)),
@@ -85,7 +86,7 @@ class Service:
                  metrics=self.settings.metrics_listen and
                  f"{self._host(self.settings.metrics_listen)}:{self.metrics_port}",
                  pools_source=self.settings.pools_file or "kubernetes")
-        self._background.append(asyncio.create_task(self._serve_when(self.platform.synced)))
+        self._background.append(asyncio.create_task(self._serve_when(platform.synced)))
 
     async def stop(self) -> None:
         """Stop accepting, let in-flight streams finish up to the grace period, then exit."""
@@ -104,7 +105,7 @@ class Service:
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(*self._background, return_exceptions=True)
-        if hasattr(self.platform, "stop"):
+        if self.platform is not None:
             await self.platform.stop()
         if self._http is not None:
             await self._http.cleanup()
@@ -121,13 +122,6 @@ class Service:
         await self.stop()
 
     # ---- pieces ------------------------------------------------------------------------------
-
-    async def _build_platform(self) -> Any:
-        if self.settings.pools_file:
-            return StaticPlatform(load_specs(self.settings.pools_file, self.settings))
-        from .platform.kube.wiring import KubePlatform  # only needed in cluster mode
-
-        return await KubePlatform.create(self.settings)
 
     async def _serve_when(self, synced: asyncio.Event) -> None:
         await synced.wait()
@@ -176,6 +170,15 @@ class Service:
     @staticmethod
     def _host(address: str) -> str:
         return address.rpartition(":")[0]
+
+
+async def build_platform(settings: Settings) -> Platform:
+    """The static platform for a pools file, else the Kubernetes one (raises ConfigError)."""
+    if settings.pools_file:
+        return StaticPlatform(load_specs(settings.pools_file, settings))
+    from .platform.kube.platform import KubePlatform  # only needed in cluster mode
+
+    return await KubePlatform.create(settings)
 
 
 async def serve(settings: Settings) -> None:

@@ -56,3 +56,56 @@ KUBE_REQUESTS = Counter(
 WATCH_RESTARTS = Counter(
     "modelpool_extproc_watch_restarts_total", "Watch restarts, by resource and reason",
     ["resource", "reason"], registry=REGISTRY)
+
+
+class PoolGauges:
+    """One pool's metric children, created once (labels lookups are not free on the hot path)
+    and removed together when the pool goes."""
+
+    def __init__(self, namespace: str, pool: str) -> None:
+        self._labels = (namespace, pool)
+        self._held = HELD.labels(namespace, pool)
+        self._coalesced = COALESCED.labels(namespace, pool)
+        self._hold: dict[str, object] = {}
+        self._members: set[str] = set()
+
+    def held(self, count: int) -> None:
+        """Requests currently held in this pool."""
+        self._held.set(count)
+
+    def coalesced(self) -> None:
+        """A held request joined a swap already under way."""
+        self._coalesced.inc()
+
+    def hold_seconds(self, outcome: str, seconds: float) -> None:
+        """How long a held request waited, by how it ended."""
+        child = self._hold.get(outcome)
+        if child is None:
+            child = self._hold[outcome] = HOLD_DURATION.labels(*self._labels, outcome)
+        child.observe(seconds)  # type: ignore[attr-defined]
+
+    def swap_finished(self, source: str, target: str, outcome: str, seconds: float) -> None:
+        """A swap completed or failed after ``seconds``."""
+        SWAPS.labels(*self._labels, source, target, outcome).inc()
+        if outcome == "completed":
+            SWAP_DURATION.labels(*self._labels).observe(seconds)
+
+    def deferred(self, reason: str) -> None:
+        """A swap step was deferred."""
+        SWAP_DEFERRED.labels(*self._labels, reason).inc()
+
+    def resident(self, members: list[str], resident: str) -> None:
+        """1 for the resident member, 0 for the others; members gone from the spec removed."""
+        current = set(members)
+        for gone in self._members - current:
+            RESIDENT.remove(*self._labels, gone)
+        for member in current:
+            RESIDENT.labels(*self._labels, member).set(1 if member == resident else 0)
+        self._members = current
+
+    def remove(self) -> None:
+        """Drop this pool's gauges (the pool is gone)."""
+        HELD.remove(*self._labels)
+        for member in self._members:
+            RESIDENT.remove(*self._labels, member)
+        self._members.clear()

@@ -18,6 +18,14 @@ from typing import Any
 ENV_PREFIX = "MODELPOOL_"
 
 
+class ConfigError(SystemExit):
+    """Configuration that cannot work (a bad flag value, pools file or kubeconfig).
+
+    A SystemExit, so that nothing catches it as an ordinary error on the way out; the
+    command line prints its one line and exits with status 2, never a traceback.
+    """
+
+
 def _opt(default: Any, help: str, *, group: str, metavar: str | None = None,
          flag: str | None = None) -> Any:
     """Declare a settings field with its help text, help-section group and flag name."""
@@ -139,6 +147,28 @@ class Settings:
                            group="swap")
     idle_probe_url: str = _opt("http://{member}.{namespace}.svc:8080/slots", "URL template of "
                                "the idle probe", group="swap", metavar="TEMPLATE")
+    idle_probe_timeout: float = _opt(2.0, "an idle probe that has not answered after this long "
+                                     "counts as unknown (the swap is deferred)", group="swap",
+                                     metavar="DURATION")
+    probe_retry: float = _opt(1.0, "after an idle probe said busy or could not tell, ask again "
+                              "after this long", group="swap", metavar="DURATION")
+    park_margin: float = _opt(5.0, "extra time asked of Envoy (override_message_timeout) beyond "
+                              "a held request's budget, so our own 503 arrives before Envoy's",
+                              group="swap", metavar="DURATION")
+
+    # --- Kubernetes ----------------------------------------------------------------------------
+    pod_selector: str = _opt("inference.llmkube.dev/service", "label selector of the member "
+                             "pods watched (LLMKube labels every model pod so); empty watches "
+                             "all pods, so hand-made members with only app=<member> count",
+                             group="kubernetes", metavar="SELECTOR")
+    watch_timeout: float = _opt(300.0, "timeoutSeconds of each watch request; the watch then "
+                                "resumes from its last resourceVersion", group="kubernetes",
+                                metavar="DURATION")
+    api_retry_initial: float = _opt(0.2, "first delay before retrying a failed API call (watch, "
+                                    "status write, scale); doubles with jitter",
+                                    group="kubernetes", metavar="DURATION")
+    api_retry_max: float = _opt(30.0, "longest delay between retries of a failed API call",
+                                group="kubernetes", metavar="DURATION")
 
     # --- observability -------------------------------------------------------------------------
     log_level: str = _opt("info", "debug, info, warning or error", group="observability",
@@ -150,7 +180,15 @@ class Settings:
 
 
 _DURATION_FIELDS = {"shutdown_grace", "swap_budget", "fairness_window", "drain_linger",
-                    "swap_timeout", "failure_backoff"}
+                    "swap_timeout", "failure_backoff", "idle_probe_timeout", "probe_retry",
+                    "park_margin", "watch_timeout", "api_retry_initial", "api_retry_max"}
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds as a duration flag value: 300 -> "300s", 0.5 -> "500ms", 1.5 -> "1.5s"."""
+    if 0 < seconds < 1:
+        return f"{seconds * 1000:g}ms"
+    return f"{seconds:g}s"
 
 
 def _convert(name: str, kind: Any, raw: Any) -> Any:
@@ -183,6 +221,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         flag = f.metadata["flag"] or "--" + f.name.replace("_", "-")
         env = ENV_PREFIX + f.name.upper()
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if f.name in _DURATION_FIELDS:
+            default = format_duration(default)
         shown = "" if default in ("", []) else f" (default: {default})"
         help_text = f"{f.metadata['help']}{shown} [env {env}]"
         if f.type in (bool, "bool"):
@@ -210,11 +250,11 @@ def from_sources(args: argparse.Namespace | None = None,
         try:
             values[f.name] = _convert(f.name, f.type, raw)
         except ValueError as exc:
-            raise SystemExit(f"modelpool-extproc: bad value for {f.name}: {exc}") from None
+            raise ConfigError(f"bad value for {f.name}: {exc}") from None
     settings = Settings(**values)
     problem = validate(settings)
     if problem:
-        raise SystemExit(f"modelpool-extproc: {problem}")
+        raise ConfigError(problem)
     return settings
 
 
@@ -229,4 +269,8 @@ def validate(settings: Settings) -> str:
         return f"bad log_level {settings.log_level!r}: use debug, info, warning or error"
     if bool(settings.tls_cert) != bool(settings.tls_key):
         return "--tls-cert and --tls-key go together"
+    if settings.api_retry_initial <= 0 or settings.api_retry_max < settings.api_retry_initial:
+        return "--api-retry-initial must be above 0 and at most --api-retry-max"
+    if settings.watch_timeout < 1:
+        return "--watch-timeout must be at least 1s"
     return ""

@@ -17,7 +17,7 @@ import pytest
 
 from extproc import metrics
 from extproc.app import Service
-from extproc.policy.model import MemberObservation, PoolKey, PoolSpec
+from extproc.policy.model import MemberObservation, PoolKey, PoolSpec, StartHints
 from extproc.settings import Settings
 
 pytestmark = pytest.mark.envoy
@@ -41,7 +41,7 @@ class FakeCluster:
         """Announce the pools with every member cold."""
         self.listener = listener
         for spec in self.specs:
-            listener.pool_changed(spec, {})
+            listener.pool_changed(spec, StartHints())
             for member in spec.members:
                 listener.member_changed(spec.key, MemberObservation(member, phase="Stopped"))
         self.synced.set()
@@ -61,6 +61,9 @@ class FakeCluster:
             self._see(key, member, "Progressing", 0, 1)
             await asyncio.sleep(self.unload)
             self._see(key, member, "Stopped", 0, 0)
+
+    async def stop(self) -> None:
+        """Nothing runs in the background."""
 
     async def probe_idle(self, key, member):
         """Members are idle whenever asked."""

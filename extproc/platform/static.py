@@ -22,18 +22,28 @@ from typing import Any
 import yaml
 
 from ..policy.events import Notice
-from ..policy.model import MemberObservation, PoolKey, PoolSpec, PoolView
-from ..settings import Settings, parse_duration
-from .listener import PoolListener
+from ..policy.model import MemberObservation, PoolKey, PoolSpec, PoolView, StartHints
+from ..settings import ConfigError, Settings, parse_duration
+from .contract import PoolListener
 
 
 def load_specs(path: str | Path, settings: Settings) -> list[PoolSpec]:
-    """Parse and validate a static pools file."""
-    document = yaml.safe_load(Path(path).read_text()) or {}
+    """Parse and validate a static pools file; ConfigError (one line) when it is unusable."""
+    try:
+        document = yaml.safe_load(Path(path).read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"pools file {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ConfigError(f"pools file {path}: not valid YAML{where}") from None
     pools = document.get("pools") if isinstance(document, dict) else None
     if not isinstance(pools, list) or not pools:
-        raise ValueError(f"{path}: expected a non-empty 'pools' list")
-    return [_spec(entry, settings, f"{path}: pools[{i}]") for i, entry in enumerate(pools)]
+        raise ConfigError(f"{path}: expected a non-empty 'pools' list")
+    try:
+        return [_spec(entry, settings, f"{path}: pools[{i}]") for i, entry in enumerate(pools)]
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _spec(entry: Any, settings: Settings, where: str) -> PoolSpec:
@@ -65,17 +75,24 @@ class StaticPlatform:
     def __init__(self, specs: list[PoolSpec]) -> None:
         self._specs = specs
         self._listener: PoolListener | None = None
-        self.views: dict[PoolKey, PoolView] = {}
-        self.synced = asyncio.Event()
+        self._synced = asyncio.Event()
+
+    @property
+    def synced(self) -> asyncio.Event:
+        """Set once every pool has been announced."""
+        return self._synced
 
     async def run(self, listener: PoolListener) -> None:
         """Announce every pool and its (cold) members to ``listener``."""
         self._listener = listener
         for spec in self._specs:
-            listener.pool_changed(spec, {})
+            listener.pool_changed(spec, StartHints())
             for member in spec.members:
                 listener.member_changed(spec.key, MemberObservation(member, phase="Stopped"))
-        self.synced.set()
+        self._synced.set()
+
+    async def stop(self) -> None:
+        """Nothing runs in the background."""
 
     async def scale(self, key: PoolKey, member: str, replicas: int) -> None:
         """Apply the new replica count at once."""
@@ -90,8 +107,7 @@ class StaticPlatform:
         return True
 
     def publish(self, view: PoolView) -> None:
-        """Keep the latest view (served on the metrics port's /debug/pools)."""
-        self.views[view.key] = view
+        """No status to keep: /debug/pools reads the drivers' views."""
 
     def notify(self, key: PoolKey, notice: Notice) -> None:
         """Nothing to record beyond the driver's log line."""

@@ -55,7 +55,19 @@ class Tick:
     """Time passed; deadlines up to now are due."""
 
 
-Event = RequestArrived | RequestEnded | MemberObserved | SpecChanged | IdleProbed | Tick
+@dataclass(frozen=True, slots=True)
+class Close:
+    """The pool stops being served (removed, or the process is stopping).
+
+    Every held request is rejected with 503 ``code`` now, and any request that would be held
+    from here on is rejected the same way; requests for the serving resident still pass.
+    """
+
+    code: str
+    message: str
+
+
+Event = RequestArrived | RequestEnded | MemberObserved | SpecChanged | IdleProbed | Tick | Close
 
 # ---- commands ---------------------------------------------------------------------------
 
@@ -92,6 +104,15 @@ class Reject:
 
 
 @dataclass(frozen=True, slots=True)
+class Dropped:
+    """A held request's client left before it was decided; it is forgotten (count it)."""
+
+    rid: int
+    member: str
+    held_for: float
+
+
+@dataclass(frozen=True, slots=True)
 class Scale:
     """Set ``member``'s replicas."""
 
@@ -121,4 +142,4 @@ class Notice:
     released: int = 0
 
 
-Command = Admit | Hold | Reject | Scale | ProbeIdle | Notice
+Command = Admit | Hold | Reject | Dropped | Scale | ProbeIdle | Notice

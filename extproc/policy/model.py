@@ -54,6 +54,18 @@ class PoolSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class StartHints:
+    """What the cluster remembers of a pool when this process starts watching it.
+
+    A restarted process (or a new leader) resumes from these instead of guessing: the member
+    that owned the slot, and the target of a swap that was under way.
+    """
+
+    resident: str = ""
+    pending: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class MemberObservation:
     """What the cluster says about one member InferenceService and its pods."""
 

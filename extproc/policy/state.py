@@ -1,6 +1,6 @@
-"""The plain state a pool's machine keeps: swap progress, limits, held requests.
+"""The plain state a pool's machine keeps: limits, swap progress, the stages of a swap.
 
-Data only; every decision about it is made in ``machine.py``.
+Data only; every decision about it is made in ``machine.py`` and ``swap.py``.
 """
 
 from __future__ import annotations
@@ -11,16 +11,34 @@ from enum import Enum
 
 
 class PolicyError(RuntimeError):
-    """An event that cannot happen in the machine's current state."""
+    """An event that cannot happen in the machine's current state (a caller or policy bug)."""
 
 
 class Stage(str, Enum):
-    """Where a swap stands."""
+    """Where a pool stands: no swap under way, or the stage of the one that is."""
 
+    IDLE = "Idle"
     DRAIN = "Draining"
     PROBE = "Probing"
     UNLOAD = "Unloading"
     LOAD = "Loading"
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Process-wide policy knobs that a PoolSpec does not carry.
+
+    No defaults here: the runtime builds Limits from ``Settings`` (``runtime.hub.limits_from``),
+    the one place where every tunable and its default is declared.
+    """
+
+    swap_timeout: float  # LOAD longer than this fails the swap
+    failure_backoff: float  # a failed member fails fast for this long
+    retry_after_default: int  # Retry-After without swap history
+    retry_after_max: int  # clamp for computed Retry-After
+    idle_gate: bool  # ask the incumbent's runtime before unloading it
+    drain_linger: float  # wait until the incumbent has been idle this long
+    probe_retry: float  # after a busy or failed idle probe, ask again after this long
 
 
 @dataclass(slots=True)
@@ -33,33 +51,11 @@ class Swap:
     stage: Stage = Stage.DRAIN
     load_started: float = 0.0
     scaled_down: set[str] = field(default_factory=set)
-    scaled_up: bool = False
     # The target's phase when LOAD began: a Failed phase only counts once the member has
     # moved since, so a stale Failed from an earlier attempt does not fail a fresh load.
     phase_at_load: str | None = None
     saw_progress: bool = False
     probing: set[str] = field(default_factory=set)
-    probe_retry_at: float = math.inf
-    # While the incumbent was busy a moment ago, wait until then before unloading it.
-    linger_until: float = math.inf
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """Process-wide policy knobs that a PoolSpec does not carry."""
-
-    swap_timeout: float = 900.0
-    failure_backoff: float = 30.0
-    retry_after_default: int = 5
-    retry_after_max: int = 120
-    idle_gate: bool = False
-    drain_linger: float = 0.0
-
-
-@dataclass(slots=True)
-class Held:
-    """A request waiting for its member to become resident."""
-
-    member: str
-    arrived: float
-    deadline: float
+    # The first probe answer that was not "idle": (member, False busy / None unknown).
+    refused: tuple[str, bool | None] | None = None
+    probe_retry_at: float = -math.inf  # after a refused probe, DRAIN waits until then

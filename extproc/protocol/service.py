@@ -30,8 +30,6 @@ from .request import BadRequest, RequestHead, model_from_body, read_head
 log = get_logger(__name__)
 
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
-# Extra time asked of Envoy beyond a held request's deadline, so our own 503 arrives first.
-_PARK_MARGIN = 5.0
 _MODELS_PATH = "/v1/models"
 
 
@@ -91,7 +89,7 @@ class ExtProcService:
                 await context.write(self._unrouted(head, model))
                 return await self._until_closed(context)
             ticket = route.driver.arrive(route.member)
-            if ticket.decision is None:
+            if ticket.waiter is not None:
                 pending_read = await self._park(context, ticket, route, head)
                 if pending_read is None:
                     return  # the client left while held
@@ -178,7 +176,7 @@ class ExtProcService:
         assert ticket.waiter is not None
         if self._settings.park_timeout_override:
             await context.write(answers.override_timeout(
-                max(1.0, ticket.deadline - time.monotonic()) + _PARK_MARGIN))
+                max(1.0, ticket.deadline - time.monotonic()) + self._settings.park_margin))
         log.debug("request held", namespace=route.driver.key.namespace,
                   pool=route.driver.key.name, member=route.member, request_id=head.request_id)
         # One pending read notices the client leaving (Envoy ends the stream); it resolves

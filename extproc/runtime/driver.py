@@ -1,9 +1,14 @@
 """One pool's asyncio driver: feeds the policy machine and carries its commands out.
 
-The machine decides; this module only does what it says. Admissions for the resident
-complete synchronously (no future, no task) so the hot path stays cheap; held requests get
-a future that resolves when the machine admits or rejects them. Platform calls (scale,
-idle probe) run as tasks; their results come back as events.
+The machine decides and owns every request's state; this module only does what it says.
+A ``Ticket`` is what one stream needs to wait for its answer: the request id, the member, the
+decision, and a future when the request is held. Admissions for the resident complete
+synchronously (no future, no task) so the hot path stays cheap. Scaling runs in ``scaling.Scaler``
+(one worker per member); idle probes run as tasks whose answers come back as events. Gauges are read off the machine's
+counts after each event, never moved by hand.
+
+If the machine raises ``PolicyError`` it is broken (see ``policy/machine.py``): the driver
+answers every held request 503 + Retry-After, refuses new ones, and logs it once.
 """
 
 from __future__ import annotations
@@ -12,15 +17,18 @@ import asyncio
 import itertools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from .. import metrics
 from ..logs import get_logger
+from ..platform.contract import Platform
 from ..policy.events import (
     Admit,
+    Close,
     Command,
+    Dropped,
     Event,
     Hold,
     IdleProbed,
@@ -34,77 +42,57 @@ from ..policy.events import (
     SpecChanged,
     Tick,
 )
-from ..policy.machine import Limits, PoolMachine
-from ..policy.model import MemberObservation, PoolKey, PoolSpec, PoolView
+from ..policy.machine import Limits, PolicyError, PoolMachine
+from ..policy.model import MemberObservation, PoolSpec, PoolView, StartHints
+from .scaling import Retry, Scaler
 
 log = get_logger(__name__)
 _request_ids = itertools.count(1)
-# A scale the platform could not apply is asked again after these delays (doubling).
-SCALE_RETRY_FIRST = 1.0
-SCALE_RETRY_MAX = 30.0
-
-
-class Platform(Protocol):
-    """What the runtime needs from the platform layer (Kubernetes, or a static stand-in)."""
-
-    async def scale(self, key: PoolKey, member: str, replicas: int) -> None:
-        """Set a member's replicas; retry until done or cancelled."""
-
-    async def probe_idle(self, key: PoolKey, member: str) -> bool | None:
-        """Ask a member's runtime whether it is idle (None: cannot tell)."""
-
-    def publish(self, view: PoolView) -> None:
-        """Make the pool's status reflect ``view`` (non-blocking, latest wins)."""
-
-    def notify(self, key: PoolKey, notice: Notice) -> None:
-        """Tell operators about a swap event (non-blocking, best effort)."""
+Decision = Admit | Reject
 
 
 @dataclass(slots=True)
 class Ticket:
-    """One request's passage through a pool: its decision, or a future for it."""
+    """What one stream needs from its pool: its decision, or a future that brings it."""
 
     rid: int
     member: str
-    decision: Admit | Reject | None = None
-    held: bool = False  # parked at some point (counted in the held gauge until decided)
-    deadline: float = 0.0
-    held_since: float = 0.0
-    waiter: asyncio.Future[Admit | Reject | None] | None = None
+    decision: Decision | None = None
+    deadline: float = 0.0  # when held: the latest the decision can come (monotonic clock)
+    waiter: asyncio.Future[Decision | None] | None = None  # set only when the request is held
     ended: bool = False
 
 
 class PoolDriver:
     """Runs one PoolMachine on the event loop and executes its commands."""
 
-    def __init__(self, spec: PoolSpec, limits: Limits, platform: Platform, *,
-                 clock: Callable[[], float] = time.monotonic, resident_hint: str = "",
-                 pending_hint: str = "") -> None:
+    def __init__(self, spec: PoolSpec, limits: Limits, platform: Platform, retry: Retry, *,
+                 clock: Callable[[], float] = time.monotonic,
+                 hints: StartHints = StartHints()) -> None:
         self.key = spec.key
         self._platform = platform
+        self._scaler = Scaler(platform, spec.key, retry)
         self._clock = clock
-        self._machine = PoolMachine(spec, limits, clock(), resident_hint=resident_hint,
-                                    pending_hint=pending_hint)
-        self._tickets: dict[int, Ticket] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-        # Latest replicas wanted per member, applied by one worker per member so that a
-        # slow or retrying patch can never land after a newer one.
-        self._desired: dict[str, int] = {}
-        self._scalers: set[str] = set()
+        self._machine = PoolMachine(spec, limits, clock(), hints)
+        self._tickets: dict[int, Ticket] = {}  # rid -> the stream waiting on it
+        self._tasks: set[asyncio.Task[None]] = set()  # idle probes under way
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
         self._published_version = -1
-        self._labels = (spec.key.namespace, spec.key.name)
-        self._held_gauge = metrics.HELD.labels(*self._labels)
-        self._coalesced = metrics.COALESCED.labels(*self._labels)
-        self._hold_children: dict[str, Any] = {}
-        self._gauged_members: set[str] = set()
+        self._gauges = metrics.PoolGauges(spec.key.namespace, spec.key.name)
+        self._held_total = 0
+        self._broken = ""
         self._closed = False
 
     @property
     def spec(self) -> PoolSpec:
         """The pool's current spec."""
         return self._machine.spec
+
+    @property
+    def broken(self) -> str:
+        """Why the pool's machine broke ("" while it works)."""
+        return self._broken
 
     def tracks(self, member: str) -> bool:
         """Whether observations of ``member`` matter here (a member, or one departing)."""
@@ -119,10 +107,11 @@ class PoolDriver:
     def arrive(self, member: str) -> Ticket:
         """Register a request for ``member``; the ticket is decided now or holds a future."""
         ticket = Ticket(next(_request_ids), member)
+        if self._broken or self._closed:
+            ticket.decision = self._unavailable(ticket.rid, 0.0)
+            return ticket
         self._tickets[ticket.rid] = ticket
         self._feed(RequestArrived(ticket.rid, member))
-        if ticket.decision is None:
-            ticket.waiter = asyncio.get_running_loop().create_future()
         return ticket
 
     def end(self, ticket: Ticket) -> None:
@@ -130,12 +119,8 @@ class PoolDriver:
         if ticket.ended:
             return
         ticket.ended = True
-        if self._tickets.pop(ticket.rid, None) is None:
-            return  # already rejected: the machine forgot it
-        if ticket.decision is None:  # its client left while it was held
-            self._held_gauge.dec()
-            self._hold_seconds("disconnected").observe(self._clock() - ticket.held_since)
-        self._feed(RequestEnded(ticket.rid))
+        if self._tickets.pop(ticket.rid, None) is not None:  # else rejected: already forgotten
+            self._feed(RequestEnded(ticket.rid))
 
     # ---- observations from the platform ---------------------------------------------------
 
@@ -148,123 +133,112 @@ class PoolDriver:
         self._feed(SpecChanged(spec))
 
     def reject_held(self, code: str, message: str) -> None:
-        """Answer every held request now with 503 (pool removed, or the process stopping)."""
-        retry = self._machine.retry_after()
-        for ticket in list(self._tickets.values()):
-            if ticket.decision is None:
-                self._on_reject(Reject(ticket.rid, 503, code, message, retry,
-                                       self._clock() - ticket.held_since))
-                self._feed(RequestEnded(ticket.rid))  # the machine forgets it too
+        """Answer every held request now with 503 ``code``, and any later one that would wait."""
+        self._feed(Close(code, message))
 
-    def close(self) -> None:
+    def close(self, code: str = "pool_removed", message: str = "") -> None:
         """Reject every waiter, cancel background work and drop this pool's gauges."""
-        self.reject_held("pool_removed", f"pool {self.key} is no longer served")
-        self._closed = True
-        if self._timer:
-            self._timer.cancel()
-        for task in self._tasks:
-            task.cancel()
-        metrics.HELD.remove(*self._labels)
-        for member in self._gauged_members:
-            metrics.RESIDENT.remove(*self._labels, member)
-        self._gauged_members.clear()
+        self.reject_held(code, message or f"pool {self.key} is no longer served")
+        self._shut()
+        self._gauges.remove()
 
     # ---- the loop --------------------------------------------------------------------------
 
     def _feed(self, event: Event) -> None:
         if self._closed:
             return
-        commands = self._machine.handle(event, self._clock())
-        if commands:
-            self._execute(commands)
         machine = self._machine
+        try:
+            commands = machine.handle(event, self._clock())
+        except PolicyError as exc:
+            self._break(exc)
+            return
+        for cmd in commands:
+            self._execute(cmd)
         if machine.version != self._published_version:
             self._published_version = machine.version
             self._publish()
+        if len(machine.held) != self._held_total:
+            self._held_total = len(machine.held)
+            self._gauges.held(self._held_total)
         deadline = machine.next_deadline()
         if deadline != self._timer_at:
             self._arm(deadline)
 
-    def _execute(self, commands: list[Command]) -> None:
-        for cmd in commands:
-            if isinstance(cmd, Admit):
-                self._on_admit(cmd)
-            elif isinstance(cmd, Hold):
-                self._on_hold(cmd)
-            elif isinstance(cmd, Reject):
-                self._on_reject(cmd)
-            elif isinstance(cmd, Scale):
-                self._desired[cmd.member] = cmd.replicas
-                if cmd.member not in self._scalers:
-                    self._scalers.add(cmd.member)
-                    self._spawn(self._scale(cmd.member))
-            elif isinstance(cmd, ProbeIdle):
-                self._spawn(self._probe(cmd.member))
-            elif isinstance(cmd, Notice):
+    def _execute(self, cmd: Command) -> None:
+        match cmd:
+            case Admit(rid):
+                self._decide(self._tickets.get(rid), cmd, "admitted")
+            case Reject(rid):
+                self._decide(self._tickets.pop(rid, None), cmd, cmd.code)
+            case Hold(rid, _member, deadline, coalesced):
+                ticket = self._tickets[rid]
+                ticket.deadline = deadline
+                ticket.waiter = asyncio.get_running_loop().create_future()
+                if coalesced:
+                    self._gauges.coalesced()
+            case Dropped(_rid, _member, held_for):
+                self._gauges.hold_seconds("disconnected", held_for)
+            case Scale(member, replicas):
+                self._scaler.want(member, replicas)
+            case ProbeIdle(member):
+                self._spawn(self._probe(member))
+            case Notice():
                 self._on_notice(cmd)
 
-    def _on_admit(self, cmd: Admit) -> None:
-        ticket = self._tickets.get(cmd.rid)
+    def _decide(self, ticket: Ticket | None, decision: Decision, outcome: str) -> None:
         if ticket is None:
             return
-        if ticket.held:
-            self._hold_seconds("admitted").observe(cmd.held_for)
-            self._held_gauge.dec()
-        self._decide(ticket, cmd)
-
-    def _on_hold(self, cmd: Hold) -> None:
-        ticket = self._tickets[cmd.rid]
-        ticket.held, ticket.deadline, ticket.held_since = True, cmd.deadline, self._clock()
-        self._held_gauge.inc()
-        if cmd.coalesced:
-            self._coalesced.inc()
-
-    def _on_reject(self, cmd: Reject) -> None:
-        ticket = self._tickets.pop(cmd.rid, None)
-        if ticket is None:
-            return
-        if ticket.held:
-            self._held_gauge.dec()
-            self._hold_seconds(cmd.code).observe(cmd.held_for)
-        self._decide(ticket, cmd)
-
-    def _hold_seconds(self, outcome: str) -> Any:
-        child = self._hold_children.get(outcome)
-        if child is None:
-            child = self._hold_children[outcome] = metrics.HOLD_DURATION.labels(*self._labels,
-                                                                                outcome)
-        return child
-
-    def _decide(self, ticket: Ticket, decision: Admit | Reject) -> None:
         ticket.decision = decision
-        if ticket.waiter is not None and not ticket.waiter.done():
-            ticket.waiter.set_result(decision)
+        waiter = ticket.waiter
+        if waiter is not None:
+            self._gauges.hold_seconds(outcome, decision.held_for)
+            if not waiter.done():
+                waiter.set_result(decision)
+
+    def _break(self, exc: PolicyError) -> None:
+        """The machine broke: answer its held requests, refuse new ones, say so once."""
+        self._broken = str(exc)
+        log.error("pool policy failed; its requests are refused until the process restarts",
+                  namespace=self.key.namespace, pool=self.key.name, error=self._broken)
+        now, held = self._clock(), self._machine.held
+        for ticket in list(self._tickets.values()):
+            if ticket.waiter is not None and not ticket.waiter.done():
+                since = held[ticket.rid].arrived if ticket.rid in held else now
+                self._decide(self._tickets.pop(ticket.rid),
+                             self._unavailable(ticket.rid, now - since), "pool_unavailable")
+        self._shut()
+        self._gauges.held(0)
+
+    def _unavailable(self, rid: int, held_for: float) -> Reject:
+        return Reject(rid, 503, "pool_unavailable", f"pool {self.key} is not available "
+                      f"({self._broken or 'closed'}); retry shortly",
+                      self._machine.limits.retry_after_default, held_for)
+
+    def _shut(self) -> None:
+        self._closed = True
+        if self._timer:
+            self._timer.cancel()
+        for task in self._tasks:
+            task.cancel()
+        self._scaler.cancel()
 
     def _on_notice(self, notice: Notice) -> None:
-        ns, pool = self._labels
         if notice.kind in ("SwapCompleted", "SwapFailed"):
             outcome = "completed" if notice.kind == "SwapCompleted" else "failed"
-            metrics.SWAPS.labels(ns, pool, notice.source, notice.target, outcome).inc()
-            if outcome == "completed":
-                metrics.SWAP_DURATION.labels(ns, pool).observe(notice.duration)
+            self._gauges.swap_finished(notice.source, notice.target, outcome, notice.duration)
         elif notice.kind == "SwapDeferred":
-            metrics.SWAP_DEFERRED.labels(ns, pool, notice.source).inc()
+            self._gauges.deferred(notice.source)
         level = log.warning if notice.kind in ("SwapFailed", "MemberLost") else log.info
-        level(notice.message, event=notice.kind, namespace=ns, pool=pool,
-              member=notice.target or notice.source, source=notice.source,
+        level(notice.message, event=notice.kind, namespace=self.key.namespace,
+              pool=self.key.name, member=notice.target or notice.source, source=notice.source,
               target=notice.target, duration_s=round(notice.duration, 3),
               released=notice.released)
         self._platform.notify(self.key, notice)
 
     def _publish(self) -> None:
         view = self._machine.view()
-        ns, pool = self._labels
-        current = {m.name for m in view.members}
-        for gone in self._gauged_members - current:  # removed from the pool's spec
-            metrics.RESIDENT.remove(ns, pool, gone)
-        for member in current:
-            metrics.RESIDENT.labels(ns, pool, member).set(1 if member == view.resident else 0)
-        self._gauged_members = current
+        self._gauges.resident([m.name for m in view.members], view.resident)
         self._platform.publish(view)
 
     def _arm(self, deadline: float) -> None:
@@ -282,32 +256,10 @@ class PoolDriver:
 
     # ---- platform calls --------------------------------------------------------------------
 
-    def _spawn(self, coro: object) -> None:
-        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    async def _scale(self, member: str) -> None:
-        applied, delay = None, SCALE_RETRY_FIRST
-        try:
-            while (wanted := self._desired[member]) != applied:
-                try:
-                    await self._platform.scale(self.key, member, wanted)
-                    applied, delay = wanted, SCALE_RETRY_FIRST
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    # The platform already retried what a retry can fix; this is a 403, a
-                    # webhook's 422 ... Giving up would leave the machine waiting for a
-                    # change that never comes, so keep asking, slowly, until an operator
-                    # fixes the cause (the swap stays visible as Swapping meanwhile).
-                    log.error("scale failed; will retry", namespace=self.key.namespace,
-                              pool=self.key.name, member=member, replicas=wanted,
-                              error=f"{type(exc).__name__}: {exc}", retry_in_s=delay)
-                    await asyncio.sleep(delay)
-                    delay = min(SCALE_RETRY_MAX, delay * 2)
-        finally:
-            self._scalers.discard(member)
 
     async def _probe(self, member: str) -> None:
         try:

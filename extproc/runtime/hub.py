@@ -1,7 +1,7 @@
 """All pools served by this process: the model registry and one driver per pool.
 
-The platform layer (Kubernetes watch or a static file) reports pools and members through the
-``pool_changed`` / ``pool_removed`` / ``member_changed`` callbacks; the protocol layer asks
+The Hub is the runtime's ``PoolListener`` (``platform/contract.py``): the platform (Kubernetes
+watch or a static file) reports pools and members to it; the protocol layer asks
 ``resolve(model)`` on every request, which is a dictionary lookup.
 """
 
@@ -10,10 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..logs import get_logger
+from ..platform.contract import Platform
 from ..policy.machine import Limits
-from ..policy.model import MemberObservation, PoolKey, PoolSpec
+from ..policy.model import MemberObservation, PoolKey, PoolSpec, StartHints
 from ..settings import Settings
-from .driver import Platform, PoolDriver
+from .driver import PoolDriver
+from .scaling import Retry
 
 log = get_logger(__name__)
 
@@ -41,7 +43,7 @@ def limits_from(settings: Settings) -> Limits:
     return Limits(swap_timeout=settings.swap_timeout, failure_backoff=settings.failure_backoff,
                   retry_after_default=settings.retry_after_default,
                   retry_after_max=settings.retry_after_max, idle_gate=settings.idle_gate,
-                  drain_linger=settings.drain_linger)
+                  drain_linger=settings.drain_linger, probe_retry=settings.probe_retry)
 
 
 class Hub:
@@ -49,6 +51,7 @@ class Hub:
 
     def __init__(self, settings: Settings, platform: Platform) -> None:
         self._limits = limits_from(settings)
+        self._retry = Retry(settings.api_retry_initial, settings.api_retry_max)
         self._platform = platform
         self._drivers: dict[PoolKey, PoolDriver] = {}
         self._routes: dict[str, Route] = {}
@@ -67,16 +70,14 @@ class Hub:
         """Every pool's driver."""
         return list(self._drivers.values())
 
-    # ---- the platform's listener callbacks -------------------------------------------------
+    # ---- PoolListener: what the platform reports --------------------------------------------
 
-    def pool_changed(self, spec: PoolSpec, status: dict) -> None:
-        """A pool appeared or its spec changed; ``status`` seeds start-up adoption."""
+    def pool_changed(self, spec: PoolSpec, hints: StartHints) -> None:
+        """A pool appeared or its spec changed; ``hints`` seed a new pool's start-up."""
         driver = self._drivers.get(spec.key)
         if driver is None:
-            self._drivers[spec.key] = PoolDriver(
-                spec, self._limits, self._platform,
-                resident_hint=str(status.get("residentMember") or ""),
-                pending_hint=str(status.get("pendingMember") or ""))
+            self._drivers[spec.key] = PoolDriver(spec, self._limits, self._platform,
+                                                 self._retry, hints=hints)
             log.info("pool added", namespace=spec.key.namespace, pool=spec.key.name,
                      members=list(spec.members), default=spec.default)
         elif driver.spec != spec:

@@ -8,8 +8,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from extproc.platform.kube.cache import ClusterWatcher
-from extproc.policy.model import MemberObservation, PoolKey, PoolSpec
+from extproc.platform.kube.watcher import ClusterWatcher
+from extproc.policy.model import MemberObservation, PoolKey, PoolSpec, StartHints
 from extproc.settings import Settings
 
 NS = "ml"
@@ -21,9 +21,9 @@ class Recorder:
     def __init__(self) -> None:
         self.calls: list[tuple] = []
 
-    def pool_changed(self, spec: PoolSpec, status: dict) -> None:
+    def pool_changed(self, spec: PoolSpec, hints: StartHints) -> None:
         """Record."""
-        self.calls.append(("pool_changed", spec, status))
+        self.calls.append(("pool_changed", spec, hints))
 
     def pool_removed(self, key: PoolKey) -> None:
         """Record."""
@@ -85,13 +85,13 @@ def modelpool(name: str, members: list[str], *, annotations: dict | None = None,
 
 
 @contextlib.asynccontextmanager
-async def running(api: Any, recorder: Any = None, **kwargs: Any) -> AsyncIterator[ClusterWatcher]:
-    """Run a watcher on namespace ml until the block ends; waits for the first sync."""
-    kwargs.setdefault("backoff_max", 0.5)
-    watcher = ClusterWatcher(api, [NS], recorder or Recorder(),
-                             settings=Settings(swap_budget=111.0, fairness_window=22.0),
-                             **kwargs)
-    task = asyncio.create_task(watcher.run())
+async def running(api: Any, recorder: Any = None, *, namespaces: tuple[str, ...] = (NS,),
+                  **settings: Any) -> AsyncIterator[ClusterWatcher]:
+    """Run a watcher (on namespace ml by default) until the block ends; waits for the sync."""
+    settings.setdefault("api_retry_max", 0.5)
+    watcher = ClusterWatcher(api, Settings(namespaces=list(namespaces), swap_budget=111.0,
+                                           fairness_window=22.0, **settings))
+    task = asyncio.create_task(watcher.run(recorder or Recorder()))
     try:
         await asyncio.wait_for(watcher.synced.wait(), 5)
         yield watcher

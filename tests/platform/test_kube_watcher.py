@@ -10,7 +10,6 @@ import pytest
 from kube_helpers import NS, Recorder, eventually, isvc, modelpool, pod, running
 
 from extproc.metrics import WATCH_RESTARTS
-from extproc.platform.kube.cache import ClusterWatcher
 from extproc.policy.model import MemberObservation, PoolKey
 
 KEY = PoolKey(NS, "slot")
@@ -36,12 +35,12 @@ async def test_initial_sync_reports_pool_then_each_member(emulator: Any, api: An
     async with running(api, recorder) as watcher:
         calls = recorder.take()
         assert [c[0] for c in calls] == ["pool_changed", "member_changed", "member_changed"]
-        spec, status = calls[0][1], calls[0][2]
+        spec, hints = calls[0][1], calls[0][2]
         assert spec.key == KEY and spec.members == ("a", "b") and spec.default == "a"
         assert spec.swap_budget == 300.0 and spec.fairness_window == 45.0
         assert spec.aliases == {"gpt": "a"}  # x names no member: dropped
         assert spec.generation >= 1
-        assert status["residentMember"] == "a"
+        assert hints.resident == "a"
         assert calls[1][2] == MemberObservation("a", exists=True, phase="Ready", replicas=1,
                                                 pods=1)
         assert calls[2][2] == MemberObservation("b", exists=True, phase="Stopped", replicas=0,
@@ -219,15 +218,7 @@ async def test_members_resolve_in_the_pool_namespace(emulator: Any, api: Any,
     emulator.create("inferenceservices", other)
     emulator.create("modelpools", {**modelpool("slot", ["a"]),
                                    "metadata": {"name": "slot", "namespace": "other"}})
-    recorder = Recorder()
-    watcher = ClusterWatcher(api, namespaces, recorder, backoff_max=0.5)
-    task = asyncio.create_task(watcher.run())
-    try:
-        await asyncio.wait_for(watcher.synced.wait(), 5)
+    async with running(api, Recorder(), namespaces=tuple(namespaces)) as watcher:
         assert {str(s.key) for s in watcher.pools()} == {"ml/slot", "other/slot"}
         assert watcher.observation(KEY, "a").phase == "Ready"
         assert watcher.observation(PoolKey("other", "slot"), "a").phase == "Stopped"
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task

@@ -3,25 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 from kube_helpers import NS, Recorder, eventually, isvc, modelpool
 
-from extproc.platform.kube.wiring import KubePlatform
+from extproc.platform.kube.platform import KubePlatform
+from extproc.policy.events import Notice
 from extproc.policy.model import MemberObservation, PoolKey, PoolPhase, PoolView
 from extproc.settings import Settings
 
 KEY = PoolKey(NS, "slot")
-
-
-@dataclass
-class Notice:
-    """Stands in for the policy's Notice (KubePlatform reads kind and message only)."""
-
-    kind: str
-    message: str
 
 
 async def test_platform_calls(emulator: Any) -> None:

@@ -15,8 +15,11 @@ from kubernetes.aio.client.exceptions import ApiException
 from extproc.metrics import KUBE_REQUESTS
 from extproc.platform.kube.actuator import Actuator, MemberMissing
 from extproc.platform.kube.events import EventRecorder
+from extproc.platform.kube.platform import KubePlatform
 from extproc.platform.kube.status import StatusPublisher, StatusWriter
 from extproc.policy.model import MemberObservation, PoolKey, PoolPhase, PoolView
+from extproc.runtime.scaling import Retry, Scaler
+from extproc.settings import Settings
 
 KEY = PoolKey(NS, "slot")
 READY_A = MemberObservation("a", phase="Ready", replicas=1, pods=1)
@@ -55,10 +58,22 @@ async def test_scale_sets_spec_replicas(emulator: Any, api: Any) -> None:
     assert KUBE_REQUESTS.labels("patch", "inferenceservices", "200")._value.get() == before + 1
 
 
+async def _scaled_by_the_runtime(emulator: Any, member: str, replicas: int) -> None:
+    """Scale through the runtime's one retry loop (Scaler) and the KubePlatform."""
+    settings = Settings(kubeconfig=str(emulator.kubeconfig), namespaces=[NS])
+    platform = await KubePlatform.create(settings)
+    try:
+        scaler = Scaler(platform, PoolKey(NS, "slot"), Retry(0.05, 0.2))
+        scaler.want(member, replicas)
+        await asyncio.wait_for(scaler.settled(), 10)
+    finally:
+        await platform.stop()
+
+
 async def test_scale_retries_conflicts(emulator: Any, api: Any) -> None:
     seed(emulator)
     emulator.fail_writes("inferenceservices", 2)
-    await Actuator(api, backoff_initial=0.01).scale(NS, "a", 0)
+    await _scaled_by_the_runtime(emulator, "a", 0)
     assert emulator.get("inferenceservices", "a", NS)["spec"]["replicas"] == 0
     assert patches(emulator, "inferenceservices") == 3
 
@@ -68,7 +83,7 @@ async def test_scale_retries_while_the_api_is_unavailable(emulator: Any, api: An
     emulator.set_unavailable(True)
     loop = asyncio.get_running_loop()
     loop.call_later(0.5, emulator.set_unavailable, False)
-    await Actuator(api, backoff_initial=0.05, backoff_max=0.2).scale(NS, "b", 1)
+    await _scaled_by_the_runtime(emulator, "b", 1)
     assert emulator.get("inferenceservices", "b", NS)["spec"]["replicas"] == 1
 
 
@@ -78,18 +93,17 @@ async def test_scale_retries_connection_errors(emulator: Any, api: Any) -> None:
     await emulator.stop()
     restart = asyncio.get_running_loop().create_task(asyncio.sleep(0.5))
     restart.add_done_callback(lambda _: asyncio.ensure_future(emulator.start(port=port)))
-    await Actuator(api, backoff_initial=0.05, backoff_max=0.2).scale(NS, "b", 1)
+    await _scaled_by_the_runtime(emulator, "b", 1)
     assert emulator.get("inferenceservices", "b", NS)["spec"]["replicas"] == 1
 
 
-async def test_scale_gives_up_at_the_deadline(emulator: Any, api: Any) -> None:
+async def test_one_scale_attempt_per_call_reports_the_api_error(emulator: Any, api: Any) -> None:
     seed(emulator)
     emulator.set_unavailable(True)
-    loop = asyncio.get_running_loop()
     with pytest.raises(ApiException) as caught:
-        await Actuator(api, backoff_initial=0.05, backoff_max=0.1).scale(
-            NS, "b", 1, deadline=loop.time() + 0.5)
+        await Actuator(api).scale(NS, "b", 1)
     assert caught.value.status == 503
+    assert patches(emulator, "inferenceservices") == 1
 
 
 async def test_scale_of_a_missing_member_fails_at_once(emulator: Any, api: Any) -> None:
@@ -102,11 +116,17 @@ async def test_scale_of_a_missing_member_fails_at_once(emulator: Any, api: Any) 
 async def test_scale_can_be_cancelled(emulator: Any, api: Any) -> None:
     seed(emulator)
     emulator.set_unavailable(True)
-    task = asyncio.create_task(Actuator(api, backoff_initial=0.05).scale(NS, "b", 1))
-    await asyncio.sleep(0.3)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    settings = Settings(kubeconfig=str(emulator.kubeconfig), namespaces=[NS])
+    platform = await KubePlatform.create(settings)
+    try:
+        scaler = Scaler(platform, PoolKey(NS, "slot"), Retry(0.05, 0.2))
+        scaler.want("b", 1)
+        await asyncio.sleep(0.3)
+        scaler.cancel()
+        await asyncio.wait_for(scaler.settled(), 2)  # every worker ended
+    finally:
+        await platform.stop()
+    assert emulator.get("inferenceservices", "b", NS)["spec"]["replicas"] == 0
 
 
 # --- status --------------------------------------------------------------------------------

@@ -20,13 +20,24 @@ from extproc.policy.events import (Admit, Command, Event, Hold, IdleProbed, Memb
                                    Notice, ProbeIdle, Reject, RequestArrived, RequestEnded,
                                    Scale, Tick)
 from extproc.policy.machine import Limits, PoolMachine
-from extproc.policy.model import MemberObservation, PoolKey, PoolSpec, PoolView
+from extproc.policy.model import MemberObservation, PoolKey, PoolSpec, PoolView, StartHints
+from extproc.runtime.hub import limits_from
+from extproc.settings import Settings
 
 KEY = PoolKey("ns", "pool")
 # Ticks at one instant before the driver decides next_deadline() is stuck in the past.
 MAX_TICKS_AT_ONE_TIME = 5
 # Steps of one run() before the driver decides the machine and the cluster livelock.
 MAX_STEPS = 100_000
+
+
+def limits(**overrides) -> Limits:
+    """The service's default Limits (from Settings) with ``overrides``.
+
+    The drain linger starts at 0 here, not at the service's 0.5 s: most policy tests are about
+    other rules, and the tests of the linger set it themselves.
+    """
+    return replace(limits_from(Settings(drain_linger=0.0)), **overrides)
 
 
 def spec(members: tuple[str, ...] = ("a", "b"), **kwargs) -> PoolSpec:
@@ -63,7 +74,7 @@ class Driver:
     """Runs one pool: the machine, the cluster model, traffic and faults, in model time."""
 
     spec: PoolSpec
-    limits: Limits = field(default_factory=Limits)
+    limits: Limits = field(default_factory=limits)
     cluster: Cluster | None = None
     gate: IdleGate = field(default_factory=IdleGate)
     now: float = 0.0
@@ -85,8 +96,7 @@ class Driver:
         if self.cluster is None:
             self.cluster = Cluster(self.spec.members)
         self.machine = PoolMachine(self.spec, self.limits, self.now,
-                                   resident_hint=self.resident_hint,
-                                   pending_hint=self.pending_hint)
+                                   StartHints(self.resident_hint, self.pending_hint))
 
     # ---- scheduling ---------------------------------------------------------------------
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from extproc.policy.events import (Admit, IdleProbed, MemberObserved, ProbeIdle, RequestArrived,
                                    RequestEnded, Scale, SpecChanged, Tick)
-from extproc.policy.machine import Limits, PoolMachine
+from extproc.policy.machine import PoolMachine
+from harness import limits
 from extproc.policy.model import MemberObservation as Obs
 from extproc.policy.model import PoolKey, PoolSpec
 
@@ -13,7 +14,7 @@ READY = dict(phase="Ready", replicas=1, pods=1)
 STOPPED = dict(phase="Stopped", replicas=0, pods=0)
 
 
-def machine(members=("a", "b"), limits=Limits(), **spec) -> PoolMachine:
+def machine(members=("a", "b"), limits=limits(), **spec) -> PoolMachine:
     """A machine whose first member is Ready and the others Stopped."""
     m = PoolMachine(PoolSpec(KEY, members, **spec), limits, 0.0)
     for i, name in enumerate(members):
@@ -23,7 +24,7 @@ def machine(members=("a", "b"), limits=Limits(), **spec) -> PoolMachine:
 
 
 def test_idle_gate_does_not_probe_a_crashed_incumbent():
-    m = machine(limits=Limits(idle_gate=True))
+    m = machine(limits=limits(idle_gate=True))
     m.handle(MemberObserved(Obs("a", phase="Failed", replicas=1, pods=1)), 1.0)
     out = m.handle(RequestArrived(1, "b"), 2.0)
     # A crashed member cannot answer a probe; asking would defer the swap forever.
@@ -32,7 +33,7 @@ def test_idle_gate_does_not_probe_a_crashed_incumbent():
 
 
 def test_idle_gate_probes_a_serving_incumbent():
-    m = machine(limits=Limits(idle_gate=True))
+    m = machine(limits=limits(idle_gate=True))
     out = m.handle(RequestArrived(1, "b"), 1.0)
     assert ProbeIdle("a") in out and not any(isinstance(c, Scale) for c in out)
     assert Scale("a", 0) in m.handle(IdleProbed("a", True), 1.1)

@@ -16,13 +16,13 @@ from extproc.policy.events import (Admit, Hold, MemberObserved, ProbeIdle, Rejec
                                    RequestArrived, RequestEnded, Scale, SpecChanged, Tick)
 from extproc.policy.machine import Limits, PolicyError
 from extproc.policy.model import MemberObservation, PoolPhase
-from harness import Driver, spec
+from harness import Driver, limits, spec
 
 LOAD, UNLOAD = 15.0, 3.0
 SWAP = LOAD + UNLOAD
 
 
-def make(members: tuple[str, ...] = ("a", "b"), *, limits: Limits = Limits(),
+def make(members: tuple[str, ...] = ("a", "b"), *, limits: Limits = limits(),
          cluster: Cluster | None = None, gate: IdleGate | None = None, warm: str = "",
          resident_hint: str = "", pending_hint: str = "", **spec_kwargs) -> Driver:
     """A started Driver; ``warm`` names a member already Ready when the process starts."""
@@ -157,7 +157,7 @@ def test_budget_rejects_with_503_and_the_swap_still_completes() -> None:
 @pytest.mark.parametrize("cap, expected", [(120, SWAP - 10), (6, 6)])
 def test_retry_after_comes_from_swap_history_clamped(cap: int, expected: float) -> None:
     d = make(warm="a", swap_budget=10,
-             limits=Limits(retry_after_default=7, retry_after_max=cap))
+             limits=limits(retry_after_default=7, retry_after_max=cap))
     first = d.request("b", at=0)
     d.run()
     assert d.requests[first].reject.retry_after == 7  # no history yet: the default
@@ -195,7 +195,7 @@ def test_retry_after_expects_the_slowest_swap_seen_once_past_the_mean() -> None:
 
 def test_drain_linger_batches_back_to_back_requests_for_the_incumbent() -> None:
     d = make(warm="a", swap_budget=200, fairness_window=30,
-             limits=Limits(drain_linger=0.5))
+             limits=limits(drain_linger=0.5))
     first = d.request("a", at=0, duration=2)
     cross = d.request("b", at=1)
     # a client sending to the incumbent back to back: each request 2 s, 0.1 s apart
@@ -216,7 +216,7 @@ def test_drain_linger_batches_back_to_back_requests_for_the_incumbent() -> None:
 
 def test_failed_target_rejects_fast_then_backs_off_then_recovers() -> None:
     cluster = Cluster(("a", "b"), load_delay=LOAD, unload_delay=UNLOAD, outcome={"b": FAILS})
-    d = make(cluster=cluster, warm="a", limits=Limits(failure_backoff=30))
+    d = make(cluster=cluster, warm="a", limits=limits(failure_backoff=30))
     held = d.request("b", at=0)
     during_backoff = d.request("b", at=20)
     d.run(until=25)
@@ -237,7 +237,7 @@ def test_failed_target_rejects_fast_then_backs_off_then_recovers() -> None:
 
 def test_stuck_creating_times_out_and_the_pool_is_not_wedged() -> None:
     cluster = Cluster(("a", "b"), load_delay=LOAD, unload_delay=UNLOAD, outcome={"b": STUCK})
-    d = make(cluster=cluster, warm="a", limits=Limits(swap_timeout=60))
+    d = make(cluster=cluster, warm="a", limits=limits(swap_timeout=60))
     stuck = d.request("b", at=0)
     d.run(until=UNLOAD + 60 + 1)
     reject = d.requests[stuck].reject
@@ -384,7 +384,7 @@ def test_idle_gate_defers_the_swap_until_the_incumbent_is_idle(answer: bool | No
                                                                reason: str) -> None:
     gate = IdleGate(delay=0.1)
     gate.scripts["a"] = [answer, answer, True]
-    d = make(warm="a", gate=gate, limits=Limits(idle_gate=True))
+    d = make(warm="a", gate=gate, limits=limits(idle_gate=True))
     rid = d.request("b", at=0)
     d.run(until=2)
     assert d.machine.view().deferred_reason == reason
@@ -424,7 +424,7 @@ def test_a_request_id_arriving_twice_raises_policy_error() -> None:
 
 def test_end_of_failure_backoff_is_a_deadline_and_bumps_the_version() -> None:
     cluster = Cluster(("a", "b"), load_delay=LOAD, unload_delay=UNLOAD, outcome={"b": FAILS})
-    d = make(cluster=cluster, warm="a", limits=Limits(failure_backoff=30))
+    d = make(cluster=cluster, warm="a", limits=limits(failure_backoff=30))
     d.request("b", at=0)
     d.run(until=SWAP + 1)
     assert d.machine.view().failed_member == "b"
@@ -449,7 +449,7 @@ def test_degraded_during_load_still_hands_the_slot_to_a_ready_target() -> None:
 def test_degraded_pool_does_not_scale_down_a_target_that_timed_out() -> None:
     cluster = Cluster(("a", "b", "c"), load_delay=LOAD, unload_delay=UNLOAD,
                       outcome={"b": STUCK})
-    d = make(("a", "b", "c"), cluster=cluster, warm="a", limits=Limits(swap_timeout=60))
+    d = make(("a", "b", "c"), cluster=cluster, warm="a", limits=limits(swap_timeout=60))
     rid = d.request("b", at=0)
     d.at(10, lambda: d.cluster.delete("c"))
     d.run(until=100)
@@ -498,7 +498,7 @@ def test_a_reused_request_id_is_held_for_its_own_full_budget() -> None:
 def test_a_probe_retry_that_falls_due_while_degraded_does_not_stay_due() -> None:
     gate = IdleGate(delay=0.1)
     gate.scripts["a"] = [False]
-    d = make(("a", "b", "c"), warm="a", gate=gate, limits=Limits(idle_gate=True))
+    d = make(("a", "b", "c"), warm="a", gate=gate, limits=limits(idle_gate=True))
     rid = d.request("b", at=0)
     d.at(0.5, lambda: d.cluster.delete("c"))
     d.run(until=5)  # the driver fails if next_deadline() stays at or before now

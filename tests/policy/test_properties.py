@@ -15,8 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cluster_model import FAILS, LOADS, STUCK, Cluster, IdleGate
-from extproc.policy.machine import Limits
-from harness import Driver, spec
+from harness import Driver, limits, spec
 
 HORIZON = 400.0  # traffic and faults happen in [0, HORIZON)
 PROBE_DELAY = 0.1
@@ -63,9 +62,9 @@ def scenarios(draw: st.DrawFn, faults: bool) -> Scenario:
                       outcome={m: draw(outcomes) for m in members})
     # Without faults every load beats the timeout; with them, timeouts may cut loads short.
     timeout = draw(st.floats(20, 200)) + (0 if faults else cluster.load_delay)
-    limits = Limits(swap_timeout=timeout, failure_backoff=draw(st.floats(1, 60)),
-                    idle_gate=draw(st.booleans()),
-                    drain_linger=draw(st.sampled_from([0.0, 0.5, 3.0])))
+    knobs = limits(swap_timeout=timeout, failure_backoff=draw(st.floats(1, 60)),
+                   idle_gate=draw(st.booleans()),
+                   drain_linger=draw(st.sampled_from([0.0, 0.5, 3.0])))
     warm = draw(st.lists(some_member, max_size=2 if faults else 1, unique=True))
     for m in warm:
         cluster.warm(m)
@@ -75,7 +74,7 @@ def scenarios(draw: st.DrawFn, faults: bool) -> Scenario:
         answers = st.lists(st.sampled_from([True, False, None]), max_size=4)
         gate.scripts = {m: draw(answers) for m in members}
     hint = st.sampled_from(("",) + members)
-    d = Driver(pool, limits, cluster, gate, resident_hint=draw(hint),
+    d = Driver(pool, knobs, cluster, gate, resident_hint=draw(hint),
                pending_hint=draw(hint) if faults else "", reuse_rids=draw(st.booleans()),
                watch_latency=draw(st.just(0.0) | st.floats(0, 2)))
     d.start()

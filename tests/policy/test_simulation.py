@@ -18,8 +18,7 @@ window + drain + swap = 47 s.
 from __future__ import annotations
 
 from cluster_model import Cluster
-from extproc.policy.machine import Limits
-from harness import Driver, spec
+from harness import Driver, limits, spec
 
 MINUTES = 10
 CLIENTS = 4
@@ -33,7 +32,7 @@ WINDOW = 30.0
 def test_interleaved_traffic_is_served_in_batches_with_bounded_waits() -> None:
     cluster = Cluster(("a", "b"), load_delay=LOAD, unload_delay=UNLOAD)
     cluster.warm("a")
-    d = Driver(spec(("a", "b"), fairness_window=WINDOW), Limits(), cluster)
+    d = Driver(spec(("a", "b"), fairness_window=WINDOW), limits(), cluster)
     d.start()
     horizon = MINUTES * 60.0
     arrivals = []

@@ -1,9 +1,8 @@
-"""Shared plumbing for API calls: request counting, error classification and jittered backoff."""
+"""Shared plumbing for API calls: request counting and error classification."""
 
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -55,23 +54,3 @@ async def counted(verb: str, resource: str, call: Awaitable[T]) -> T:
         raise
     KUBE_REQUESTS.labels(verb, resource, str(getattr(response, "status_code", 200))).inc()
     return response
-
-
-class Backoff:
-    """Exponential delays with full jitter, so many clients do not retry in lockstep."""
-
-    def __init__(self, initial: float = 0.2, maximum: float = 30.0) -> None:
-        self.initial = initial
-        self.maximum = maximum
-        self._attempt = 0
-
-    def next_delay(self) -> float:
-        """The delay before the next attempt; grows with each call until ``reset``."""
-        ceiling = min(self.maximum, self.initial * (2 ** self._attempt))
-        self._attempt += 1
-        # Never below half the ceiling: a near-zero delay right after a failure is a busy loop.
-        return random.uniform(ceiling / 2, ceiling)
-
-    def reset(self) -> None:
-        """Start over from the initial delay (after a success)."""
-        self._attempt = 0

@@ -8,13 +8,32 @@ from kubernetes.aio import config
 from kubernetes.aio.client import ApiClient, Configuration
 
 from extproc.logs import get_logger
-from extproc.settings import Settings
+from extproc.settings import ConfigError, Settings
 
 log = get_logger(__name__)
 
 
 async def make_api_client(settings: Settings) -> ApiClient:
-    """Return an ApiClient: ``settings.kubeconfig`` if set, else in-cluster, else $KUBECONFIG."""
+    """Return an ApiClient: ``settings.kubeconfig`` if set, else in-cluster, else $KUBECONFIG.
+
+    Credentials that cannot be loaded raise ConfigError with one line saying why.
+    """
+    try:
+        return await _make(settings)
+    except ConfigError:
+        raise
+    except Exception as exc:  # the library raises ConfigException, OSError, YAML errors...
+        source = settings.kubeconfig or "in-cluster config, then " + (
+            os.environ.get("KUBECONFIG") or "~/.kube/config")
+        text = str(exc).strip()
+        if isinstance(exc, (TypeError, AttributeError, KeyError)):
+            text = "not a kubeconfig file"  # the library indexes into whatever YAML it read
+        reason = text.splitlines()[0] if text else type(exc).__name__
+        raise ConfigError(f"cannot load Kubernetes credentials from {source}: {reason}") \
+            from None
+
+
+async def _make(settings: Settings) -> ApiClient:
     configuration = Configuration()
     if settings.kubeconfig:
         await config.load_kube_config(config_file=settings.kubeconfig,

@@ -61,7 +61,7 @@ class EventRecorder:
                           self._api.create_namespaced_event_with_http_info(key.namespace, body))
         except Exception as exc:
             # An Event is narration, not state: losing one must never fail or stall a swap.
-            log.warning("event not recorded", pool=str(key), reason=reason,
+            log.warning("event not recorded", namespace=key.namespace, pool=key.name, reason=reason,
                         error=describe(exc))
             return
-        log.debug("event recorded", pool=str(key), reason=reason, event_message=message)
+        log.debug("event recorded", namespace=key.namespace, pool=key.name, reason=reason, event_message=message)

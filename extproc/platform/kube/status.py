@@ -14,16 +14,9 @@ from typing import Any, Protocol
 from kubernetes.aio.client import ApiClient, CustomObjectsApi
 from kubernetes.aio.client.exceptions import ApiException
 
+from extproc.backoff import Backoff
 from extproc.logs import get_logger
-from extproc.platform.kube._calls import (
-    GROUP,
-    POOLS,
-    VERSION,
-    Backoff,
-    counted,
-    describe,
-    retryable,
-)
+from extproc.platform.kube._calls import GROUP, POOLS, VERSION, counted, describe, retryable
 from extproc.policy.model import MemberObservation, PoolKey, PoolPhase, PoolView
 
 log = get_logger(__name__)
@@ -137,7 +130,8 @@ class StatusWriter:
                           GROUP, VERSION, view.key.namespace, POOLS, view.key.name,
                           {"status": body}))
         self._written[view.key] = desired
-        log.info("pool status written", pool=str(view.key), phase=desired["phase"],
+        log.info("pool status written", namespace=view.key.namespace, pool=view.key.name,
+                 phase=desired["phase"],
                  resident=view.resident, pending=view.pending)
         return True
 
@@ -211,7 +205,7 @@ class StatusPublisher:
         backoff = Backoff(*self._backoff)
         while (view := self._latest.pop(key, None)) is not None:
             if not self._source.has_pool(key):
-                log.debug("status not written: pool is gone", pool=str(key))
+                log.debug("status not written: pool is gone", namespace=key.namespace, pool=key.name)
                 self._forget(key)
                 continue
             version = self._source.pool_resource_version(key)
@@ -223,10 +217,10 @@ class StatusPublisher:
                     self._forget(key)
                     continue
                 if not retryable(exc):
-                    log.error("status write rejected", pool=str(key), error=describe(exc))
+                    log.error("status write rejected", namespace=key.namespace, pool=key.name, error=describe(exc))
                     continue
                 delay = backoff.next_delay()
-                log.warning("status write failed, retrying", pool=str(key),
+                log.warning("status write failed, retrying", namespace=key.namespace, pool=key.name,
                             error=describe(exc), retry_in=round(delay, 3))
                 # Retry this view unless a newer one arrived while we were writing.
                 self._latest.setdefault(key, view)

@@ -12,11 +12,11 @@ The listener hears nothing until the first list of every kind is in (``synced``)
 pool before its members were listed would show them as missing and degrade the pool for no
 reason. After that, every change is reported once, and an unchanged observation never is.
 
-Pods: only pods labelled ``inference.llmkube.dev/service`` are watched by default. LLMKube
-writes that label (and ``app``) on every pod it creates, and a selector keeps the pod watch down
-to model servers even cluster-wide, where "all pods" would stream every pod of every workload.
-Pass ``pod_selector=""`` to watch all pods in the watched namespaces, which makes the ``app``
-fallback count hand-made members that carry only ``app=<member>``.
+Pods: only pods labelled ``inference.llmkube.dev/service`` are watched by default
+(``Settings.pod_selector``). LLMKube writes that label (and ``app``) on every pod it creates,
+and a selector keeps the pod watch down to model servers even cluster-wide, where "all pods"
+would stream every pod of every workload. An empty selector watches all pods in the watched
+namespaces, which makes the ``app`` fallback count hand-made members with only ``app=<member>``.
 """
 
 from __future__ import annotations
@@ -31,26 +31,13 @@ from typing import Any
 from kubernetes.aio.client import ApiClient, CoreV1Api, CustomObjectsApi
 from kubernetes.aio.client.exceptions import ApiException
 
+from extproc.backoff import Backoff
 from extproc.logs import get_logger
 from extproc.metrics import KUBE_REQUESTS, WATCH_RESTARTS
-from extproc.platform.kube._calls import (
-    GROUP,
-    POOLS,
-    SERVICES,
-    VERSION,
-    Backoff,
-    describe,
-    status_code,
-)
-from extproc.platform.kube.objects import (
-    SERVICE_LABEL,
-    object_key,
-    pod_member,
-    pool_spec,
-    service_state,
-)
-from extproc.platform.listener import PoolListener
-from extproc.policy.model import MemberObservation, PoolKey, PoolSpec
+from extproc.platform.contract import PoolListener
+from extproc.platform.kube._calls import GROUP, POOLS, SERVICES, VERSION, describe, status_code
+from extproc.platform.kube.objects import object_key, pod_member, pool_spec, service_state
+from extproc.policy.model import MemberObservation, PoolKey, PoolSpec, StartHints
 from extproc.settings import Settings
 
 log = get_logger(__name__)
@@ -72,17 +59,14 @@ class _Pool:
 class ClusterWatcher:
     """Lists and watches pools, members and pods forever, keeping a joined in-memory cache."""
 
-    def __init__(self, api_client: ApiClient, namespaces: list[str], listener: PoolListener, *,
-                 backoff_max: float = 30.0, settings: Settings | None = None,
-                 pod_selector: str = SERVICE_LABEL, timeout_seconds: int = 300) -> None:
+    def __init__(self, api_client: ApiClient, settings: Settings) -> None:
         self._custom = CustomObjectsApi(api_client)
         self._core = CoreV1Api(api_client)
-        self._scopes = list(namespaces) or [""]  # "" = all namespaces
-        self._listener = listener
-        self._backoff_max = backoff_max
-        self._settings = settings or Settings()
-        self._pod_selector = pod_selector or None
-        self._timeout = timeout_seconds
+        self._scopes = list(settings.namespaces) or [""]  # "" = all namespaces
+        self._listener: PoolListener | None = None
+        self._settings = settings
+        self._pod_selector = settings.pod_selector or None
+        self._timeout = max(1, round(settings.watch_timeout))
         self.synced = asyncio.Event()
         self._listed: set[tuple[str, str]] = set()
         self._pools: dict[PoolKey, _Pool] = {}
@@ -128,8 +112,9 @@ class ClusterWatcher:
 
     # --- the watch loops ----------------------------------------------------------------------
 
-    async def run(self) -> None:
-        """List and watch every kind in every scope until cancelled."""
+    async def run(self, listener: PoolListener) -> None:
+        """List and watch every kind in every scope until cancelled, reporting to ``listener``."""
+        self._listener = listener
         async with asyncio.TaskGroup() as group:
             for scope in self._scopes:
                 for kind in (POOLS, SERVICES, PODS):
@@ -137,7 +122,7 @@ class ClusterWatcher:
 
     async def _run_one(self, kind: str, scope: str) -> None:
         """List then watch one kind in one scope, forever, re-listing after 410 Gone."""
-        backoff = Backoff(0.2, self._backoff_max)
+        backoff = Backoff(self._settings.api_retry_initial, self._settings.api_retry_max)
         loop = asyncio.get_running_loop()
         version, gone_streak = "", 0
         while True:
@@ -325,7 +310,8 @@ class ClusterWatcher:
         # reports about members it no longer tracks).
         self._index(spec)
         if problems:
-            log.warning("pool spec has problems", pool=str(key), problems=list(problems))
+            log.warning("pool spec has problems", namespace=key.namespace, pool=key.name,
+                        problems=list(problems))
         self._announce(pool)
 
     def _index(self, spec: PoolSpec) -> None:
@@ -338,7 +324,10 @@ class ClusterWatcher:
         if not self.synced.is_set():
             return
         key = pool.spec.key
-        self._call("pool_changed", pool.spec, pool.status)
+        status = pool.status
+        self._call("pool_changed", pool.spec,
+                   StartHints(resident=str(status.get("residentMember") or ""),
+                              pending=str(status.get("pendingMember") or "")))
         delivered = self._delivered[key] = {}
         for member in pool.spec.members:
             obs = delivered[member] = self._observe(key.namespace, member)

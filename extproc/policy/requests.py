@@ -1,0 +1,116 @@
+"""The request book of one pool: which requests are held, which are in flight, and since when.
+
+Data and bookkeeping only. The machine (``machine.py``) decides what happens to a request;
+this class remembers the outcome so that every count (held, in flight, busy per member, the
+time a member last went idle) has exactly one owner, and the runtime and the metrics read
+them from here instead of keeping copies.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from .state import PolicyError
+
+
+@dataclass(slots=True)
+class Held:
+    """A request waiting for its member to become resident."""
+
+    member: str
+    arrived: float
+    deadline: float
+
+
+class RequestBook:
+    """Held and in-flight requests of one pool, with per-member counts and a deadline heap."""
+
+    def __init__(self) -> None:
+        self.held: dict[int, Held] = {}  # insertion order is arrival order: oldest first
+        self.in_flight: dict[int, str] = {}
+        self.held_by: dict[str, int] = {}  # member -> requests held for it (gauges read it)
+        self._busy: dict[str, int] = {}
+        self._idle_since: dict[str, float] = {}  # when each member's last request ended
+        # (deadline, rid) of held requests; entries of requests no longer held are skipped
+        # lazily, so every event costs O(log n) even with thousands of requests parked.
+        self._deadlines: list[tuple[float, int]] = []
+
+    # ---- what the machine asks ------------------------------------------------------------
+
+    def knows(self, rid: int) -> bool:
+        """Whether ``rid`` is held or in flight."""
+        return rid in self.held or rid in self.in_flight
+
+    def busy(self, member: str) -> int:
+        """Requests in flight on ``member``."""
+        return self._busy.get(member, 0)
+
+    def idle_since(self, member: str) -> float:
+        """When ``member``'s last request ended (-inf if it never served one)."""
+        return self._idle_since.get(member, -math.inf)
+
+    def held_for(self, member: str) -> Iterator[tuple[int, Held]]:
+        """The requests held for ``member``, oldest first (a snapshot: safe to change the book)."""
+        return iter([(rid, h) for rid, h in self.held.items() if h.member == member])
+
+    def next_deadline(self) -> float:
+        """The earliest deadline of a held request (inf if none)."""
+        heap = self._deadlines
+        while heap and not self._is_current(*heap[0]):
+            heapq.heappop(heap)
+        return heap[0][0] if heap else math.inf
+
+    # ---- what the machine records -----------------------------------------------------------
+
+    def hold(self, rid: int, member: str, now: float, deadline: float) -> None:
+        """Park ``rid`` for ``member`` until ``deadline``."""
+        self.held[rid] = Held(member, now, deadline)
+        self.held_by[member] = self.held_by.get(member, 0) + 1
+        heapq.heappush(self._deadlines, (deadline, rid))
+
+    def unhold(self, rid: int) -> Held:
+        """Take ``rid`` out of the held set (it is about to be admitted or answered)."""
+        return self._take(rid)
+
+    def admit(self, rid: int, member: str) -> None:
+        """Count ``rid`` in flight on ``member``."""
+        self.in_flight[rid] = member
+        self._busy[member] = self._busy.get(member, 0) + 1
+
+    def end(self, rid: int, now: float) -> Held | None:
+        """The request's stream closed: None if it was in flight, its Held if it was held."""
+        member = self.in_flight.pop(rid, None)
+        if member is not None:
+            self._busy[member] -= 1
+            if not self._busy[member]:
+                self._idle_since[member] = now
+            return None
+        if rid not in self.held:
+            raise PolicyError(f"request {rid} ended but is neither held nor in flight")
+        return self._take(rid)
+
+    def expired(self, now: float) -> Iterator[tuple[int, Held]]:
+        """Take out and yield every held request whose deadline is at or before ``now``."""
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            deadline, rid = heapq.heappop(heap)
+            if self._is_current(deadline, rid):
+                yield rid, self._take(rid)
+
+    def _take(self, rid: int) -> Held:
+        held = self.held.pop(rid)
+        left = self.held_by[held.member] - 1
+        if left:
+            self.held_by[held.member] = left
+        else:
+            del self.held_by[held.member]
+        return held
+
+    def _is_current(self, deadline: float, rid: int) -> bool:
+        # Request ids are reused once a request ends: an entry is stale unless that rid is
+        # held now *with this deadline*, else a reused rid would expire on its old deadline.
+        held = self.held.get(rid)
+        return held is not None and held.deadline == deadline
