@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,8 @@ import yaml
 
 from devstack.procs import LOCALHOST, PROJECT_ROOT, EnvoyProcess, ManagedProcess, free_port, \
     wait_for_http
+from devstack.stack_manifests import pool_with_members
+from devstack.testkit import chat_body, wait_until
 
 from . import envoycfg, services
 
@@ -28,17 +29,10 @@ MEMBERS = ("a", "b")
 
 
 def _objects(load_delay: float, unload_delay: float) -> list[dict[str, Any]]:
-    members = [{"apiVersion": "inference.llmkube.dev/v1alpha1", "kind": "InferenceService",
-                "metadata": {"name": m, "namespace": NAMESPACE, "annotations": {
-                    "sim.llmkube.dev/load-delay": f"{load_delay}s",
-                    "sim.llmkube.dev/unload-delay": f"{unload_delay}s"}},
-                "spec": {"replicas": 0, "modelRef": f"model-{m}"}} for m in MEMBERS]
-    pool = {"apiVersion": "inference.llmkube.dev/v1alpha1", "kind": "ModelPool",
-            "metadata": {"name": POOL, "namespace": NAMESPACE},
-            "spec": {"default": MEMBERS[0], "gpu": 1, "swapPolicy": "sticky",
-                     "swapBudget": "120s",
-                     "members": [{"inferenceServiceRef": {"name": m}} for m in MEMBERS]}}
-    return [*members, pool]
+    delays = {"sim.llmkube.dev/load-delay": f"{load_delay}s",
+              "sim.llmkube.dev/unload-delay": f"{unload_delay}s"}
+    return pool_with_members(POOL, NAMESPACE, MEMBERS, default=MEMBERS[0], swap_budget="120s",
+                             member_annotations={m: delays for m in MEMBERS})
 
 
 class ClusterStack:
@@ -82,7 +76,7 @@ class ClusterStack:
             "--crds", str(PROJECT_ROOT / "crds"), "--kubeconfig-out", str(self.kubeconfig),
             "--commits", str(self.commits_path), "--namespace", NAMESPACE]))
         wait_for_http(f"{self.api_url}/version", timeout=30)
-        self._wait(self.kubeconfig.exists, 10, "kubeconfig")
+        wait_until(self.kubeconfig.exists, 10, "kubeconfig")
         manifest = self.workdir / "objects.yaml"
         manifest.write_text(yaml.safe_dump_all(_objects(self.load_delay, self.unload_delay)),
                             encoding="utf-8")
@@ -144,16 +138,7 @@ class ClusterStack:
     def _launch(self, name: str, args: list[str]) -> ManagedProcess:
         return ManagedProcess(args, self.workdir / f"{name}.log", cwd=PROJECT_ROOT).start()
 
-    @staticmethod
-    def _wait(check: Any, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while not check():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"timed out waiting for {what}")
-            time.sleep(0.05)
-
 
 def body_for(member: str) -> bytes:
     """A small chat request naming ``member``."""
-    return json.dumps({"model": member, "max_tokens": 4,
-                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    return chat_body(member, tokens=4)

@@ -22,7 +22,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -32,6 +31,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from devstack import stack_manifests as manifests
+from devstack import testkit
 from devstack.procs import LOCALHOST, PROJECT_ROOT, EnvoyProcess, ManagedProcess, wait_for_http
 from devstack.simulator_timeline import read_timeline
 from devstack.stack_ports import Ports
@@ -46,15 +46,11 @@ class StackError(RuntimeError):
 
 
 def wait_until(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    """Poll `check` until it returns something truthy; StackError after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() >= deadline:
-            raise StackError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(interval)
+    """Poll ``check`` until it returns something truthy; StackError after ``timeout`` s."""
+    try:
+        return testkit.wait_until(check, timeout, what, interval)
+    except testkit.TimedOut as exc:
+        raise StackError(str(exc)) from None
 
 
 class LocalStack:

@@ -20,29 +20,53 @@ def load_sample(directory: Path | str = SAMPLE_DIR) -> list[dict[str, Any]]:
     return docs
 
 
-def member(name: str, namespace: str, annotations: dict[str, str] | None = None,
-           model: str | None = None) -> dict[str, Any]:
-    """An InferenceService scaled to zero, as a pool member starts."""
-    meta: dict[str, Any] = {"name": name, "namespace": namespace}
+def _meta(name: str, namespace: str, annotations: dict[str, str] | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name}
+    if namespace:
+        meta["namespace"] = namespace
     if annotations:
         meta["annotations"] = dict(annotations)
-    return {"apiVersion": API_VERSION, "kind": "InferenceService", "metadata": meta,
-            "spec": {"replicas": 0, "modelRef": model or f"{name}-model"}}
+    return meta
+
+
+def member(name: str, namespace: str = "", annotations: dict[str, str] | None = None,
+           model: str | None = None, *, replicas: int | None = 0,
+           phase: str = "") -> dict[str, Any]:
+    """An InferenceService (scaled to zero, as a pool member starts, unless told otherwise).
+
+    ``replicas=None`` leaves the field out (LLMKube then defaults it to 1); ``phase`` adds a
+    status, as a controller would have written it.
+    """
+    obj: dict[str, Any] = {"apiVersion": API_VERSION, "kind": "InferenceService",
+                           "metadata": _meta(name, namespace, annotations),
+                           "spec": {"modelRef": model or f"{name}-model"}}
+    if replicas is not None:
+        obj["spec"]["replicas"] = replicas
+    if phase:
+        obj["status"] = {"phase": phase}
+    return obj
 
 
 def pool(name: str, namespace: str, members: Iterable[str], *, default: str = "",
-         swap_budget: str = "", fairness_window: str = "") -> dict[str, Any]:
-    """A ModelPool over existing members; empty strings leave a field at its default."""
-    meta: dict[str, Any] = {"name": name, "namespace": namespace}
+         swap_budget: str = "", fairness_window: str = "",
+         annotations: dict[str, str] | None = None, **spec_fields: Any) -> dict[str, Any]:
+    """A ModelPool over existing members; empty strings leave a field at its default.
+
+    ``spec_fields`` are raw spec fields (camelCase), written last: tests use them for values
+    the typed arguments would refuse.
+    """
+    annotations = dict(annotations or {})
     if fairness_window:
-        meta["annotations"] = {FAIRNESS_ANNOTATION: fairness_window}
+        annotations[FAIRNESS_ANNOTATION] = fairness_window
     spec: dict[str, Any] = {"swapPolicy": "sticky", "gpu": 1,
                             "members": [{"inferenceServiceRef": {"name": m}} for m in members]}
     if default:
         spec["default"] = default
     if swap_budget:
         spec["swapBudget"] = swap_budget
-    return {"apiVersion": API_VERSION, "kind": "ModelPool", "metadata": meta, "spec": spec}
+    spec.update(spec_fields)
+    return {"apiVersion": API_VERSION, "kind": "ModelPool",
+            "metadata": _meta(name, namespace, annotations), "spec": spec}
 
 
 def pool_with_members(name: str, namespace: str, members: Iterable[str], *,

@@ -7,20 +7,18 @@ through the API emulator. Members load in LOAD_DELAY seconds to keep the suite f
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import aiohttp
 import pytest
 
-from devstack import procs
+from devstack import procs, testkit
 from devstack.stack import LocalStack
 from devstack.stack_manifests import pool_with_members
 from devstack.stack_ports import Ports
+from devstack.testkit import Reply
 
 NAMESPACE = "e2e"
 LOAD_DELAY = 0.8
@@ -70,57 +68,15 @@ def extproc_calls(stack: LocalStack) -> list[dict[str, Any]]:
 # ---- HTTP through Envoy -------------------------------------------------------------------
 
 
-@dataclass
-class Reply:
-    """One answer as a client saw it."""
-
-    status: int
-    headers: dict[str, str]
-    body: str
-    began: float  # time.monotonic() when the request was sent
-    ended: float  # ... and when its last byte arrived
-    events: list[str] = field(default_factory=list)  # SSE data payloads, in order
-
-    @property
-    def served_by(self) -> str:
-        """The member that answered (the fake upstream's x-served-by header)."""
-        return self.headers.get("x-served-by", "")
-
-    @property
-    def took(self) -> float:
-        """Seconds from send to the last byte."""
-        return self.ended - self.began
-
-    def json(self) -> Any:
-        """The body as JSON."""
-        return json.loads(self.body)
-
-
 def client() -> aiohttp.ClientSession:
     """A client session with a connection pool big enough for the concurrency tests."""
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=100))
 
 
-async def chat(session: aiohttp.ClientSession, stack: LocalStack, model: str, *,
-               stream: bool = False, tokens: int = 8, token_delay_ms: int = 0,
-               timeout: float = 60.0) -> Reply:
-    """POST /v1/chat/completions through Envoy and read the whole answer."""
-    body = {"model": model, "messages": [{"role": "user", "content": "hello"}],
-            "stream": stream, "max_tokens": tokens}
-    # the fake upstream paces SSE tokens by ?delay_ms=
-    url = f"{stack.url}/v1/chat/completions?delay_ms={token_delay_ms}"
-    began = time.monotonic()
-    async with session.post(url, json=body,
-                            timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-        headers = {k.lower(): v for k, v in resp.headers.items()}
-        if not (stream and resp.status == 200):
-            text = await resp.text()
-            return Reply(resp.status, headers, text, began, time.monotonic())
-        events = []
-        async for line in resp.content:
-            if line.startswith(b"data: "):
-                events.append(line[len(b"data: "):].decode().strip())
-        return Reply(resp.status, headers, "", began, time.monotonic(), events)
+async def chat(session: aiohttp.ClientSession, stack: LocalStack, model: str,
+               **options: Any) -> Reply:
+    """POST /v1/chat/completions through the stack's Envoy and read the whole answer."""
+    return await testkit.chat(session, stack.url, model, **options)
 
 
 # ---- waiting and reading state ------------------------------------------------------------
@@ -128,15 +84,8 @@ async def chat(session: aiohttp.ClientSession, stack: LocalStack, model: str, *,
 
 async def eventually(check: Callable[[], Any], timeout: float = 20.0,
                      what: str = "condition") -> Any:
-    """Poll a blocking `check` (in a thread) until it is truthy; fail the test after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = await asyncio.to_thread(check)
-        if result:
-            return result
-        if time.monotonic() >= deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what} (last: {result!r})")
-        await asyncio.sleep(0.1)
+    """Poll a blocking ``check`` (in a thread) until it is truthy; fail after ``timeout``."""
+    return await testkit.eventually(check, timeout, what, interval=0.1, blocking=True)
 
 
 def status(stack: LocalStack, pool: str) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import pytest
 
+from devstack import testkit
 from extproc import metrics
 from extproc.app import Service
 from extproc.policy.model import MemberObservation, PoolKey, PoolSpec, StartHints
@@ -105,11 +106,8 @@ async def make_stack(upstreams, envoy_factory):
 
 
 async def _chat(session: aiohttp.ClientSession, url: str, model: str, **extra):
-    started = time.monotonic()
-    async with session.post(f"{url}/v1/chat/completions", json={
-            "model": model, "messages": [{"role": "user", "content": "hi"}], **extra}) as resp:
-        body = await resp.read()
-        return resp.status, resp.headers.copy(), body, started, time.monotonic()
+    reply = await testkit.chat(session, url, model, **extra)
+    return reply.status, reply.headers, reply.body, reply.began, reply.ended
 
 
 def _held() -> float:

@@ -177,7 +177,7 @@ class PoolDriver:
                 ticket.waiter = asyncio.get_running_loop().create_future()
                 if coalesced:
                     self._gauges.coalesced()
-            case Dropped(_rid, _member, held_for):
+            case Dropped(held_for=held_for):
                 self._gauges.hold_seconds("disconnected", held_for)
             case Scale(member, replicas):
                 self._scaler.want(member, replicas)

@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 from kubernetes.aio import client, config
 
+from devstack import testkit
 from devstack.procs import PROJECT_ROOT, free_port
 from devstack.simulator import MemberSimulator
 from devstack.simulator_kube import GROUP, MERGE_PATCH, PLURAL, VERSION
@@ -39,15 +40,8 @@ TIMEOUT = 8.0
 
 async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = TIMEOUT,
                      what: str = "condition") -> Any:
-    """Poll `check` until it returns something truthy; fail after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = await check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+    """Poll the async ``check`` until it returns something truthy; fail after ``timeout`` s."""
+    return await testkit.eventually(check, timeout, what)
 
 
 class Cluster:

@@ -12,6 +12,7 @@ import pytest
 from kubernetes.aio import client as aclient
 from kubernetes.aio import config as aconfig
 
+from devstack import stack_manifests as manifests
 from devstack.kubeapi import KubeEmulator
 
 CRDS = Path(__file__).resolve().parents[2] / "crds"
@@ -72,16 +73,13 @@ def custom(aio_client) -> aclient.CustomObjectsApi:
 
 
 def modelpool(name: str, **spec) -> dict:
-    """A minimal valid ModelPool."""
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ModelPool", "metadata": {"name": name},
-            "spec": {"members": [{"inferenceServiceRef": {"name": "a"}}, {"inferenceServiceRef": {"name": "b"}}],
-                     **spec}}
+    """A minimal valid ModelPool over members a and b (``spec``: raw camelCase fields)."""
+    return manifests.pool(name, "", ["a", "b"], **spec)
 
 
 def isvc(name: str, replicas: int = 0) -> dict:
     """A minimal InferenceService."""
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceService", "metadata": {"name": name},
-            "spec": {"replicas": replicas, "modelRef": name}}
+    return manifests.member(name, model=name, replicas=replicas)
 
 
 class Kubectl:

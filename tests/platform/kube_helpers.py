@@ -1,13 +1,17 @@
-"""Helpers for the platform tests: a recording listener, polling, object builders."""
+"""Helpers for the platform tests: a recording listener, object builders, a running watcher.
+
+Polling comes from ``devstack.testkit`` (re-exported here for the tests that import it).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
+from devstack import stack_manifests as manifests
+from devstack.testkit import eventually  # noqa: F401  (re-exported for the tests)
 from extproc.platform.kube.watcher import ClusterWatcher
 from extproc.policy.model import MemberObservation, PoolKey, PoolSpec, StartHints
 from extproc.settings import Settings
@@ -43,26 +47,9 @@ class Recorder:
         return calls
 
 
-async def eventually(check: Callable[[], Any], timeout: float = 5.0) -> Any:
-    """Poll ``check`` until it returns a truthy value or raise AssertionError at ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        await asyncio.sleep(0.02)
-
-
 def isvc(name: str, *, replicas: int | None, phase: str) -> dict:
     """An InferenceService object in NS with a status."""
-    spec: dict[str, Any] = {"modelRef": name}
-    if replicas is not None:
-        spec["replicas"] = replicas
-    return {"apiVersion": "inference.llmkube.dev/v1alpha1", "kind": "InferenceService",
-            "metadata": {"name": name, "namespace": NS}, "spec": spec,
-            "status": {"phase": phase}}
+    return manifests.member(name, NS, model=name, replicas=replicas, phase=phase)
 
 
 def pod(name: str, labels: dict[str, str], *, finalizers: list[str] | None = None,
@@ -77,11 +64,8 @@ def pod(name: str, labels: dict[str, str], *, finalizers: list[str] | None = Non
 
 def modelpool(name: str, members: list[str], *, annotations: dict | None = None,
               **spec: Any) -> dict:
-    """A ModelPool object in NS."""
-    return {"apiVersion": "inference.llmkube.dev/v1alpha1", "kind": "ModelPool",
-            "metadata": {"name": name, "namespace": NS, "annotations": annotations or {}},
-            "spec": {"members": [{"inferenceServiceRef": {"name": m}} for m in members],
-                     **spec}}
+    """A ModelPool object in NS (``spec``: raw camelCase fields)."""
+    return manifests.pool(name, NS, members, annotations=annotations, **spec)
 
 
 @contextlib.asynccontextmanager

@@ -1,0 +1,103 @@
+"""The one home of test support shared by tests/, e2e/, bench/ and devstack/: polling and an
+OpenAI chat client through Envoy. Kubernetes objects are built by ``stack_manifests``.
+
+Nothing here is product code; it lives in ``devstack`` because that is the package all four
+can import.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+
+class TimedOut(AssertionError):
+    """A condition did not hold in time (an AssertionError, so pytest reports it as a failure)."""
+
+
+def wait_until(check: Callable[[], Any], timeout: float, what: str = "condition",
+               interval: float = 0.05) -> Any:
+    """Poll a blocking ``check`` until it returns something truthy; TimedOut after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            raise TimedOut(f"timed out after {timeout:g}s waiting for {what} (last: {result!r})")
+        time.sleep(interval)
+
+
+async def eventually(check: Callable[[], Any], timeout: float = 5.0, what: str = "condition",
+                     *, interval: float = 0.02, blocking: bool = False) -> Any:
+    """Poll ``check`` (plain or async; ``blocking`` runs it in a thread) until it is truthy."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = await asyncio.to_thread(check) if blocking else check()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            raise TimedOut(f"timed out after {timeout:g}s waiting for {what} (last: {result!r})")
+        await asyncio.sleep(interval)
+
+
+def chat_body(model: str, *, stream: bool = False, tokens: int = 8, **extra: Any) -> bytes:
+    """A small /v1/chat/completions request naming ``model``."""
+    return json.dumps({"model": model, "messages": [{"role": "user", "content": "hello"}],
+                       "stream": stream, "max_tokens": tokens, **extra}).encode()
+
+
+@dataclass
+class Reply:
+    """What a client saw: status, headers (lower-case), body, timing and SSE events."""
+
+    status: int
+    headers: dict[str, str]
+    body: str
+    began: float  # time.monotonic() when the request was sent
+    ended: float  # ... and when its last byte arrived
+    events: list[str] = field(default_factory=list)  # SSE data payloads, in order
+
+    @property
+    def served_by(self) -> str:
+        """The member that answered (the fake upstream's x-served-by header)."""
+        return self.headers.get("x-served-by", "")
+
+    @property
+    def took(self) -> float:
+        """Seconds from send to the last byte."""
+        return self.ended - self.began
+
+    def json(self) -> Any:
+        """The body as JSON."""
+        return json.loads(self.body)
+
+
+async def chat(session: aiohttp.ClientSession, base_url: str, model: str, *,
+               stream: bool = False, tokens: int = 8, token_delay_ms: int = 0,
+               timeout: float = 60.0, **extra: Any) -> Reply:
+    """POST /v1/chat/completions to ``base_url`` and read the whole answer."""
+    # the fake upstream paces SSE tokens by ?delay_ms=
+    url = f"{base_url}/v1/chat/completions?delay_ms={token_delay_ms}"
+    began = time.monotonic()
+    async with session.post(url, data=chat_body(model, stream=stream, tokens=tokens, **extra),
+                            headers={"content-type": "application/json"},
+                            timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+        headers = {k.lower(): v for k, v in resp.headers.items()}
+        if not (stream and resp.status == 200):
+            text = await resp.text()
+            return Reply(resp.status, headers, text, began, time.monotonic())
+        events = []
+        async for line in resp.content:
+            if line.startswith(b"data: "):
+                events.append(line[len(b"data: "):].decode().strip())
+        return Reply(resp.status, headers, "", began, time.monotonic(), events)
