@@ -1,0 +1,196 @@
+"""The runtime's PoolDriver on a real event loop: timers, scale coalescing, disconnects,
+shutdown and the broken-machine path. The platform here is scripted so each test controls
+when a scale call returns; everything else (machine, driver, metrics) is the product's."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from devstack.testkit import eventually
+from extproc import metrics
+from extproc.policy.events import Admit, Notice, Reject
+from extproc.policy.model import MemberObservation, PoolKey, PoolSpec, PoolView
+from extproc.runtime.driver import PoolDriver
+from extproc.runtime.hub import limits_from
+from extproc.runtime.scaling import Retry, Scaler
+from extproc.settings import Settings
+
+KEY = PoolKey("rt", "pool")
+READY = dict(phase="Ready", replicas=1, pods=1)
+STOPPED = dict(phase="Stopped", replicas=0, pods=0)
+
+
+class ScriptedPlatform:
+    """Records every call; a scale call waits until the test opens ``gate``."""
+
+    def __init__(self) -> None:
+        self.scales: list[tuple[str, int]] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.fail_next = 0
+        self.views: list[PoolView] = []
+        self.notices: list[Notice] = []
+        self.synced = asyncio.Event()
+
+    async def run(self, listener) -> None:
+        """Nothing to watch: the tests feed observations themselves."""
+
+    async def stop(self) -> None:
+        """Nothing runs in the background."""
+
+    async def scale(self, key: PoolKey, member: str, replicas: int) -> None:
+        """Record, wait for the gate, then fail if told to."""
+        self.scales.append((member, replicas))
+        await self.gate.wait()
+        if self.fail_next:
+            self.fail_next -= 1
+            raise RuntimeError("injected scale failure")
+
+    async def probe_idle(self, key: PoolKey, member: str) -> bool | None:
+        """Always idle."""
+        return True
+
+    def publish(self, view: PoolView) -> None:
+        """Keep every view."""
+        self.views.append(view)
+
+    def notify(self, key: PoolKey, notice: Notice) -> None:
+        """Keep every notice."""
+        self.notices.append(notice)
+
+
+def driver(platform: ScriptedPlatform, budget: float = 30.0, **settings) -> PoolDriver:
+    """A driver for pool rt/pool (members a, b) with a Ready and b Stopped."""
+    settings.setdefault("drain_linger", 0.0)
+    d = PoolDriver(PoolSpec(KEY, ("a", "b"), swap_budget=budget, fairness_window=0),
+                   limits_from(Settings(**settings)), platform, Retry(0.01, 0.05))
+    d.observe(MemberObservation("a", **READY))
+    d.observe(MemberObservation("b", **STOPPED))
+    return d
+
+
+def held_gauge() -> float:
+    return metrics.HELD.labels(KEY.namespace, KEY.name)._value.get()
+
+
+def hold_count(outcome: str) -> float:
+    return metrics.REGISTRY.get_sample_value("llmkube_modelpool_hold_duration_seconds_count",
+                                             {"namespace": KEY.namespace, "pool": KEY.name,
+                                              "outcome": outcome}) or 0.0
+
+
+async def test_a_resident_hit_is_decided_at_once_without_a_future() -> None:
+    d = driver(ScriptedPlatform())
+    ticket = d.arrive("a")
+    assert isinstance(ticket.decision, Admit) and ticket.waiter is None
+    d.end(ticket)
+    d.close()
+
+
+async def test_the_budget_timer_fires_without_any_other_event() -> None:
+    platform = ScriptedPlatform()
+    platform.gate.clear()  # b never loads: only the timer can end the wait
+    d = driver(platform, budget=0.2)
+    ticket = d.arrive("b")
+    assert ticket.waiter is not None and held_gauge() == 1
+    decision = await asyncio.wait_for(ticket.waiter, 5)
+    assert isinstance(decision, Reject) and decision.code == "swap_budget_exceeded"
+    assert decision.status == 503 and decision.retry_after >= 1
+    assert held_gauge() == 0
+    d.close()
+
+
+async def test_scale_wishes_coalesce_and_the_latest_wins() -> None:
+    platform = ScriptedPlatform()
+    platform.gate.clear()
+    scaler = Scaler(platform, KEY, Retry(0.01, 0.05))
+    scaler.want("a", 0)
+    await eventually(lambda: platform.scales == [("a", 0)], 2)
+    for replicas in (1, 0, 1):  # changes of mind while the first call is under way
+        scaler.want("a", replicas)
+    platform.gate.set()
+    await asyncio.wait_for(scaler.settled(), 5)
+    # the call under way finishes, then only the latest wish is sent: never a stale one
+    assert platform.scales == [("a", 0), ("a", 1)]
+
+
+async def test_a_failed_scale_is_retried_by_the_one_retry_loop() -> None:
+    platform = ScriptedPlatform()
+    platform.fail_next = 2
+    d = driver(platform)
+    d.arrive("b")
+    await eventually(lambda: platform.scales.count(("a", 0)) == 3, 5, "three attempts")
+    await asyncio.wait_for(d._scaler.settled(), 5)
+    d.close()
+
+
+async def test_a_client_leaving_while_held_is_counted_and_forgotten() -> None:
+    platform = ScriptedPlatform()
+    platform.gate.clear()
+    d = driver(platform)
+    before = hold_count("disconnected")
+    ticket = d.arrive("b")
+    assert held_gauge() == 1
+    d.end(ticket)
+    assert held_gauge() == 0 and d.view().held == 0
+    assert hold_count("disconnected") == before + 1
+    d.end(ticket)  # ending twice is harmless
+    d.close()
+
+
+async def test_shutdown_answers_held_requests_and_refuses_new_holds() -> None:
+    platform = ScriptedPlatform()
+    platform.gate.clear()
+    d = driver(platform)
+    ticket = d.arrive("b")
+    d.reject_held("shutting_down", "restarting")
+    decision = await asyncio.wait_for(ticket.waiter, 1)
+    assert isinstance(decision, Reject) and decision.code == "shutting_down"
+    assert decision.status == 503 and decision.retry_after >= 1
+    late = d.arrive("b")
+    assert isinstance(late.decision, Reject) and late.decision.code == "shutting_down"
+    d.close()
+    calm = driver(ScriptedPlatform())
+    calm.reject_held("shutting_down", "restarting")
+    assert isinstance(calm.arrive("a").decision, Admit)  # a serving resident still serves
+    calm.close()
+
+
+async def test_a_broken_machine_refuses_its_requests_and_logs_once(caplog) -> None:
+    platform = ScriptedPlatform()
+    platform.gate.clear()
+    d = driver(platform)
+    ticket = d.arrive("b")
+    caplog.set_level(logging.ERROR)
+    d.observe(MemberObservation("ghost", **READY))  # not a member: PolicyError inside
+    assert d.broken
+    decision = await asyncio.wait_for(ticket.waiter, 1)
+    assert isinstance(decision, Reject) and decision.code == "pool_unavailable"
+    assert decision.status == 503 and decision.retry_after >= 1
+    d.observe(MemberObservation("a", **STOPPED))  # later events change nothing, raise nothing
+    refused = d.arrive("a")
+    assert isinstance(refused.decision, Reject) and refused.decision.code == "pool_unavailable"
+    failures = [r for r in caplog.records if "pool policy failed" in r.getMessage()]
+    assert len(failures) == 1
+    assert held_gauge() == 0
+    d.close()
+
+
+@pytest.mark.parametrize("phase", ["Ready", "Failed"])
+async def test_released_or_failed_swaps_resolve_every_waiter(phase: str) -> None:
+    platform = ScriptedPlatform()
+    d = driver(platform)
+    tickets = [d.arrive("b") for _ in range(3)]
+    await eventually(lambda: ("a", 0) in platform.scales, 2)
+    d.observe(MemberObservation("a", **STOPPED))
+    await eventually(lambda: ("b", 1) in platform.scales, 2)
+    d.observe(MemberObservation("b", phase="Creating", replicas=1, pods=1))
+    d.observe(MemberObservation("b", phase=phase, replicas=1, pods=1))
+    decisions = await asyncio.wait_for(asyncio.gather(*(t.waiter for t in tickets)), 2)
+    wanted = Admit if phase == "Ready" else Reject
+    assert all(isinstance(x, wanted) for x in decisions)
+    assert held_gauge() == 0
+    d.close()
