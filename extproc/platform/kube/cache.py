@@ -47,8 +47,10 @@ from extproc.platform.kube.objects import (
     object_key,
     pod_member,
     pool_spec,
+    service_probe,
     service_state,
 )
+from extproc.platform.kube.idle import IdleProbe
 from extproc.platform.listener import PoolListener
 from extproc.policy.model import MemberObservation, PoolKey, PoolSpec
 from extproc.settings import Settings
@@ -87,6 +89,7 @@ class ClusterWatcher:
         self._listed: set[tuple[str, str]] = set()
         self._pools: dict[PoolKey, _Pool] = {}
         self._services: dict[tuple[str, str], tuple[str, int]] = {}
+        self._probes: dict[tuple[str, str], IdleProbe | None] = {}  # (namespace, member)
         self._pods: dict[tuple[str, str], str] = {}  # (namespace, pod) -> member ("" = none)
         self._pod_counts: Counter[tuple[str, str]] = Counter()  # (namespace, member) -> pods
         self._pools_of: dict[tuple[str, str], set[PoolKey]] = {}  # (namespace, member) -> pools
@@ -105,6 +108,10 @@ class ClusterWatcher:
     def observation(self, key: PoolKey, member: str) -> MemberObservation:
         """The current observation of ``member``, resolved in the pool's namespace."""
         return self._observe(key.namespace, member)
+
+    def idle_probe(self, key: PoolKey, member: str) -> IdleProbe | None:
+        """How to ask ``member`` whether it is idle (None: no probe applies, or unknown)."""
+        return self._probes.get((key.namespace, member))
 
     def pool_status(self, key: PoolKey) -> dict:
         """The pool's ``.status`` as last seen ({} when unknown)."""
@@ -278,8 +285,10 @@ class ClusterWatcher:
         elif kind == SERVICES:
             if deleted:
                 self._services.pop(key, None)
+                self._probes.pop(key, None)
             else:
                 self._services[key] = service_state(obj)
+                self._probes[key] = service_probe(obj)
             self._refresh(key[0], key[1])
         else:
             old = self._pods.pop(key, "")

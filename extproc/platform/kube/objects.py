@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from extproc.platform.kube.idle import IdleProbe, choose_probe
 from extproc.policy.model import PoolKey, PoolSpec
 from extproc.settings import Settings, parse_duration
 
@@ -47,6 +48,13 @@ def service_state(isvc: dict[str, Any]) -> tuple[str, int]:
     replicas = (isvc.get("spec") or {}).get("replicas")
     phase = (isvc.get("status") or {}).get("phase") or ""
     return phase, 1 if replicas is None else int(replicas)
+
+
+def service_probe(isvc: dict[str, Any]) -> IdleProbe | None:
+    """The idle probe for an InferenceService, from its annotations and ``spec.runtime``."""
+    annotations = (isvc.get("metadata") or {}).get("annotations") or {}
+    runtime = (isvc.get("spec") or {}).get("runtime") or ""
+    return choose_probe(annotations, runtime if isinstance(runtime, str) else "")
 
 
 def pool_spec(pool: dict[str, Any], settings: Settings) -> tuple[PoolSpec, tuple[str, ...]]:
