@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from kube_helpers import NS, eventually, isvc, modelpool, running
-from kubernetes.aio.client.exceptions import ApiException
+from extproc.platform.kube.rest import ApiError
 
 from extproc.metrics import KUBE_REQUESTS
 from extproc.platform.kube.actuator import Actuator, MemberMissing
@@ -86,7 +86,7 @@ async def test_scale_gives_up_at_the_deadline(emulator: Any, api: Any) -> None:
     seed(emulator)
     emulator.set_unavailable(True)
     loop = asyncio.get_running_loop()
-    with pytest.raises(ApiException) as caught:
+    with pytest.raises(ApiError) as caught:
         await Actuator(api, backoff_initial=0.05, backoff_max=0.1).scale(
             NS, "b", 1, deadline=loop.time() + 0.5)
     assert caught.value.status == 503

@@ -12,20 +12,17 @@ from __future__ import annotations
 
 import asyncio
 
-from kubernetes.aio.client import ApiClient, CustomObjectsApi
-from kubernetes.aio.client.exceptions import ApiException
-
 from extproc.logs import get_logger
 from extproc.platform.kube._calls import (
-    GROUP,
     SERVICES,
-    VERSION,
     Backoff,
     counted,
+    custom_path,
     describe,
     retryable,
     status_code,
 )
+from extproc.platform.kube.rest import ApiError, KubeClient
 
 log = get_logger(__name__)
 
@@ -42,9 +39,9 @@ class MemberMissing(Exception):
 class Actuator:
     """Scales member InferenceServices up and down."""
 
-    def __init__(self, api_client: ApiClient, *, backoff_initial: float = 0.2,
+    def __init__(self, api_client: KubeClient, *, backoff_initial: float = 0.2,
                  backoff_max: float = 5.0) -> None:
-        self._api = CustomObjectsApi(api_client)
+        self._api = api_client
         self._backoff_initial = backoff_initial
         self._backoff_max = backoff_max
 
@@ -62,11 +59,10 @@ class Actuator:
         while True:
             attempt += 1
             try:
-                await counted("patch", SERVICES,
-                              self._api.patch_namespaced_custom_object_with_http_info(
-                                  GROUP, VERSION, namespace, SERVICES, member, body))
+                await counted("patch", SERVICES, self._api.call(
+                    "PATCH", custom_path(namespace, SERVICES, member), body=body))
             except Exception as exc:
-                if isinstance(exc, ApiException) and exc.status == 404:
+                if isinstance(exc, ApiError) and exc.status == 404:
                     log.warning("scale target missing", namespace=namespace, member=member,
                                 replicas=replicas)
                     raise MemberMissing(namespace, member) from None

@@ -28,17 +28,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes.aio.client import ApiClient, CoreV1Api, CustomObjectsApi
-from kubernetes.aio.client.exceptions import ApiException
-
 from extproc.logs import get_logger
 from extproc.metrics import KUBE_REQUESTS, WATCH_RESTARTS
 from extproc.platform.kube._calls import (
-    GROUP,
     POOLS,
     SERVICES,
-    VERSION,
     Backoff,
+    custom_path,
     describe,
     status_code,
 )
@@ -51,6 +47,7 @@ from extproc.platform.kube.objects import (
     service_state,
 )
 from extproc.platform.kube.idle import IdleProbe
+from extproc.platform.kube.rest import ApiError, KubeClient
 from extproc.platform.listener import PoolListener
 from extproc.policy.model import MemberObservation, PoolKey, PoolSpec
 from extproc.settings import Settings
@@ -74,11 +71,10 @@ class _Pool:
 class ClusterWatcher:
     """Lists and watches pools, members and pods forever, keeping a joined in-memory cache."""
 
-    def __init__(self, api_client: ApiClient, namespaces: list[str], listener: PoolListener, *,
+    def __init__(self, api_client: KubeClient, namespaces: list[str], listener: PoolListener, *,
                  backoff_max: float = 30.0, settings: Settings | None = None,
                  pod_selector: str = SERVICE_LABEL, timeout_seconds: int = 300) -> None:
-        self._custom = CustomObjectsApi(api_client)
-        self._core = CoreV1Api(api_client)
+        self._api = api_client
         self._scopes = list(namespaces) or [""]  # "" = all namespaces
         self._listener = listener
         self._backoff_max = backoff_max
@@ -165,7 +161,7 @@ class ClusterWatcher:
                 else:
                     # A watch that ends cleanly at once would otherwise become a busy loop.
                     reason, delay = "early-end", backoff.next_delay()
-            except ApiException as exc:
+            except ApiError as exc:
                 if exc.status == 410:
                     # The version we hold was compacted: only a fresh list can tell what
                     # happened meanwhile. The first re-list is immediate, repeats back off.
@@ -183,23 +179,20 @@ class ClusterWatcher:
             WATCH_RESTARTS.labels(kind, reason).inc()
             await asyncio.sleep(delay)
 
-    def _request(self, kind: str, scope: str, **params: Any) -> Any:
-        """Start a list or watch request for ``kind`` in ``scope``; returns the raw response."""
+    def _path(self, kind: str, scope: str) -> str:
+        """The collection URL of ``kind`` in ``scope`` ("" = every namespace)."""
         if kind == PODS:
-            params["label_selector"] = self._pod_selector
-            if scope:
-                return self._core.list_namespaced_pod_without_preload_content(scope, **params)
-            return self._core.list_pod_for_all_namespaces_without_preload_content(**params)
-        if scope:
-            return self._custom.list_namespaced_custom_object_without_preload_content(
-                GROUP, VERSION, scope, kind, **params)
-        return self._custom.list_cluster_custom_object_without_preload_content(
-            GROUP, VERSION, kind, **params)
+            return f"/api/v1/namespaces/{scope}/pods" if scope else "/api/v1/pods"
+        return custom_path(scope, kind)
 
-    async def _open(self, verb: str, kind: str, scope: str, **params: Any) -> Any:
-        """Send a list or watch request, count it, and raise ApiException on a non-200."""
+    async def _open(self, verb: str, kind: str, scope: str, timeout: float,
+                    **params: Any) -> Any:
+        """Send a list or watch request, count it, and raise ApiError on a non-200."""
+        if kind == PODS:
+            params["labelSelector"] = self._pod_selector
         try:
-            resp = await self._request(kind, scope, **params)
+            resp = await self._api.open("GET", self._path(kind, scope), params=params,
+                                        timeout=timeout)
         except Exception as exc:
             KUBE_REQUESTS.labels(verb, kind, status_code(exc)).inc()
             raise
@@ -207,12 +200,12 @@ class ClusterWatcher:
         if resp.status != 200:
             body = (await resp.read())[:300].decode("utf-8", "replace")
             resp.release()
-            raise ApiException(status=resp.status, reason=body)
+            raise ApiError(resp.status, body)
         return resp
 
     async def _list(self, kind: str, scope: str) -> tuple[list[dict], str]:
         """List ``kind`` in ``scope``: its items and the list's resourceVersion."""
-        resp = await self._open("list", kind, scope, _request_timeout=60.0)
+        resp = await self._open("list", kind, scope, 60.0)
         try:
             body = json.loads(await resp.read())
         finally:
@@ -226,10 +219,10 @@ class ClusterWatcher:
         ``progressed`` is called on the first event: the stream works, so any error after
         it starts retrying from the shortest delay.
         """
-        resp = await self._open("watch", kind, scope, watch=True, allow_watch_bookmarks=True,
-                                resource_version=version, timeout_seconds=self._timeout,
-                                # the client gives up a little after the server should have
-                                _request_timeout=float(self._timeout + 30))
+        # the client gives up a little after the server should have ended the watch
+        resp = await self._open("watch", kind, scope, float(self._timeout + 30), watch=True,
+                                allowWatchBookmarks=True, resourceVersion=version,
+                                timeoutSeconds=self._timeout)
         first = True
         try:
             while line := await resp.content.readline():
@@ -239,7 +232,7 @@ class ClusterWatcher:
                 event = json.loads(line)
                 obj = event.get("object") or {}
                 if event.get("type") == "ERROR":
-                    raise ApiException(status=int(obj.get("code") or 500),
+                    raise ApiError(status=int(obj.get("code") or 500),
                                        reason=obj.get("message") or "watch error event")
                 version = (obj.get("metadata") or {}).get("resourceVersion") or version
                 if event.get("type") != "BOOKMARK":

@@ -7,14 +7,14 @@ import asyncio
 from typing import Protocol
 
 import aiohttp
-from kubernetes.aio.client import ApiClient
 
+from extproc.logs import get_logger
 from extproc.platform.kube.actuator import Actuator
 from extproc.platform.kube.cache import ClusterWatcher
 from extproc.platform.kube.client import make_api_client
 from extproc.platform.kube.events import EventRecorder
 from extproc.platform.kube.idle import run_probe
-from extproc.logs import get_logger
+from extproc.platform.kube.rest import KubeClient
 from extproc.platform.kube.status import StatusPublisher, StatusWriter
 from extproc.platform.listener import PoolListener
 from extproc.policy.model import MemberObservation, PoolKey, PoolSpec, PoolView
@@ -36,7 +36,7 @@ class NoticeLike(Protocol):
 class KubePlatform:
     """Watches the cluster for the runtime and carries out its scale, status and event calls."""
 
-    def __init__(self, api_client: ApiClient, settings: Settings, *,
+    def __init__(self, api_client: KubeClient, settings: Settings, *,
                  idle_timeout: float = 2.0) -> None:
         self._api_client = api_client
         self._settings = settings
