@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 from aiohttp import web
+from kube_helpers import serving
 
 from extproc.platform.kube.idle import IdleProbe, choose_probe, run_probe
 from extproc.platform.kube.idle.prometheus import metric_sum
@@ -66,17 +67,8 @@ async def runtime_server() -> AsyncIterator[str]:
         return web.Response(status=status, text=body or None,
                             content_type="text/plain; version=0.0.4")
 
-    app = web.Application()
-    app.router.add_get("/{case}/{tail:.*}", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with serving("/{case}/{tail:.*}", handler) as base:
+        yield base
 
 
 async def _ask(base: str, probe: IdleProbe, case: str) -> bool | None:
