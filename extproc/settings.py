@@ -143,10 +143,13 @@ class Settings:
                                        "parked (needs max_message_timeout in Envoy's ext_proc "
                                        "filter)", group="swap")
     idle_gate: bool = _opt(False, "before scaling an incumbent down, ask its runtime whether it "
-                           "is idle (llama.cpp /slots); an unreachable probe defers the swap",
-                           group="swap")
+                           "is idle (llama.cpp /slots, vLLM /metrics, or LLMKube's idle-metric / "
+                           "idle-endpoint annotations); an unreachable or unknown probe defers "
+                           "the swap", group="swap")
     idle_probe_url: str = _opt("http://{member}.{namespace}.svc:8080/slots", "URL template of "
-                               "the idle probe", group="swap", metavar="TEMPLATE")
+                               "the idle probe: llama.cpp is asked at this URL, the other probes "
+                               "at their own path on its host and port", group="swap",
+                               metavar="TEMPLATE")
     idle_probe_timeout: float = _opt(2.0, "an idle probe that has not answered after this long "
                                      "counts as unknown (the swap is deferred)", group="swap",
                                      metavar="DURATION")

@@ -51,6 +51,11 @@ class PoolSpec:
     generation: int = 0
     # model name -> member; every member also answers to its own name
     aliases: dict[str, str] = field(default_factory=dict)
+    # spec.swapPolicy as written, even a value this version does not implement: the policy
+    # decides what it supports and reports the rest, so a newer value never breaks the pool.
+    swap_policy: str = "sticky"
+    # spec.reclaimAfter: idle seconds before a non-default resident gives the slot back
+    reclaim_after: float = 300.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -171,7 +171,7 @@ class PoolDriver:
                 self._decide(self._tickets.get(rid), cmd, "admitted")
             case Reject(rid):
                 self._decide(self._tickets.pop(rid, None), cmd, cmd.code)
-            case Hold(rid, _member, deadline, coalesced):
+            case Hold(rid=rid, deadline=deadline, coalesced=coalesced):
                 ticket = self._tickets[rid]
                 ticket.deadline = deadline
                 ticket.waiter = asyncio.get_running_loop().create_future()

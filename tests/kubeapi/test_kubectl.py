@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import yaml
 
@@ -84,7 +85,9 @@ async def test_describe_lists_the_objects_events(kubectl, emulator):
         "involvedObject": {"kind": "ModelPool", "name": "pool", "namespace": "default",
                            "uid": pool["metadata"]["uid"]}})
     described = await kubectl("describe", "mpool", "pool")
-    assert "Swap Policy:  sticky" in described
+    # kubectl aligns the values to the longest key (now "Reclaim After", the CRD's newer default)
+    assert re.search(r"^\s*Swap Policy:\s+sticky$", described, re.M)
+    assert re.search(r"^\s*Reclaim After:\s+300s$", described, re.M)
     assert "Swapped" in described and "a to b" in described
 
 

@@ -34,7 +34,7 @@ async def emulator(tmp_path: Path) -> AsyncIterator[Any]:
 
 @pytest.fixture
 async def api(emulator: Any) -> AsyncIterator[Any]:
-    """A kubernetes.aio ApiClient talking to the emulator through its kubeconfig."""
+    """The service's API client talking to the emulator through its kubeconfig."""
     client = await make_api_client(Settings(kubeconfig=str(emulator.kubeconfig)))
     try:
         yield client

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from devstack import stack_manifests as manifests
@@ -83,3 +83,21 @@ async def running(api: Any, recorder: Any = None, *, namespaces: tuple[str, ...]
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+@contextlib.asynccontextmanager
+async def serving(route: str, handler: Callable[..., Any]) -> AsyncIterator[str]:
+    """Serve GET ``route`` with ``handler`` on a free loopback port; yields the base URL."""
+    from aiohttp import web  # noqa: PLC0415 - only the HTTP-serving tests need it
+
+    app = web.Application()
+    app.router.add_get(route, handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 from aiohttp import web
+from kube_helpers import serving
 
 from extproc.platform.kube.idle import probe_idle
 
@@ -28,17 +29,8 @@ async def slots_server() -> AsyncIterator[str]:
         status, body = ANSWERS[request.match_info["case"]]
         return web.Response(status=status, text=body, content_type="application/json")
 
-    app = web.Application()
-    app.router.add_get("/{case}/slots", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with serving("/{case}/slots", handler) as base:
+        yield base
 
 
 @pytest.mark.parametrize("case, expected", [

@@ -86,3 +86,38 @@ def test_service_state_defaults_replicas_to_one() -> None:
     assert service_state({"spec": {}}) == ("", 1)
     assert service_state({"spec": {"replicas": 0}, "status": {"phase": "Stopped"}}) == (
         "Stopped", 0)
+
+
+def test_reclaim_policy_and_reclaim_after_are_read() -> None:
+    spec, problems = pool_spec(pool({"members": members("a", "b"), "default": "a",
+                                     "swapPolicy": "reclaim", "reclaimAfter": "2m30s"}),
+                               SETTINGS)
+    assert problems == ()
+    assert (spec.swap_policy, spec.reclaim_after) == ("reclaim", 150.0)
+
+
+def test_swap_policy_and_reclaim_after_default_like_the_crd() -> None:
+    # objects stored before the CRD had these defaults carry neither field
+    spec, problems = pool_spec(pool({"members": members("a")}), SETTINGS)
+    assert problems == ()
+    assert (spec.swap_policy, spec.reclaim_after) == ("sticky", 300.0)
+
+
+def test_unknown_swap_policy_is_kept_for_the_policy_to_report() -> None:
+    # LLMKube's CRD on a cluster may already allow values this version does not implement
+    spec, problems = pool_spec(pool({"members": members("a", "b"), "swapPolicy": "priority",
+                                     "minResidency": "5m"}), SETTINGS)
+    assert problems == ()
+    assert spec.swap_policy == "priority"
+    assert spec.members == ("a", "b")
+
+
+def test_bad_reclaim_after_and_policy_type_fall_back_and_are_noted() -> None:
+    for raw in ("soon", "0s", "-1m"):
+        spec, problems = pool_spec(pool({"members": members("a"), "swapPolicy": "reclaim",
+                                         "reclaimAfter": raw}), SETTINGS)
+        assert spec.reclaim_after == 300.0 and spec.swap_policy == "reclaim"
+        assert len(problems) == 1 and "spec.reclaimAfter" in problems[0] and repr(raw) in problems[0]
+    spec, problems = pool_spec(pool({"members": members("a"), "swapPolicy": 3}), SETTINGS)
+    assert spec.swap_policy == "sticky"
+    assert len(problems) == 1 and "spec.swapPolicy 3" in problems[0]

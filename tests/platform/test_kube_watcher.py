@@ -1,4 +1,4 @@
-"""ClusterWatcher against the API emulator with the real kubernetes.aio client."""
+"""ClusterWatcher against the API emulator with the service's own API client."""
 
 from __future__ import annotations
 

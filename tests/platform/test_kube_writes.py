@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from kube_helpers import NS, eventually, isvc, modelpool, running
-from kubernetes.aio.client.exceptions import ApiException
+from extproc.platform.kube.rest import ApiError
 
 from extproc.metrics import KUBE_REQUESTS
 from extproc.platform.kube.actuator import Actuator, MemberMissing
@@ -100,7 +100,7 @@ async def test_scale_retries_connection_errors(emulator: Any, api: Any) -> None:
 async def test_one_scale_attempt_per_call_reports_the_api_error(emulator: Any, api: Any) -> None:
     seed(emulator)
     emulator.set_unavailable(True)
-    with pytest.raises(ApiException) as caught:
+    with pytest.raises(ApiError) as caught:
         await Actuator(api).scale(NS, "b", 1)
     assert caught.value.status == 503
     assert patches(emulator, "inferenceservices") == 1

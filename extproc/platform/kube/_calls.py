@@ -7,9 +7,9 @@ from collections.abc import Awaitable
 from typing import TypeVar
 
 import aiohttp
-from kubernetes.aio.client.exceptions import ApiException
 
 from extproc.metrics import KUBE_REQUESTS
+from extproc.platform.kube.rest import ApiError
 
 T = TypeVar("T")
 
@@ -24,33 +24,40 @@ TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
 def status_code(exc: BaseException) -> str:
     """The HTTP status of a failed call as a metric label ("error" when none arrived)."""
-    if isinstance(exc, ApiException) and exc.status:
+    if isinstance(exc, ApiError) and exc.status:
         return str(exc.status)
     return "error"
 
 
 def describe(exc: BaseException) -> str:
     """A one-line description of an API or transport error for the log."""
-    if isinstance(exc, ApiException):
+    if isinstance(exc, ApiError):
         return f"{exc.status} {exc.reason}"
     return repr(exc)
 
 
 def retryable(exc: BaseException) -> bool:
     """True for failures a retry can cure: conflicts, throttling, 5xx and transport errors."""
-    if isinstance(exc, ApiException):
+    if isinstance(exc, ApiError):
         status = exc.status or 0
         return status in (409, 429) or status >= 500
     return isinstance(exc, TRANSPORT_ERRORS)
 
 
-async def counted(verb: str, resource: str, call: Awaitable[T]) -> T:
-    """Await one API call that returns an ``ApiResponse`` and count it in ``KUBE_REQUESTS``."""
+async def counted(verb: str, resource: str, call: Awaitable[tuple[int, T]]) -> T:
+    """Await one ``KubeClient.call`` and count it in ``KUBE_REQUESTS``; its decoded body."""
     try:
-        response = await call
+        status, body = await call
     except BaseException as exc:
         if not isinstance(exc, asyncio.CancelledError):
             KUBE_REQUESTS.labels(verb, resource, status_code(exc)).inc()
         raise
-    KUBE_REQUESTS.labels(verb, resource, str(getattr(response, "status_code", 200))).inc()
-    return response
+    KUBE_REQUESTS.labels(verb, resource, str(status)).inc()
+    return body
+
+
+def custom_path(namespace: str, plural: str, name: str = "", subresource: str = "") -> str:
+    """The URL path of our custom resources (all of them, one, or one's subresource)."""
+    path = f"/apis/{GROUP}/{VERSION}"
+    path += f"/namespaces/{namespace}/{plural}" if namespace else f"/{plural}"
+    return path + "".join(f"/{part}" for part in (name, subresource) if part)

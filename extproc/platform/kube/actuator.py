@@ -11,11 +11,9 @@ loop, because only it knows whether the replicas it wanted are still the ones it
 
 from __future__ import annotations
 
-from kubernetes.aio.client import ApiClient, CustomObjectsApi
-from kubernetes.aio.client.exceptions import ApiException
-
 from extproc.logs import get_logger
-from extproc.platform.kube._calls import GROUP, SERVICES, VERSION, counted
+from extproc.platform.kube._calls import SERVICES, counted, custom_path
+from extproc.platform.kube.rest import ApiError, KubeClient
 
 log = get_logger(__name__)
 
@@ -32,17 +30,16 @@ class MemberMissing(Exception):
 class Actuator:
     """Scales member InferenceServices up and down."""
 
-    def __init__(self, api_client: ApiClient) -> None:
-        self._api = CustomObjectsApi(api_client)
+    def __init__(self, api_client: KubeClient) -> None:
+        self._api = api_client
 
     async def scale(self, namespace: str, member: str, replicas: int) -> None:
         """Set the member's replicas once; ``MemberMissing`` on 404, the API error otherwise."""
         body = {"spec": {"replicas": replicas}}
         try:
-            await counted("patch", SERVICES,
-                          self._api.patch_namespaced_custom_object_with_http_info(
-                              GROUP, VERSION, namespace, SERVICES, member, body))
-        except ApiException as exc:
+            await counted("patch", SERVICES, self._api.call(
+                "PATCH", custom_path(namespace, SERVICES, member), body=body))
+        except ApiError as exc:
             if exc.status == 404:
                 raise MemberMissing(namespace, member) from None
             raise

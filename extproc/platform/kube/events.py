@@ -8,11 +8,9 @@ import socket
 from collections.abc import Callable
 from datetime import datetime, timezone
 
-from kubernetes.aio.client import ApiClient, CoreV1Api
-from kubernetes.aio.client.models import CoreV1Event
-
 from extproc.logs import get_logger
 from extproc.platform.kube._calls import GROUP, VERSION, counted, describe
+from extproc.platform.kube.rest import KubeClient
 from extproc.policy.model import PoolKey
 
 log = get_logger(__name__)
@@ -24,9 +22,9 @@ _MAX_PREFIX = 253 - 17
 class EventRecorder:
     """Creates Events whose involvedObject is a ModelPool; best-effort, never raises."""
 
-    def __init__(self, api_client: ApiClient, component: str = "modelpool-extproc", *,
+    def __init__(self, api_client: KubeClient, component: str = "modelpool-extproc", *,
                  uids: Callable[[PoolKey], str] | None = None) -> None:
-        self._api = CoreV1Api(api_client)
+        self._api = api_client
         self._component = component
         # kubectl describe looks Events up by involvedObject.uid too, so an Event without the
         # pool's uid would not show; ``uids`` (e.g. ClusterWatcher.pool_uid) fills it in.
@@ -42,7 +40,9 @@ class EventRecorder:
                     "name": key.name, "namespace": key.namespace}
         if uid:
             involved["uid"] = uid
-        body = CoreV1Event.model_validate({
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
             "metadata": {"name": f"{key.name[:_MAX_PREFIX]}.{secrets.token_hex(8)}",
                          "namespace": key.namespace},
             "involvedObject": involved,
@@ -55,10 +55,11 @@ class EventRecorder:
             "source": {"component": self._component, "host": self._host},
             "reportingComponent": self._component,
             "reportingInstance": self._host,
-        })
+        }
         try:
-            await counted("create", "events",
-                          self._api.create_namespaced_event_with_http_info(key.namespace, body))
+            await counted("create", "events", self._api.call(
+                "POST", f"/api/v1/namespaces/{key.namespace}/events", body=body,
+                content_type="application/json"))
         except Exception as exc:
             # An Event is narration, not state: losing one must never fail or stall a swap.
             log.warning("event not recorded", namespace=key.namespace, pool=key.name, reason=reason,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from extproc.platform.kube.idle import IdleProbe, choose_probe
 from extproc.policy.model import PoolKey, PoolSpec
 from extproc.settings import Settings, parse_duration
 
@@ -14,6 +15,9 @@ SERVICE_LABEL = "inference.llmkube.dev/service"
 APP_LABEL = "app"
 ALIASES_ANNOTATION = "modelpool.inference.llmkube.dev/aliases"
 FAIRNESS_ANNOTATION = "modelpool.inference.llmkube.dev/fairness-window"
+# The CRD's defaults (LLMKube's too), for objects stored before a default existed.
+DEFAULT_SWAP_POLICY = "sticky"
+DEFAULT_RECLAIM_AFTER = 300.0
 
 # Pods in these phases have no running container left, so they hold no device memory even
 # though the object lingers (kubelet-evicted pods stay as Failed until garbage collected).
@@ -44,6 +48,13 @@ def service_state(isvc: dict[str, Any]) -> tuple[str, int]:
     replicas = (isvc.get("spec") or {}).get("replicas")
     phase = (isvc.get("status") or {}).get("phase") or ""
     return phase, 1 if replicas is None else int(replicas)
+
+
+def service_probe(isvc: dict[str, Any]) -> IdleProbe | None:
+    """The idle probe for an InferenceService, from its annotations and ``spec.runtime``."""
+    annotations = (isvc.get("metadata") or {}).get("annotations") or {}
+    runtime = (isvc.get("spec") or {}).get("runtime") or ""
+    return choose_probe(annotations, runtime if isinstance(runtime, str) else "")
 
 
 def pool_spec(pool: dict[str, Any], settings: Settings) -> tuple[PoolSpec, tuple[str, ...]]:
@@ -77,11 +88,30 @@ def pool_spec(pool: dict[str, Any], settings: Settings) -> tuple[PoolSpec, tuple
     fairness = _duration(annotations.get(FAIRNESS_ANNOTATION), settings.fairness_window,
                          f"annotation {FAIRNESS_ANNOTATION}", problems, allow_zero=True)
     aliases = _aliases(annotations.get(ALIASES_ANNOTATION) or "", members, problems)
+    swap_policy = _swap_policy(spec.get("swapPolicy"), problems)
+    reclaim_after = _duration(spec.get("reclaimAfter"), DEFAULT_RECLAIM_AFTER,
+                              "spec.reclaimAfter", problems, allow_zero=False)
 
     key = PoolKey(meta.get("namespace", ""), meta.get("name", ""))
     return PoolSpec(key=key, members=tuple(members), default=default, swap_budget=swap_budget,
                     fairness_window=fairness, generation=int(meta.get("generation") or 0),
-                    aliases=aliases), tuple(problems)
+                    aliases=aliases, swap_policy=swap_policy,
+                    reclaim_after=reclaim_after), tuple(problems)
+
+
+def _swap_policy(raw: Any, problems: list[str]) -> str:
+    """spec.swapPolicy as written; only a value that is not a name at all becomes sticky.
+
+    An unknown name ("priority" on an LLMKube branch, whatever comes next) is kept as is: the
+    policy reports it as unsupported and runs the pool as sticky, instead of this reader
+    guessing, so the value the user wrote stays visible.
+    """
+    if raw is None or raw == "":
+        return DEFAULT_SWAP_POLICY
+    if not isinstance(raw, str):
+        problems.append(f"spec.swapPolicy {raw!r} is not a string; using {DEFAULT_SWAP_POLICY}")
+        return DEFAULT_SWAP_POLICY
+    return raw
 
 
 def _duration(raw: Any, fallback: float, what: str, problems: list[str], *,

@@ -10,18 +10,21 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
-from kubernetes.aio.client import ApiClient
 
+from extproc.logs import get_logger
 from extproc.platform.kube.actuator import Actuator
 from extproc.platform.kube.client import make_api_client
 from extproc.platform.kube.events import EventRecorder
-from extproc.platform.kube.idle import probe_idle
+from extproc.platform.kube.idle import run_probe
+from extproc.platform.kube.rest import KubeClient
 from extproc.platform.kube.status import StatusPublisher, StatusWriter
 from extproc.platform.kube.watcher import ClusterWatcher
 from extproc.platform.contract import PoolListener
 from extproc.policy.events import Notice
 from extproc.policy.model import PoolKey, PoolView
 from extproc.settings import Settings
+
+log = get_logger(__name__)
 
 # Notices that mean something went wrong for users of the pool: shown as Warning events.
 _WARNINGS = ("SwapFailed", "MemberLost")
@@ -30,7 +33,7 @@ _WARNINGS = ("SwapFailed", "MemberLost")
 class KubePlatform:
     """Watches the cluster for the runtime and carries out its scale, status and event calls."""
 
-    def __init__(self, api_client: ApiClient, settings: Settings) -> None:
+    def __init__(self, api_client: KubeClient, settings: Settings) -> None:
         self._api_client = api_client
         self._settings = settings
         self.watcher = ClusterWatcher(api_client, settings)
@@ -71,12 +74,18 @@ class KubePlatform:
         await self._actuator.scale(key.namespace, member, replicas)
 
     async def probe_idle(self, key: PoolKey, member: str) -> bool | None:
-        """Ask the member's llama.cpp /slots whether it is idle (None: cannot tell)."""
+        """Ask the member's runtime whether it is idle (None: cannot tell, or no probe)."""
+        probe = self.watcher.idle_probe(key, member)
+        if probe is None:
+            # Fail closed: a runtime we cannot ask is not known to be idle.
+            log.warning("no idle probe for member", namespace=key.namespace, pool=key.name,
+                        member=member)
+            return None
         if self._session is None:
             self._session = aiohttp.ClientSession()
         url = self._settings.idle_probe_url.format(member=member, namespace=key.namespace,
                                                    pool=key.name)
-        return await probe_idle(self._session, url, self._settings.idle_probe_timeout)
+        return await run_probe(self._session, probe, url, self._settings.idle_probe_timeout)
 
     def publish(self, view: PoolView) -> None:
         """Queue the pool's status for writing (latest view wins)."""

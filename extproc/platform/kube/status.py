@@ -11,12 +11,10 @@ import asyncio
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from kubernetes.aio.client import ApiClient, CustomObjectsApi
-from kubernetes.aio.client.exceptions import ApiException
-
 from extproc.backoff import Backoff
 from extproc.logs import get_logger
-from extproc.platform.kube._calls import GROUP, POOLS, VERSION, counted, describe, retryable
+from extproc.platform.kube._calls import POOLS, counted, custom_path, describe, retryable
+from extproc.platform.kube.rest import ApiError, KubeClient
 from extproc.policy.model import MemberObservation, PoolKey, PoolPhase, PoolView
 
 log = get_logger(__name__)
@@ -106,8 +104,8 @@ def _spec_valid(problems: tuple[str, ...]) -> tuple[str, str, str, str]:
 class StatusWriter:
     """Writes a pool's ``.status`` through the /status subresource when it changed."""
 
-    def __init__(self, api_client: ApiClient) -> None:
-        self._api = CustomObjectsApi(api_client)
+    def __init__(self, api_client: KubeClient) -> None:
+        self._api = api_client
         self._written: dict[PoolKey, dict] = {}
 
     def written(self, key: PoolKey) -> dict | None:
@@ -125,10 +123,9 @@ class StatusWriter:
         # the stored status converges to exactly ``desired``.
         body: dict[str, Any] = {k: None for k in current_status if k not in desired}
         body.update(desired)
-        await counted("patch", f"{POOLS}/status",
-                      self._api.patch_namespaced_custom_object_status_with_http_info(
-                          GROUP, VERSION, view.key.namespace, POOLS, view.key.name,
-                          {"status": body}))
+        await counted("patch", f"{POOLS}/status", self._api.call(
+            "PATCH", custom_path(view.key.namespace, POOLS, view.key.name, "status"),
+            body={"status": body}))
         self._written[view.key] = desired
         log.info("pool status written", namespace=view.key.namespace, pool=view.key.name,
                  phase=desired["phase"],
@@ -213,7 +210,7 @@ class StatusPublisher:
                 wrote = await self._writer.publish(view, self._current(key),
                                                    spec_problems=self._source.spec_problems(key))
             except Exception as exc:
-                if isinstance(exc, ApiException) and exc.status == 404:
+                if isinstance(exc, ApiError) and exc.status == 404:
                     self._forget(key)
                     continue
                 if not retryable(exc):

@@ -28,15 +28,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes.aio.client import ApiClient, CoreV1Api, CustomObjectsApi
-from kubernetes.aio.client.exceptions import ApiException
-
 from extproc.backoff import Backoff
 from extproc.logs import get_logger
 from extproc.metrics import KUBE_REQUESTS, WATCH_RESTARTS
 from extproc.platform.contract import PoolListener
-from extproc.platform.kube._calls import GROUP, POOLS, SERVICES, VERSION, describe, status_code
-from extproc.platform.kube.objects import object_key, pod_member, pool_spec, service_state
+from extproc.platform.kube._calls import POOLS, SERVICES, custom_path, describe, status_code
+from extproc.platform.kube.idle import IdleProbe
+from extproc.platform.kube.objects import (
+    object_key,
+    pod_member,
+    pool_spec,
+    service_probe,
+    service_state,
+)
+from extproc.platform.kube.rest import ApiError, KubeClient
 from extproc.policy.model import MemberObservation, PoolKey, PoolSpec, StartHints
 from extproc.settings import Settings
 
@@ -59,9 +64,8 @@ class _Pool:
 class ClusterWatcher:
     """Lists and watches pools, members and pods forever, keeping a joined in-memory cache."""
 
-    def __init__(self, api_client: ApiClient, settings: Settings) -> None:
-        self._custom = CustomObjectsApi(api_client)
-        self._core = CoreV1Api(api_client)
+    def __init__(self, api_client: KubeClient, settings: Settings) -> None:
+        self._api = api_client
         self._scopes = list(settings.namespaces) or [""]  # "" = all namespaces
         self._listener: PoolListener | None = None
         self._settings = settings
@@ -71,6 +75,7 @@ class ClusterWatcher:
         self._listed: set[tuple[str, str]] = set()
         self._pools: dict[PoolKey, _Pool] = {}
         self._services: dict[tuple[str, str], tuple[str, int]] = {}
+        self._probes: dict[tuple[str, str], IdleProbe | None] = {}  # (namespace, member)
         self._pods: dict[tuple[str, str], str] = {}  # (namespace, pod) -> member ("" = none)
         self._pod_counts: Counter[tuple[str, str]] = Counter()  # (namespace, member) -> pods
         self._pools_of: dict[tuple[str, str], set[PoolKey]] = {}  # (namespace, member) -> pools
@@ -89,6 +94,10 @@ class ClusterWatcher:
     def observation(self, key: PoolKey, member: str) -> MemberObservation:
         """The current observation of ``member``, resolved in the pool's namespace."""
         return self._observe(key.namespace, member)
+
+    def idle_probe(self, key: PoolKey, member: str) -> IdleProbe | None:
+        """How to ask ``member`` whether it is idle (None: no probe applies, or unknown)."""
+        return self._probes.get((key.namespace, member))
 
     def pool_status(self, key: PoolKey) -> dict:
         """The pool's ``.status`` as last seen ({} when unknown)."""
@@ -143,7 +152,7 @@ class ClusterWatcher:
                 else:
                     # A watch that ends cleanly at once would otherwise become a busy loop.
                     reason, delay = "early-end", backoff.next_delay()
-            except ApiException as exc:
+            except ApiError as exc:
                 if exc.status == 410:
                     # The version we hold was compacted: only a fresh list can tell what
                     # happened meanwhile. The first re-list is immediate, repeats back off.
@@ -161,23 +170,20 @@ class ClusterWatcher:
             WATCH_RESTARTS.labels(kind, reason).inc()
             await asyncio.sleep(delay)
 
-    def _request(self, kind: str, scope: str, **params: Any) -> Any:
-        """Start a list or watch request for ``kind`` in ``scope``; returns the raw response."""
+    def _path(self, kind: str, scope: str) -> str:
+        """The collection URL of ``kind`` in ``scope`` ("" = every namespace)."""
         if kind == PODS:
-            params["label_selector"] = self._pod_selector
-            if scope:
-                return self._core.list_namespaced_pod_without_preload_content(scope, **params)
-            return self._core.list_pod_for_all_namespaces_without_preload_content(**params)
-        if scope:
-            return self._custom.list_namespaced_custom_object_without_preload_content(
-                GROUP, VERSION, scope, kind, **params)
-        return self._custom.list_cluster_custom_object_without_preload_content(
-            GROUP, VERSION, kind, **params)
+            return f"/api/v1/namespaces/{scope}/pods" if scope else "/api/v1/pods"
+        return custom_path(scope, kind)
 
-    async def _open(self, verb: str, kind: str, scope: str, **params: Any) -> Any:
-        """Send a list or watch request, count it, and raise ApiException on a non-200."""
+    async def _open(self, verb: str, kind: str, scope: str, timeout: float,
+                    **params: Any) -> Any:
+        """Send a list or watch request, count it, and raise ApiError on a non-200."""
+        if kind == PODS:
+            params["labelSelector"] = self._pod_selector
         try:
-            resp = await self._request(kind, scope, **params)
+            resp = await self._api.open("GET", self._path(kind, scope), params=params,
+                                        timeout=timeout)
         except Exception as exc:
             KUBE_REQUESTS.labels(verb, kind, status_code(exc)).inc()
             raise
@@ -185,12 +191,12 @@ class ClusterWatcher:
         if resp.status != 200:
             body = (await resp.read())[:300].decode("utf-8", "replace")
             resp.release()
-            raise ApiException(status=resp.status, reason=body)
+            raise ApiError(resp.status, body)
         return resp
 
     async def _list(self, kind: str, scope: str) -> tuple[list[dict], str]:
         """List ``kind`` in ``scope``: its items and the list's resourceVersion."""
-        resp = await self._open("list", kind, scope, _request_timeout=60.0)
+        resp = await self._open("list", kind, scope, 60.0)
         try:
             body = json.loads(await resp.read())
         finally:
@@ -204,10 +210,10 @@ class ClusterWatcher:
         ``progressed`` is called on the first event: the stream works, so any error after
         it starts retrying from the shortest delay.
         """
-        resp = await self._open("watch", kind, scope, watch=True, allow_watch_bookmarks=True,
-                                resource_version=version, timeout_seconds=self._timeout,
-                                # the client gives up a little after the server should have
-                                _request_timeout=float(self._timeout + 30))
+        # the client gives up a little after the server should have ended the watch
+        resp = await self._open("watch", kind, scope, float(self._timeout + 30), watch=True,
+                                allowWatchBookmarks=True, resourceVersion=version,
+                                timeoutSeconds=self._timeout)
         first = True
         try:
             while line := await resp.content.readline():
@@ -217,7 +223,7 @@ class ClusterWatcher:
                 event = json.loads(line)
                 obj = event.get("object") or {}
                 if event.get("type") == "ERROR":
-                    raise ApiException(status=int(obj.get("code") or 500),
+                    raise ApiError(status=int(obj.get("code") or 500),
                                        reason=obj.get("message") or "watch error event")
                 version = (obj.get("metadata") or {}).get("resourceVersion") or version
                 if event.get("type") != "BOOKMARK":
@@ -263,8 +269,10 @@ class ClusterWatcher:
         elif kind == SERVICES:
             if deleted:
                 self._services.pop(key, None)
+                self._probes.pop(key, None)
             else:
                 self._services[key] = service_state(obj)
+                self._probes[key] = service_probe(obj)
             self._refresh(key[0], key[1])
         else:
             old = self._pods.pop(key, "")

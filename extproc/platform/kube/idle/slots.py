@@ -2,27 +2,29 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import aiohttp
 
 from extproc.logs import get_logger
+from extproc.platform.kube.idle.fetch import fetch
 
 log = get_logger(__name__)
 
 
 async def probe_idle(session: aiohttp.ClientSession, url: str, timeout: float) -> bool | None:
     """True when no slot is processing, False when one is, None when the answer is unknown."""
-    try:
-        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-            if resp.status != 200:
-                log.warning("idle probe answered non-200", url=url, status=resp.status)
-                return None
-            slots = json.loads(await resp.read())
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
-        log.warning("idle probe failed", url=url, error=repr(exc))
+    answer = await fetch(session, url, timeout)
+    if answer is None:
         return None
+    status, body = answer
+    if status != 200:
+        log.warning("idle probe answered non-200", url=url, status=status)
+        return None
+    try:
+        slots = json.loads(body)
+    except ValueError:
+        slots = None
     # Anything but a non-empty list of slot objects with a boolean is_processing is "unknown": the
     # caller then defers the swap rather than unloading a server that may be mid-generation.
     if not isinstance(slots, list) or not slots or not all(

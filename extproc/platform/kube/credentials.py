@@ -1,0 +1,163 @@
+"""Where the API server is and how to authenticate: in-cluster, or a kubeconfig.
+
+The common cases are read here directly: the pod's service account (token re-read as the
+kubelet rotates it), and a kubeconfig user with a token, a token file, a client certificate
+or basic auth, with the cluster's CA or insecure-skip-tls-verify. A kubeconfig user that needs
+an exec plugin or an auth-provider (cloud logins) is handed to the ``kubernetes`` package's
+own loader, imported only then, because re-implementing those plugins would be neither small
+nor careful; only that case pays for the package's memory.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import ssl
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+# Bound service-account tokens rotate (about hourly); re-reading each minute, as client-go
+# does, keeps requests authenticated without watching the file.
+TOKEN_REREAD_S = 60.0
+
+
+class CredentialsError(Exception):
+    """No usable cluster configuration was found."""
+
+
+@dataclass
+class Credentials:
+    """The API server's address, its TLS trust, and the client's identity."""
+
+    server: str
+    ca_data: str = ""  # PEM
+    insecure: bool = False
+    cert_file: str = ""
+    key_file: str = ""
+    token: str = ""
+    token_file: str = ""
+    basic: str = ""  # "user:password"
+    _token_read_at: float = field(default=-1e9, repr=False)
+
+    def ssl_context(self) -> ssl.SSLContext | bool:
+        """TLS settings for aiohttp: a context for https, True (default) for plain http."""
+        if not self.server.startswith("https"):
+            return True
+        context = ssl.create_default_context(cadata=self.ca_data or None)
+        if self.insecure:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        if self.cert_file:
+            context.load_cert_chain(self.cert_file, self.key_file or None)
+        return context
+
+    def headers(self) -> dict[str, str]:
+        """The Authorization header (none for a client-certificate user)."""
+        if self.token_file and time.monotonic() - self._token_read_at > TOKEN_REREAD_S:
+            self.token = Path(self.token_file).read_text().strip()
+            self._token_read_at = time.monotonic()
+        if self.token:
+            return {"Authorization": f"Bearer {self.token}"}
+        if self.basic:
+            return {"Authorization": "Basic " + base64.b64encode(self.basic.encode()).decode()}
+        return {}
+
+
+def in_cluster() -> Credentials:
+    """The pod's service account; CredentialsError outside a pod."""
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get(
+        "KUBERNETES_SERVICE_PORT")
+    token = SERVICE_ACCOUNT / "token"
+    if not host or not port or not token.exists():
+        raise CredentialsError("not running in a pod (no service host or token)")
+    if ":" in host:  # an IPv6 address
+        host = f"[{host}]"
+    ca = SERVICE_ACCOUNT / "ca.crt"
+    return Credentials(server=f"https://{host}:{port}", token_file=str(token),
+                       ca_data=ca.read_text() if ca.exists() else "")
+
+
+async def from_kubeconfig(path: str) -> Credentials:
+    """The current context of the kubeconfig at ``path`` (the first file of a ":" list)."""
+    first = path.split(os.pathsep)[0]
+    try:
+        config = yaml.safe_load(Path(first).expanduser().read_text()) or {}
+    except OSError as exc:
+        raise CredentialsError(f"cannot read kubeconfig {first}: {exc}") from None
+    base = Path(first).expanduser().resolve().parent
+    context = _named(config, "contexts", config.get("current-context"))
+    cluster = _named(config, "clusters", context.get("cluster"))
+    user = _named(config, "users", context.get("user"), required=False)
+    if "exec" in user or "auth-provider" in user:
+        return await _with_kubernetes_package(first)
+    creds = Credentials(server=str(cluster.get("server") or "").rstrip("/"),
+                        insecure=bool(cluster.get("insecure-skip-tls-verify")),
+                        token=str(user.get("token") or ""),
+                        token_file=_path(base, user.get("tokenFile")))
+    if not creds.server:
+        raise CredentialsError(f"kubeconfig {first}: the cluster has no server")
+    creds.ca_data = _pem(base, cluster, "certificate-authority")
+    if user.get("username"):
+        creds.basic = f"{user['username']}:{user.get('password') or ''}"
+    cert, key = _pem(base, user, "client-certificate"), _pem(base, user, "client-key")
+    if cert:
+        creds.cert_file, creds.key_file = _private_files(cert, key)
+    return creds
+
+
+def _named(config: dict, section: str, name: Any, *, required: bool = True) -> dict:
+    """The entry ``name`` of a kubeconfig section (``contexts``, ``clusters``, ``users``)."""
+    for entry in config.get(section) or []:
+        if isinstance(entry, dict) and entry.get("name") == name:
+            return entry.get(section[:-1]) or {}
+    if required:
+        raise CredentialsError(f"kubeconfig has no {section[:-1]} named {name!r}")
+    return {}
+
+
+def _path(base: Path, value: Any) -> str:
+    """A kubeconfig file reference, relative to the kubeconfig's folder as kubectl reads it."""
+    return str(base / Path(str(value)).expanduser()) if value else ""
+
+
+def _pem(base: Path, entry: dict, key: str) -> str:
+    """The PEM text behind ``key`` (a file path) or ``key-data`` (base64), "" when neither."""
+    if entry.get(f"{key}-data"):
+        return base64.b64decode(entry[f"{key}-data"]).decode()
+    if entry.get(key):
+        return Path(_path(base, entry[key])).read_text()
+    return ""
+
+
+def _private_files(cert: str, key: str) -> tuple[str, str]:
+    """Write a client certificate and key where only this user can read them (ssl needs files)."""
+    folder = tempfile.mkdtemp(prefix="modelpool-extproc-tls-")  # mode 0700
+    paths = []
+    for name, text in (("client.crt", cert), ("client.key", key)):
+        path = os.path.join(folder, name)
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
+            out.write(text)
+        paths.append(path)
+    return paths[0], paths[1] if key else ""
+
+
+async def _with_kubernetes_package(path: str) -> Credentials:
+    """Run the kubernetes package's kubeconfig loader (exec plugins, auth-providers)."""
+    from kubernetes.aio import config  # noqa: PLC0415 - imported only for these users
+    from kubernetes.aio.client import Configuration  # noqa: PLC0415
+
+    loaded = Configuration()
+    await config.load_kube_config(config_file=path, client_configuration=loaded,
+                                  persist_config=False)
+    token = (loaded.api_key or {}).get("BearerToken") or (loaded.api_key or {}).get(
+        "authorization") or ""
+    return Credentials(server=loaded.host.rstrip("/"), insecure=not loaded.verify_ssl,
+                       ca_data=Path(loaded.ssl_ca_cert).read_text() if loaded.ssl_ca_cert else "",
+                       cert_file=loaded.cert_file or "", key_file=loaded.key_file or "",
+                       token=token.removeprefix("Bearer ").strip())
