@@ -40,8 +40,8 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from devstack.reconciler_plan import PoolView, differs, member_names, needs_idle_check, plan, \
     resolve_owner
-from devstack.simulator_kube import GROUP, MERGE_PATCH, PLURAL, TRANSIENT, VERSION, Backoff, \
-    Kube, duration_arg, watch_forever
+from devstack.simulator_kube import GROUP, MERGE_PATCH, PLURAL, SERVICE_LABEL, TRANSIENT, VERSION, \
+    Backoff, Kube, duration_arg, watch_forever
 # The same llama.cpp /slots reading the service uses: one fail-closed reading, not two twins.
 from extproc.platform.kube.idle import probe_idle
 
@@ -204,11 +204,14 @@ class ModelPoolReconciler:
         assert self._kube is not None and self._session is not None
         ns, name = key
         pool = self.pools[key]
-        names = member_names(pool)
-        members = {m: self.isvcs.get((ns, m)) for m in names}
-        pods = {m: len(await self._kube.list_pods(ns, m)) for m in names if members[m]}
-        view = PoolView(pool, members, pods)
+        members = {m: self.isvcs.get((ns, m)) for m in member_names(pool)}
+        view = PoolView(pool, members, await self._pod_counts(ns))
         owner = resolve_owner(view)
+        scaled: dict[str, int] = {}
+        if owner is not None and plan(view, {}, _now()).replicas.get(owner) == 0:
+            # An early trigger is held at 0 before anything slow (the idle probe), so the
+            # member's controller gets no time to start a pod beside the incumbent's.
+            scaled[owner] = await self._scale(ns, name, owner, 0)
         idle: dict[str, bool | None] = {}
         for member in needs_idle_check(view, owner):
             endpoint = ((members[member] or {}).get("status") or {}).get("endpoint")
@@ -216,12 +219,8 @@ class ModelPoolReconciler:
                                             self.idle_timeout) if endpoint else None
         decided = plan(view, idle, _now())
         for member, replicas in decided.replicas.items():
-            log.info("pool %s/%s: scale %s to %d (owner %s)", ns, name, member, replicas,
-                     decided.owner)
-            scaled = await self._kube.custom.patch_namespaced_custom_object(
-                GROUP, VERSION, ns, PLURAL, member, {"spec": {"replicas": replicas}},
-                _content_type=MERGE_PATCH)
-            _remember(self.isvcs, (ns, member), scaled)
+            if scaled.get(member) != replicas:
+                await self._scale(ns, name, member, replicas)
         if differs(view.status, decided.status):
             if decided.deferred:
                 log.info("pool %s/%s: swap to %s deferred (%s)", ns, name, decided.owner,
@@ -232,6 +231,26 @@ class ModelPoolReconciler:
             _remember(self.pools, key, written)
         self.passes += 1
         return decided.requeue
+
+    async def _pod_counts(self, ns: str) -> dict[str, int]:
+        """Pods per member in the namespace, terminating ones included (one list call)."""
+        assert self._kube is not None
+        listing = await self._kube.core.list_namespaced_pod(ns, label_selector=SERVICE_LABEL)
+        counts: dict[str, int] = {}
+        for pod in listing.items:
+            member = (pod.metadata.labels or {}).get(SERVICE_LABEL)
+            counts[member] = counts.get(member, 0) + 1
+        return counts
+
+    async def _scale(self, ns: str, pool: str, member: str, replicas: int) -> int:
+        """Merge-patch a member's spec.replicas, without a resourceVersion, as LLMKube does."""
+        assert self._kube is not None
+        log.info("pool %s/%s: scale %s to %d", ns, pool, member, replicas)
+        scaled = await self._kube.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, ns, PLURAL, member, {"spec": {"replicas": replicas}},
+            _content_type=MERGE_PATCH)
+        _remember(self.isvcs, (ns, member), scaled)
+        return replicas
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

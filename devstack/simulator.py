@@ -12,6 +12,8 @@ Lifecycle of one member (phases written through the ``/status`` subresource, mer
   (replicas 1, readyReplicas 0). After the load delay start ``python -m devstack.upstream
   --name <member> --port <port>``, wait for its ``/health``, then phase ``Ready`` (replicas 1,
   readyReplicas 1, ``endpoint: http://127.0.0.1:<port>``) and the pod's phase ``Running``.
+  With ``rollout_delay`` (default 0) the pod appears only that long after the scale-up, as a
+  Deployment's controllers take a moment; a member scaled back to 0 meanwhile gets no pod.
 - ``spec.replicas`` 0 with a pod: phase ``Progressing`` (replicas 1, readyReplicas 0); the pod
   is deleted but held by the finalizer ``sim.llmkube.dev/unload``, so it stays visible with
   ``metadata.deletionTimestamp`` (a terminating pod still holds the GPU). The upstream process
@@ -47,7 +49,8 @@ The simulator keeps a timeline (``devstack.simulator_timeline``) in ``sim.timeli
 free port, and ``sim.ports`` shows the full mapping.
 
 CLI: ``python -m devstack.simulator --kubeconfig K --namespace demo --port judge=18081
---port coder=18082 --load-delay 3s [--unload-delay 1s] [--timeline F] [--log-dir D]``.
+--port coder=18082 --load-delay 3s [--unload-delay 1s] [--rollout-delay 0.5s] [--timeline F]
+[--log-dir D]``.
 """
 
 from __future__ import annotations
@@ -81,12 +84,14 @@ class MemberSimulator:
                  namespaces: Iterable[str] | str, ports: dict[str, int] | None = None,
                  default_load_delay: float = 3.0, default_unload_delay: float = 1.0,
                  timeline_path: str | os.PathLike[str] | None = None,
-                 log_dir: str | os.PathLike[str] | None = None) -> None:
+                 log_dir: str | os.PathLike[str] | None = None,
+                 rollout_delay: float = 0.0) -> None:
         self._api_arg = api
         self.namespaces = [namespaces] if isinstance(namespaces, str) else list(namespaces)
         self._ports = dict(ports or {})
         self.default_load_delay = default_load_delay
         self.default_unload_delay = default_unload_delay
+        self.rollout_delay = rollout_delay
         self.timeline = Timeline(timeline_path)
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="simulator-"))
         self.actors: dict[tuple[str, str], MemberActor] = {}
@@ -114,7 +119,8 @@ class MemberSimulator:
                 config_file=os.fspath(self._api_arg), persist_config=False)
         kube = Kube(self._api)
         self._ctx = SimContext(kube, self.timeline, self.default_load_delay,
-                               self.default_unload_delay, self.port_for, self.log_dir)
+                               self.default_unload_delay, self.port_for, self.log_dir,
+                               self.rollout_delay)
         listed: list[asyncio.Event] = []
         for ns in self.namespaces:
             done = asyncio.Event()
@@ -202,6 +208,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--load-delay", type=duration_arg, default=3.0, help="default load delay")
     parser.add_argument("--unload-delay", type=duration_arg, default=1.0,
                         help="default unload delay")
+    parser.add_argument("--rollout-delay", type=duration_arg, default=0.0,
+                        help="from spec.replicas 1 to the pod object (default 0: at once)")
     parser.add_argument("--timeline", help="append the timeline here as JSON lines")
     parser.add_argument("--log-dir", help="upstream process logs (default: a temp dir)")
     args = parser.parse_args(argv)
@@ -212,7 +220,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 async def _main(args: argparse.Namespace) -> None:
     sim = MemberSimulator(args.kubeconfig, args.namespaces or ["default"], dict(args.port),
-                          args.load_delay, args.unload_delay, args.timeline, args.log_dir)
+                          args.load_delay, args.unload_delay, args.timeline, args.log_dir,
+                          args.rollout_delay)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
