@@ -30,18 +30,17 @@ import argparse
 import asyncio
 import datetime
 import logging
-import os
-import signal
 from typing import Any, Iterable
 
 import aiohttp
-from kubernetes.aio import client, config
+from kubernetes.aio import client
 from kubernetes.aio.client.exceptions import ApiException
 
 from devstack.reconciler_plan import PoolView, differs, member_names, needs_idle_check, plan, \
     resolve_owner
 from devstack.simulator_kube import GROUP, MERGE_PATCH, PLURAL, SERVICE_LABEL, TRANSIENT, VERSION, \
-    Backoff, Kube, duration_arg, watch_forever
+    ApiSource, Backoff, Kube, await_first_lists, connect, controller_parser, disconnect, \
+    duration_arg, parse_controller_args, run_controller, watch_forever
 # The same llama.cpp /slots reading the service uses: one fail-closed reading, not two twins.
 from extproc.platform.kube.idle import probe_idle
 
@@ -83,7 +82,7 @@ def _remember(cache: dict[PoolKey, dict[str, Any]], key: PoolKey, obj: dict[str,
 class ModelPoolReconciler:
     """Owns the member replicas and status of every ModelPool in its namespaces, as LLMKube does."""
 
-    def __init__(self, api: client.ApiClient | str | os.PathLike[str],
+    def __init__(self, api: ApiSource,
                  namespaces: Iterable[str] | str, *, requeue: float = REQUEUE,
                  idle_timeout: float = IDLE_TIMEOUT) -> None:
         self._api_arg = api
@@ -101,11 +100,7 @@ class ModelPoolReconciler:
 
     async def start(self) -> None:
         """Connect, list pools and members in every namespace once, then reconcile on changes."""
-        if isinstance(self._api_arg, client.ApiClient):
-            self._api = self._api_arg
-        else:
-            self._api = await config.new_client_from_config(
-                config_file=os.fspath(self._api_arg), persist_config=False)
+        self._api = await connect(self._api_arg)
         self._kube = kube = Kube(self._api)
         self._session = aiohttp.ClientSession()
         listed: list[asyncio.Event] = []
@@ -119,11 +114,7 @@ class ModelPoolReconciler:
                     lambda items, ns=ns, cache=cache, done=done:
                         self._on_list(ns, cache, items, done),
                     lambda kind, obj, ns=ns, cache=cache: self._on_event(ns, cache, kind, obj))))
-        try:
-            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in listed)), START_TIMEOUT)
-        except BaseException:
-            await self.stop()
-            raise
+        await await_first_lists(listed, START_TIMEOUT, self.stop)
 
     async def stop(self) -> None:
         """Stop watching and reconciling; the API state is left as it is."""
@@ -136,8 +127,7 @@ class ModelPoolReconciler:
         if self._session is not None:
             await self._session.close()
             self._session = None
-        if self._api is not None and self._api is not self._api_arg:
-            await self._api.close()
+        await disconnect(self._api, self._api_arg)
         self._api = None
 
     # -- watch callbacks: update the caches and wake the pools concerned --------------------
@@ -255,42 +245,22 @@ class ModelPoolReconciler:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line of ``python -m devstack.reconciler``."""
-    parser = argparse.ArgumentParser(prog="python -m devstack.reconciler",
-                                     description="Play LLMKube's ModelPool reconciler.")
-    parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
-                        help="kubeconfig file (default: $KUBECONFIG)")
-    parser.add_argument("--namespace", action="append", dest="namespaces",
-                        help="namespace to watch (repeatable; default: default)")
+    parser = controller_parser("python -m devstack.reconciler",
+                               "Play LLMKube's ModelPool reconciler.")
     parser.add_argument("--requeue", type=duration_arg, default=REQUEUE,
                         help="look again this often mid-swap (default 3s)")
     parser.add_argument("--idle-timeout", type=duration_arg, default=IDLE_TIMEOUT,
                         help="the /slots probe's timeout (default 5s)")
-    args = parser.parse_args(argv)
-    if not args.kubeconfig:
-        parser.error("--kubeconfig (or $KUBECONFIG) is required")
-    return args
-
-
-async def _main(args: argparse.Namespace) -> None:
-    reconciler = ModelPoolReconciler(args.kubeconfig, args.namespaces or ["default"],
-                                     requeue=args.requeue, idle_timeout=args.idle_timeout)
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stopping.set)
-    await reconciler.start()
-    log.info("reconciler running: namespaces=%s requeue=%ss", reconciler.namespaces,
-             reconciler.requeue)
-    try:
-        await stopping.wait()
-    finally:
-        await reconciler.stop()
+    return parse_controller_args(parser, argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Run the reconciler until SIGINT or SIGTERM."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    asyncio.run(_main(parse_args(argv)))
+    args = parse_args(argv)
+    reconciler = ModelPoolReconciler(args.kubeconfig, args.namespaces, requeue=args.requeue,
+                                     idle_timeout=args.idle_timeout)
+    run_controller(reconciler, lambda: f"reconciler running: namespaces={reconciler.namespaces} "
+                   f"requeue={reconciler.requeue}s")
 
 
 if __name__ == "__main__":

@@ -59,16 +59,16 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
-from kubernetes.aio import client, config
+from kubernetes.aio import client
 
 from devstack.procs import free_port
-from devstack.simulator_kube import GROUP, PLURAL, SERVICE_LABEL, VERSION, Kube, duration_arg, \
-    watch_forever
+from devstack.simulator_kube import GROUP, PLURAL, SERVICE_LABEL, VERSION, ApiSource, Kube, \
+    await_first_lists, connect, controller_parser, disconnect, duration_arg, \
+    parse_controller_args, run_controller, watch_forever
 from devstack.simulator_member import MemberActor, SimContext
 from devstack.simulator_timeline import Timeline
 
@@ -80,7 +80,7 @@ START_TIMEOUT = 30.0  # start() gives up if the first listing does not arrive by
 class MemberSimulator:
     """Plays LLMKube's controller for every InferenceService in the given namespaces."""
 
-    def __init__(self, api: client.ApiClient | str | os.PathLike[str],
+    def __init__(self, api: ApiSource,
                  namespaces: Iterable[str] | str, ports: dict[str, int] | None = None,
                  default_load_delay: float = 3.0, default_unload_delay: float = 1.0,
                  timeline_path: str | os.PathLike[str] | None = None,
@@ -112,11 +112,7 @@ class MemberSimulator:
 
     async def start(self) -> None:
         """Connect, list every namespace once, and start watching and reconciling."""
-        if isinstance(self._api_arg, client.ApiClient):
-            self._api = self._api_arg
-        else:
-            self._api = await config.new_client_from_config(
-                config_file=os.fspath(self._api_arg), persist_config=False)
+        self._api = await connect(self._api_arg)
         kube = Kube(self._api)
         self._ctx = SimContext(kube, self.timeline, self.default_load_delay,
                                self.default_unload_delay, self.port_for, self.log_dir,
@@ -135,11 +131,7 @@ class MemberSimulator:
                 lambda items, ns=ns: self._poke_namespace(ns),
                 lambda kind, obj, ns=ns: self._on_pod(ns, obj),
                 label_selector=SERVICE_LABEL)))
-        try:
-            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in listed)), START_TIMEOUT)
-        except BaseException:
-            await self.stop()
-            raise
+        await await_first_lists(listed, START_TIMEOUT, self.stop)
 
     async def stop(self) -> None:
         """Stop watching and reconciling and stop every upstream process started; no leftovers."""
@@ -149,8 +141,7 @@ class MemberSimulator:
         self._watchers.clear()
         await asyncio.gather(*(actor.stop() for actor in self.actors.values()))
         self.actors.clear()
-        if self._api is not None and self._api is not self._api_arg:
-            await self._api.close()
+        await disconnect(self._api, self._api_arg)
         self._api = None
 
     # -- watch callbacks (synchronous: they only hand objects to the member tasks) -----------
@@ -197,12 +188,8 @@ def _port_pair(text: str) -> tuple[str, int]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line of ``python -m devstack.simulator``."""
-    parser = argparse.ArgumentParser(prog="python -m devstack.simulator",
-                                     description="Simulate LLMKube members for the local stack.")
-    parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
-                        help="kubeconfig file (default: $KUBECONFIG)")
-    parser.add_argument("--namespace", action="append", dest="namespaces",
-                        help="namespace to watch (repeatable; default: default)")
+    parser = controller_parser("python -m devstack.simulator",
+                               "Simulate LLMKube members for the local stack.")
     parser.add_argument("--port", action="append", type=_port_pair, default=[],
                         metavar="MEMBER=PORT", help="fixed upstream port of a member (repeatable)")
     parser.add_argument("--load-delay", type=duration_arg, default=3.0, help="default load delay")
@@ -212,33 +199,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="from spec.replicas 1 to the pod object (default 0: at once)")
     parser.add_argument("--timeline", help="append the timeline here as JSON lines")
     parser.add_argument("--log-dir", help="upstream process logs (default: a temp dir)")
-    args = parser.parse_args(argv)
-    if not args.kubeconfig:
-        parser.error("--kubeconfig (or $KUBECONFIG) is required")
-    return args
-
-
-async def _main(args: argparse.Namespace) -> None:
-    sim = MemberSimulator(args.kubeconfig, args.namespaces or ["default"], dict(args.port),
-                          args.load_delay, args.unload_delay, args.timeline, args.log_dir,
-                          args.rollout_delay)
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stopping.set)
-    await sim.start()
-    log.info("simulator running: namespaces=%s ports=%s log_dir=%s",
-             sim.namespaces, sim.ports, sim.log_dir)
-    try:
-        await stopping.wait()
-    finally:
-        await sim.stop()
+    return parse_controller_args(parser, argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Run the simulator until SIGINT or SIGTERM."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    asyncio.run(_main(parse_args(argv)))
+    args = parse_args(argv)
+    sim = MemberSimulator(args.kubeconfig, args.namespaces, dict(args.port), args.load_delay,
+                          args.unload_delay, args.timeline, args.log_dir, args.rollout_delay)
+    run_controller(sim, lambda: f"simulator running: namespaces={sim.namespaces} "
+                   f"ports={sim.ports} log_dir={sim.log_dir}")
 
 
 if __name__ == "__main__":

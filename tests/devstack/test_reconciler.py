@@ -7,8 +7,12 @@ from the emulator's event history and request record.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import aiohttp
@@ -16,6 +20,7 @@ import pytest
 from kubernetes.aio import watch
 
 from devstack import stack_manifests as manifests
+from devstack.procs import PROJECT_ROOT
 from devstack.reconciler import POOLS, USER, ModelPoolReconciler
 from devstack.simulator import MemberSimulator
 from devstack.simulator_kube import GROUP, PLURAL, VERSION
@@ -286,3 +291,26 @@ async def _phase_is(cluster: Cluster, phase: str) -> dict[str, Any] | None:
     status = await pool_status(cluster)
     return status if status.get("phase") == phase else None
 
+
+
+async def test_the_cli_warms_the_pool_and_stops_on_sigterm(cluster: Cluster, sims,
+                                                            tmp_path: Path):
+    for name in ("judge", "coder"):
+        await cluster.create(name, replicas=0)
+    pool = manifests.pool(POOL, NS, ("judge", "coder"), default="judge")
+    await cluster.custom.create_namespaced_custom_object(GROUP, VERSION, NS, POOLS, pool)
+    await sims()
+    log_path = tmp_path / "reconciler.log"
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "devstack.reconciler", "--kubeconfig",
+             str(cluster.kubeconfig_for(USER)), "--namespace", NS, "--requeue", "300ms"],
+            cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=log_file)
+    try:
+        await eventually(lambda: resident_is(cluster, "judge"), SWAP_TIMEOUT, "judge warmed")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(proc.wait, 15)
+    assert proc.returncode == 0, log_path.read_text()
+    assert "reconciler running: namespaces=['sim'] requeue=0.3s" in log_path.read_text()
+    assert calls(cluster, USER, "patch", POOLS, "status")  # it wrote as its own user
