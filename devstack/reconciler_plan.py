@@ -12,7 +12,7 @@ Theory of operation, one pass:
    not ``status.residentMember`` is a request to own the slot; the incoming owner is kept in
    ``status.pendingMember`` and honoured while this pass holds it at 0. A pending owner stays
    the owner until it is resident (a triggered swap completes), so a second early request is
-   held at 0 like any non-owner. With nothing requested the resident owns the slot, even when
+   held at 0 like any non-owner; only a pending owner that reports Failed gives way to one. With nothing requested the resident owns the slot, even when
    someone scaled it to 0 (a warm pool never goes cold again); a cold pool warms
    ``spec.default``.
 2. Non-owners go to 0, except a Ready one that is busy or whose idleness cannot be checked:
@@ -93,7 +93,11 @@ def resolve_owner(view: PoolView) -> str | None:
     if resident not in names:
         resident = None
     if pending in names and pending != resident:
-        return pending
+        others = [n for n in names if n != pending and desired_replicas(view.members[n]) >= 1]
+        # A target that failed to load must not wedge the pool: a new request takes over.
+        if phase_of(view.members[pending]) != "Failed" or not others:
+            return pending
+        return others[0]
     requested = [n for n in names if n != resident and desired_replicas(view.members[n]) >= 1]
     if requested:
         return requested[0]
