@@ -6,7 +6,8 @@ import argparse
 import sys
 
 from devstack.simulator_kube import duration_arg
-from devstack.stack_demo import default_workdir, run
+from devstack.stack import ACTUATIONS
+from devstack.stack_demo import default_actuation, default_workdir, run
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -26,9 +27,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       help="how long a simulated member takes to load (default 3s)")
     demo.add_argument("--unload-delay", type=duration_arg, default=1.0,
                       help="how long a simulated member takes to unload (default 1s)")
+    demo.add_argument("--actuation", choices=ACTUATIONS, default=default_actuation(),
+                      help="own: the ext_proc moves the slot; llmkube: a stand-in for LLMKube's "
+                      "ModelPool reconciler does, the ext_proc only triggers "
+                      "(default: $MODELPOOL_DEMO_ACTUATION or own)")
     demo.add_argument("--workdir", default=str(default_workdir()),
                       help="kubeconfig, logs and records (default: .demo, or $MODELPOOL_DEMO_DIR)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.command == "demo" and args.actuation not in ACTUATIONS:  # from the environment
+        parser.error(f"MODELPOOL_DEMO_ACTUATION must be one of {', '.join(ACTUATIONS)}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -309,3 +309,35 @@ class EnvoyProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def writing_into(directory: Path) -> list[int]:
+    """Ids of live processes whose stdout is a file in `directory` (Linux /proc).
+
+    Every member server the simulator starts logs to its own file there, so this finds this
+    stack's servers, and only them, even after the simulator is gone.
+    """
+    prefix = str(directory.resolve()) + os.sep
+    found = []
+    for fd in Path("/proc").glob("[0-9]*/fd/1"):
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        if target.startswith(prefix):
+            found.append(int(fd.parent.parent.name))
+    return found
+
+
+def kill_member_server(pid: int) -> None:
+    """SIGKILL a member server the simulator started, if it is still there."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return  # gone already
+    if b"devstack.upstream" not in cmdline:
+        return  # the id now belongs to some other process
+    try:
+        os.killpg(pid, signal.SIGKILL)  # the server leads its own process group
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -12,6 +12,8 @@ Lifecycle of one member (phases written through the ``/status`` subresource, mer
   (replicas 1, readyReplicas 0). After the load delay start ``python -m devstack.upstream
   --name <member> --port <port>``, wait for its ``/health``, then phase ``Ready`` (replicas 1,
   readyReplicas 1, ``endpoint: http://127.0.0.1:<port>``) and the pod's phase ``Running``.
+  With ``rollout_delay`` (default 0) the pod appears only that long after the scale-up, as a
+  Deployment's controllers take a moment; a member scaled back to 0 meanwhile gets no pod.
 - ``spec.replicas`` 0 with a pod: phase ``Progressing`` (replicas 1, readyReplicas 0); the pod
   is deleted but held by the finalizer ``sim.llmkube.dev/unload``, so it stays visible with
   ``metadata.deletionTimestamp`` (a terminating pod still holds the GPU). The upstream process
@@ -47,7 +49,8 @@ The simulator keeps a timeline (``devstack.simulator_timeline``) in ``sim.timeli
 free port, and ``sim.ports`` shows the full mapping.
 
 CLI: ``python -m devstack.simulator --kubeconfig K --namespace demo --port judge=18081
---port coder=18082 --load-delay 3s [--unload-delay 1s] [--timeline F] [--log-dir D]``.
+--port coder=18082 --load-delay 3s [--unload-delay 1s] [--rollout-delay 0.5s] [--timeline F]
+[--log-dir D]``.
 """
 
 from __future__ import annotations
@@ -56,16 +59,16 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
-from kubernetes.aio import client, config
+from kubernetes.aio import client
 
 from devstack.procs import free_port
-from devstack.simulator_kube import GROUP, PLURAL, SERVICE_LABEL, VERSION, Kube, duration_arg, \
-    watch_forever
+from devstack.simulator_kube import GROUP, PLURAL, SERVICE_LABEL, VERSION, ApiSource, Kube, \
+    await_first_lists, connect, controller_parser, disconnect, duration_arg, \
+    parse_controller_args, run_controller, watch_forever
 from devstack.simulator_member import MemberActor, SimContext
 from devstack.simulator_timeline import Timeline
 
@@ -77,16 +80,18 @@ START_TIMEOUT = 30.0  # start() gives up if the first listing does not arrive by
 class MemberSimulator:
     """Plays LLMKube's controller for every InferenceService in the given namespaces."""
 
-    def __init__(self, api: client.ApiClient | str | os.PathLike[str],
+    def __init__(self, api: ApiSource,
                  namespaces: Iterable[str] | str, ports: dict[str, int] | None = None,
                  default_load_delay: float = 3.0, default_unload_delay: float = 1.0,
                  timeline_path: str | os.PathLike[str] | None = None,
-                 log_dir: str | os.PathLike[str] | None = None) -> None:
+                 log_dir: str | os.PathLike[str] | None = None,
+                 rollout_delay: float = 0.0) -> None:
         self._api_arg = api
         self.namespaces = [namespaces] if isinstance(namespaces, str) else list(namespaces)
         self._ports = dict(ports or {})
         self.default_load_delay = default_load_delay
         self.default_unload_delay = default_unload_delay
+        self.rollout_delay = rollout_delay
         self.timeline = Timeline(timeline_path)
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="simulator-"))
         self.actors: dict[tuple[str, str], MemberActor] = {}
@@ -107,14 +112,11 @@ class MemberSimulator:
 
     async def start(self) -> None:
         """Connect, list every namespace once, and start watching and reconciling."""
-        if isinstance(self._api_arg, client.ApiClient):
-            self._api = self._api_arg
-        else:
-            self._api = await config.new_client_from_config(
-                config_file=os.fspath(self._api_arg), persist_config=False)
+        self._api = await connect(self._api_arg)
         kube = Kube(self._api)
         self._ctx = SimContext(kube, self.timeline, self.default_load_delay,
-                               self.default_unload_delay, self.port_for, self.log_dir)
+                               self.default_unload_delay, self.port_for, self.log_dir,
+                               self.rollout_delay)
         listed: list[asyncio.Event] = []
         for ns in self.namespaces:
             done = asyncio.Event()
@@ -129,11 +131,7 @@ class MemberSimulator:
                 lambda items, ns=ns: self._poke_namespace(ns),
                 lambda kind, obj, ns=ns: self._on_pod(ns, obj),
                 label_selector=SERVICE_LABEL)))
-        try:
-            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in listed)), START_TIMEOUT)
-        except BaseException:
-            await self.stop()
-            raise
+        await await_first_lists(listed, START_TIMEOUT, self.stop)
 
     async def stop(self) -> None:
         """Stop watching and reconciling and stop every upstream process started; no leftovers."""
@@ -143,8 +141,7 @@ class MemberSimulator:
         self._watchers.clear()
         await asyncio.gather(*(actor.stop() for actor in self.actors.values()))
         self.actors.clear()
-        if self._api is not None and self._api is not self._api_arg:
-            await self._api.close()
+        await disconnect(self._api, self._api_arg)
         self._api = None
 
     # -- watch callbacks (synchronous: they only hand objects to the member tasks) -----------
@@ -191,45 +188,27 @@ def _port_pair(text: str) -> tuple[str, int]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line of ``python -m devstack.simulator``."""
-    parser = argparse.ArgumentParser(prog="python -m devstack.simulator",
-                                     description="Simulate LLMKube members for the local stack.")
-    parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
-                        help="kubeconfig file (default: $KUBECONFIG)")
-    parser.add_argument("--namespace", action="append", dest="namespaces",
-                        help="namespace to watch (repeatable; default: default)")
+    parser = controller_parser("python -m devstack.simulator",
+                               "Simulate LLMKube members for the local stack.")
     parser.add_argument("--port", action="append", type=_port_pair, default=[],
                         metavar="MEMBER=PORT", help="fixed upstream port of a member (repeatable)")
     parser.add_argument("--load-delay", type=duration_arg, default=3.0, help="default load delay")
     parser.add_argument("--unload-delay", type=duration_arg, default=1.0,
                         help="default unload delay")
+    parser.add_argument("--rollout-delay", type=duration_arg, default=0.0,
+                        help="from spec.replicas 1 to the pod object (default 0: at once)")
     parser.add_argument("--timeline", help="append the timeline here as JSON lines")
     parser.add_argument("--log-dir", help="upstream process logs (default: a temp dir)")
-    args = parser.parse_args(argv)
-    if not args.kubeconfig:
-        parser.error("--kubeconfig (or $KUBECONFIG) is required")
-    return args
-
-
-async def _main(args: argparse.Namespace) -> None:
-    sim = MemberSimulator(args.kubeconfig, args.namespaces or ["default"], dict(args.port),
-                          args.load_delay, args.unload_delay, args.timeline, args.log_dir)
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stopping.set)
-    await sim.start()
-    log.info("simulator running: namespaces=%s ports=%s log_dir=%s",
-             sim.namespaces, sim.ports, sim.log_dir)
-    try:
-        await stopping.wait()
-    finally:
-        await sim.stop()
+    return parse_controller_args(parser, argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Run the simulator until SIGINT or SIGTERM."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    asyncio.run(_main(parse_args(argv)))
+    args = parse_args(argv)
+    sim = MemberSimulator(args.kubeconfig, args.namespaces, dict(args.port), args.load_delay,
+                          args.unload_delay, args.timeline, args.log_dir, args.rollout_delay)
+    run_controller(sim, lambda: f"simulator running: namespaces={sim.namespaces} "
+                   f"ports={sim.ports} log_dir={sim.log_dir}")
 
 
 if __name__ == "__main__":

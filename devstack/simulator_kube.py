@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import random
+import signal
 import string
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Protocol
 
 import aiohttp
-from kubernetes.aio import client, watch
+from kubernetes.aio import client, config, watch
 from kubernetes.aio.client.exceptions import ApiException
 
 from extproc.settings import parse_duration
@@ -46,6 +48,82 @@ def duration_arg(text: str) -> float:
         return parse_duration(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+ApiSource = client.ApiClient | str | os.PathLike[str]
+
+
+async def connect(source: ApiSource) -> client.ApiClient:
+    """The given ApiClient, or a new one from the kubeconfig file at `source`."""
+    if isinstance(source, client.ApiClient):
+        return source
+    return await config.new_client_from_config(config_file=os.fspath(source),
+                                               persist_config=False)
+
+
+async def disconnect(api: client.ApiClient | None, source: ApiSource) -> None:
+    """Close an ApiClient that `connect` made (one handed in belongs to the caller)."""
+    if api is not None and api is not source:
+        await api.close()
+
+
+async def await_first_lists(listed: list[asyncio.Event], timeout: float,
+                            stop: Callable[[], Awaitable[None]]) -> None:
+    """Wait until every watch has listed once; on a timeout (or cancel) `stop()`, then raise."""
+    try:
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in listed)), timeout)
+    except BaseException:
+        await stop()
+        raise
+
+
+def controller_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """A command line with the --kubeconfig and --namespace every devstack controller takes."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
+                        help="kubeconfig file (default: $KUBECONFIG)")
+    parser.add_argument("--namespace", action="append", dest="namespaces",
+                        help="namespace to watch (repeatable; default: default)")
+    return parser
+
+
+def parse_controller_args(parser: argparse.ArgumentParser,
+                          argv: list[str] | None) -> argparse.Namespace:
+    """Parse, insisting on a kubeconfig, and default the namespaces to ``default``."""
+    args = parser.parse_args(argv)
+    if not args.kubeconfig:
+        parser.error("--kubeconfig (or $KUBECONFIG) is required")
+    args.namespaces = args.namespaces or ["default"]
+    return args
+
+
+class Controller(Protocol):
+    """What `run_controller` drives: something that starts and stops."""
+
+    async def start(self) -> None:
+        """Connect and begin reconciling."""
+
+    async def stop(self) -> None:
+        """Stop, leaving nothing running."""
+
+
+def run_controller(controller: Controller, describe: Callable[[], str]) -> None:
+    """Run a controller in its own event loop until SIGINT or SIGTERM, logging `describe()`."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+
+    async def serve() -> None:
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stopping.set)
+        await controller.start()
+        log.info("%s", describe())
+        try:
+            await stopping.wait()
+        finally:
+            await controller.stop()
+
+    asyncio.run(serve())
 
 
 def pod_name(member: str) -> str:

@@ -42,6 +42,9 @@ class SimContext:
     default_unload_delay: float
     port_for: Callable[[str], int]
     log_dir: Path
+    # The Deployment and ReplicaSet controllers' hops between spec.replicas 1 and a Pod object:
+    # the window in which LLMKube's ModelPool reconciler holds an early trigger at 0.
+    rollout_delay: float = 0.0
 
 
 def _annotations(isvc: dict[str, Any] | None) -> dict[str, str]:
@@ -172,6 +175,8 @@ class MemberActor:
             await self._report_stopped()
             return
         if pod is None:
+            if not await self._sit_out_rollout():
+                return
             pod = await self._create_pod()
         await self._ensure_loaded(pod)
 
@@ -195,6 +200,17 @@ class MemberActor:
         except ValueError:
             log.warning("member %s: bad %s=%r, using %ss", self.name, key, text, default)
             return default
+
+    async def _sit_out_rollout(self) -> bool:
+        """Wait the rollout delay; False when the member was scaled down meanwhile (no pod)."""
+        deadline = time.monotonic() + self.ctx.rollout_delay
+        while (left := deadline - time.monotonic()) > 0:
+            if await _wait_event(self.wake, left):
+                self.wake.clear()
+                if desired_replicas(self.isvc) < 1:
+                    self.wake.set()  # the next pass handles the scale-down
+                    return False
+        return True
 
     async def _create_pod(self) -> dict[str, Any]:
         pod = await self.kube.create_pod(self.namespace, self.name,

@@ -5,11 +5,15 @@ What runs (each a ManagedProcess with its log under ``<workdir>/logs``):
 - the Kubernetes API emulator (``python -m devstack.kubeapi``) serving crds/, with the
   stack's manifests applied through kubectl, as a user would;
 - the member simulator (``python -m devstack.simulator``) playing LLMKube for the members;
+- with ``actuation="llmkube"``, the stand-in for LLMKube's ModelPool reconciler
+  (``python -m devstack.reconciler``), which then owns member replicas and pool status, and the
+  ext_proc runs with ``--actuation llmkube`` (its activator role);
 - the ext_proc (``python -m extproc serve --kubeconfig ...``), the thing under test;
 - Envoy, from envoy/envoy.yaml rendered with the stack's ports and one cluster per member.
 
 Each client of the API server gets its own kubeconfig user (``stack``, ``simulator``,
-``modelpool-extproc``), so the emulator's request record can tell their calls apart.
+``modelpool-extproc``, ``llmkube-controller``), so the emulator's request record can tell their
+calls apart.
 Everything is synchronous: the pieces are processes, and tests call in from any thread.
 """
 
@@ -18,8 +22,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import urllib.error
@@ -32,13 +34,19 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from devstack import stack_manifests as manifests
 from devstack import testkit
-from devstack.procs import LOCALHOST, PROJECT_ROOT, EnvoyProcess, ManagedProcess, wait_for_http
+from devstack.procs import LOCALHOST, PROJECT_ROOT, EnvoyProcess, ManagedProcess, \
+    kill_member_server, wait_for_http, writing_into
+from devstack.reconciler import USER as RECONCILER_USER
 from devstack.simulator_timeline import read_timeline
 from devstack.stack_ports import Ports
 from devstack.stack_swaps import read_log, swap_notices
 
 CRDS = PROJECT_ROOT / "crds"
 START_TIMEOUT = 60.0
+ACTUATIONS = ("own", "llmkube")
+# With a ModelPool reconciler, a Deployment's hops before a pod exists are the window in which
+# it holds an activator's early trigger at 0; the simulator plays them only in llmkube mode.
+ROLLOUT_DELAY = 0.5
 
 
 class StackError(RuntimeError):
@@ -58,7 +66,10 @@ class LocalStack:
 
     def __init__(self, workdir: Path | str, docs: list[dict[str, Any]], ports: Ports, *,
                  load_delay: float = 3.0, unload_delay: float = 1.0,
-                 extproc_args: Iterable[str] = ()) -> None:
+                 extproc_args: Iterable[str] = (), actuation: str = "own") -> None:
+        if actuation not in ACTUATIONS:
+            raise ValueError(f"actuation must be one of {', '.join(ACTUATIONS)}: {actuation!r}")
+        self.actuation = actuation
         self.workdir = Path(workdir).resolve()
         self.docs = docs
         self.ports = ports
@@ -108,6 +119,8 @@ class LocalStack:
             self._start_kubeapi(timeout)
             self.apply(self.docs)
             self._start_simulator(timeout)
+            if self.actuation == "llmkube":
+                self._start_reconciler(timeout)
             self.start_extproc(timeout)
             self.envoy = EnvoyProcess(
                 self.ports.extproc,
@@ -122,15 +135,16 @@ class LocalStack:
         return self
 
     def stop(self) -> None:
-        """Stop Envoy, the ext_proc, the simulator (and its member servers), the emulator."""
+        """Stop Envoy, the ext_proc, the reconciler, the simulator and its servers, the emulator."""
         if self.envoy is not None:
             self.envoy.stop()
         self._stop("extproc")
+        self._stop("reconciler")
         self._stop("simulator")
         # The simulator stops its member servers on SIGTERM, but one it could not stop (it was
         # SIGKILLed after its grace, or crashed earlier) outlives it in its own session.
-        for pid in _writing_into(self.log_dir / "members"):
-            _kill_member_server(pid)
+        for pid in writing_into(self.log_dir / "members"):
+            kill_member_server(pid)
         self._stop("kubeapi")
         atexit.unregister(self.stop)
 
@@ -155,11 +169,13 @@ class LocalStack:
                 "--metrics-listen", f"{LOCALHOST}:{self.ports.metrics}"]
         for ns in self.namespaces:
             args += ["--namespace", ns]
+        if self.actuation != "own":  # own mode keeps today's command line
+            args += ["--actuation", self.actuation]
         proc = self._launch("extproc", args + self.extproc_args)
         self._await(proc, self._has_pools, timeout, "the ext_proc to sync its pools")
 
     def kill(self, name: str) -> None:
-        """SIGKILL one piece (extproc, simulator, kubeapi): a crash, with no clean-up."""
+        """SIGKILL one piece (extproc, reconciler, simulator, kubeapi): a crash, no clean-up."""
         proc = self._procs.get(name)
         if proc is not None:
             proc.kill()
@@ -223,7 +239,7 @@ class LocalStack:
         """The emulator's request record so far, oldest first; only `user`'s when given.
 
         Users are the stack's kubeconfig users: ``stack`` (kubectl, these helpers),
-        ``simulator`` and ``modelpool-extproc``.
+        ``simulator``, ``modelpool-extproc`` and (llmkube mode) ``llmkube-controller``.
         """
         query = f"?user={user}" if user is not None else ""
         return self.get(f"/_emulator/requests{query}")
@@ -313,9 +329,28 @@ class LocalStack:
             args += ["--namespace", ns]
         for member, port in self.ports.members.items():
             args += ["--port", f"{member}={port}"]
+        if self.actuation == "llmkube":
+            args += ["--rollout-delay", f"{ROLLOUT_DELAY}s"]
         proc = self._launch("simulator", args)
         # Every member reports a phase once the simulator has reconciled it (Stopped at 0).
         self._await(proc, self._members_reported, timeout, "the simulator to report members")
+
+    def _start_reconciler(self, timeout: float) -> None:
+        args = [sys.executable, "-m", "devstack.reconciler",
+                "--kubeconfig", str(self._user_kubeconfig(RECONCILER_USER))]
+        for ns in self.namespaces:
+            args += ["--namespace", ns]
+        proc = self._launch("reconciler", args)
+        # It writes every pool's status at once, MetalSupported included (LLMKube's mark).
+        self._await(proc, self._pools_reconciled, timeout, "the reconciler to write pool status")
+
+    def _pools_reconciled(self) -> bool:
+        try:
+            statuses = [self.pool(name, ns).get("status") or {} for ns, name in self.pools]
+            return all(any(c.get("type") == "MetalSupported" for c in s.get("conditions") or [])
+                       for s in statuses)
+        except (OSError, urllib.error.HTTPError):
+            return False
 
     def _members_reported(self) -> bool:
         try:
@@ -331,48 +366,3 @@ class LocalStack:
             return False
         seen = {(v["key"]["namespace"], v["key"]["name"]) for v in views}
         return all(p in seen for p in self.pools)
-
-
-def _writing_into(directory: Path) -> list[int]:
-    """Ids of live processes whose stdout is a file in `directory` (Linux /proc).
-
-    Every member server the simulator starts logs to its own file there, so this finds this
-    stack's servers, and only them, even after the simulator is gone.
-    """
-    prefix = str(directory.resolve()) + os.sep
-    found = []
-    for fd in Path("/proc").glob("[0-9]*/fd/1"):
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue  # gone meanwhile, or not ours to read
-        if target.startswith(prefix):
-            found.append(int(fd.parent.parent.name))
-    return found
-
-
-def _kill_member_server(pid: int) -> None:
-    """SIGKILL a member server the simulator started, if it is still there."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return  # gone already
-    if b"devstack.upstream" not in cmdline:
-        return  # the id now belongs to some other process
-    try:
-        os.killpg(pid, signal.SIGKILL)  # the server leads its own process group
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def demo_workdir(path: Path | str = PROJECT_ROOT / ".demo") -> Path:
-    """The demo's directory, emptied of an earlier run's logs and records."""
-    workdir = Path(path)
-    for stale in ("logs", "envoy", "timeline.jsonl"):
-        target = workdir / stale
-        if target.is_dir():
-            shutil.rmtree(target)
-        else:
-            target.unlink(missing_ok=True)
-    workdir.mkdir(parents=True, exist_ok=True)
-    return workdir

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -14,7 +15,7 @@ from typing import Any
 
 from devstack import stack_manifests as manifests
 from devstack.procs import PROJECT_ROOT
-from devstack.stack import LocalStack, StackError, demo_workdir
+from devstack.stack import LocalStack, StackError
 from devstack.stack_ports import Ports
 from devstack.stack_swaps import LogTail, describe
 
@@ -27,12 +28,22 @@ SMOKE_TIMEOUT = 60.0  # per request: a cold load plus a swap, with room for a sl
 
 
 def build(workdir: Path, load_delay: float, unload_delay: float,
-          listen: int | None = None) -> LocalStack:
+          listen: int | None = None, actuation: str = "own") -> LocalStack:
     """The demo stack: the sample manifests on the demo's ports."""
     docs = manifests.load_sample()
     members = [m for _, m in manifests.members_of(docs)]
     return LocalStack(workdir, docs, Ports.demo(members, listen), load_delay=load_delay,
-                      unload_delay=unload_delay)
+                      unload_delay=unload_delay, actuation=actuation)
+
+
+def mode_line(stack: LocalStack) -> str:
+    """Which actuation mode the demo runs, and who moves the slot in it."""
+    if stack.actuation == "llmkube":
+        return ("Mode: llmkube. The ext_proc only triggers swaps (scales the target 0 -> 1); the "
+                "LLMKube stand-in\n      (devstack.reconciler) drains, unloads, loads and writes "
+                "the pool status.")
+    return ("Mode: own. The ext_proc drains, unloads, loads and writes the pool status "
+            "(no other ModelPool controller).")
 
 
 def instructions(stack: LocalStack) -> str:
@@ -43,6 +54,7 @@ def instructions(stack: LocalStack) -> str:
             "-d '{\"model\": \"%s\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]%s}'")
     lines = [
         f"The demo is up: one OpenAI-compatible endpoint at {stack.url}",
+        mode_line(stack),
         f"ModelPool {NAMESPACE}/{POOL}: members judge (default), coder, writer share one slot;"
         f" each loads in ~{stack.load_delay:g}s.",
         "",
@@ -76,12 +88,13 @@ def run(args: Any) -> int:
     """Start the demo, then follow swaps until Ctrl-C (or run the smoke check and exit)."""
     workdir = demo_workdir(args.workdir)
     try:
-        stack = build(workdir, args.load_delay, args.unload_delay, args.port)
+        stack = build(workdir, args.load_delay, args.unload_delay, args.port, args.actuation)
     except RuntimeError as exc:  # the listener port is taken
         print(f"demo: {exc}", file=sys.stderr)
         return 2
     _stop_on_signals()
-    print(f"Starting the demo stack in {_short(workdir)} ...", flush=True)
+    print(f"Starting the demo stack ({stack.actuation} mode) in {_short(workdir)} ...",
+          flush=True)
     try:
         stack.start()
         print(instructions(stack), flush=True)
@@ -179,7 +192,24 @@ def _short(path: Path) -> str:
         return str(path)
 
 
+def default_actuation() -> str:
+    """$MODELPOOL_DEMO_ACTUATION, else own."""
+    return os.environ.get("MODELPOOL_DEMO_ACTUATION") or "own"
+
+
 def default_workdir() -> Path:
     """`.demo` in the project root (where the Makefile runs)."""
     return Path(os.environ.get("MODELPOOL_DEMO_DIR") or PROJECT_ROOT / ".demo")
 
+
+def demo_workdir(path: Path | str = PROJECT_ROOT / ".demo") -> Path:
+    """The demo's directory, emptied of an earlier run's logs and records."""
+    workdir = Path(path)
+    for stale in ("logs", "envoy", "timeline.jsonl"):
+        target = workdir / stale
+        if target.is_dir():
+            shutil.rmtree(target)
+        else:
+            target.unlink(missing_ok=True)
+    workdir.mkdir(parents=True, exist_ok=True)
+    return workdir

@@ -10,130 +10,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, Awaitable
 
-import aiohttp
 import pytest
-from kubernetes.aio import client, config
 
-from devstack import testkit
 from devstack.procs import PROJECT_ROOT, free_port
 from devstack.simulator import MemberSimulator
-from devstack.simulator_kube import GROUP, MERGE_PATCH, PLURAL, VERSION
 from devstack.simulator_timeline import read_timeline
-
-try:
-    from devstack.kubeapi import KubeEmulator
-except ImportError:
-    pytest.skip("the Kubernetes emulator (devstack.kubeapi.KubeEmulator) is missing",
-                allow_module_level=True)
-CRDS = PROJECT_ROOT / "crds"
-CRD_FILES = sorted(CRDS.glob("*.yaml")) if CRDS.is_dir() else []
-if not any("inferenceservices" in p.name for p in CRD_FILES):
-    pytest.skip("crds/ has no InferenceService CRD", allow_module_level=True)
-
-NS = "sim"
-LOAD = 0.3
-UNLOAD = 0.3
-TIMEOUT = 8.0
-
-
-async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = TIMEOUT,
-                     what: str = "condition") -> Any:
-    """Poll the async ``check`` until it returns something truthy; fail after ``timeout`` s."""
-    return await testkit.eventually(check, timeout, what)
-
-
-class Cluster:
-    """Test-side access to the emulator with the real client."""
-
-    def __init__(self, emu: KubeEmulator, api: client.ApiClient, kubeconfig: Path) -> None:
-        self.emu, self.api, self.kubeconfig = emu, api, kubeconfig
-        self.core = client.CoreV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
-
-    async def create(self, name: str, replicas: int = 0, **annotations: str) -> None:
-        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceService",
-                "metadata": {"name": name, "annotations": annotations},
-                "spec": {"replicas": replicas, "modelRef": name}}
-        await self.custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body)
-
-    async def patch(self, name: str, body: dict[str, Any]) -> None:
-        await self.custom.patch_namespaced_custom_object(
-            GROUP, VERSION, NS, PLURAL, name, body, _content_type=MERGE_PATCH)
-
-    async def scale(self, name: str, replicas: int) -> None:
-        await self.patch(name, {"spec": {"replicas": replicas}})
-
-    async def annotate(self, name: str, key: str, value: str | None) -> None:
-        await self.patch(name, {"metadata": {"annotations": {key: value}}})
-
-    async def isvc(self, name: str) -> dict[str, Any]:
-        return await self.custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name)
-
-    async def status(self, name: str) -> dict[str, Any]:
-        return (await self.isvc(name)).get("status") or {}
-
-    async def pods(self, member: str) -> list[Any]:
-        listing = await self.core.list_namespaced_pod(
-            NS, label_selector=f"inference.llmkube.dev/service={member}")
-        return listing.items
-
-    async def wait_phase(self, name: str, phase: str, timeout: float = TIMEOUT) -> dict:
-        async def check() -> dict | None:
-            status = await self.status(name)
-            return status if status.get("phase") == phase else None
-        return await eventually(check, timeout, f"{name} phase {phase}")
-
-
-async def health(port: int) -> int | None:
-    """Status of GET /health on the port, None when nothing answers."""
-    try:
-        async with aiohttp.ClientSession() as session:
-            async with session.get(f"http://127.0.0.1:{port}/health",
-                                   timeout=aiohttp.ClientTimeout(total=1)) as resp:
-                return resp.status
-    except (aiohttp.ClientError, asyncio.TimeoutError):
-        return None
-
-
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    emu = KubeEmulator(crd_paths=CRD_FILES)
-    await emu.start("127.0.0.1", free_port())
-    kubeconfig = tmp_path / "kubeconfig"
-    emu.write_kubeconfig(kubeconfig)
-    api = await config.new_client_from_config(config_file=str(kubeconfig), persist_config=False)
-    try:
-        await client.CoreV1Api(api).create_namespace({"metadata": {"name": NS}})
-        yield Cluster(emu, api, kubeconfig)
-    finally:
-        await api.close()
-        await emu.stop()
-
-
-SimFactory = Callable[..., Awaitable[MemberSimulator]]
-
-
-@pytest.fixture
-async def sims(cluster: Cluster, tmp_path: Path) -> AsyncIterator[SimFactory]:
-    """Start simulators on the emulator (short delays); every one is stopped at teardown."""
-    started: list[MemberSimulator] = []
-
-    async def start(ports: dict[str, int] | None = None, **kwargs: Any) -> MemberSimulator:
-        kwargs.setdefault("default_load_delay", LOAD)
-        kwargs.setdefault("default_unload_delay", UNLOAD)
-        kwargs.setdefault("timeline_path", tmp_path / "timeline.jsonl")
-        sim = MemberSimulator(cluster.kubeconfig, [NS], ports or {}, log_dir=tmp_path, **kwargs)
-        started.append(sim)
-        await sim.start()
-        return sim
-
-    try:
-        yield start
-    finally:
-        for sim in started:
-            await sim.stop()
+from devstack_cluster import LOAD, NS, UNLOAD, Cluster, eventually, health
 
 
 def events(sim: MemberSimulator, member: str) -> list[str]:

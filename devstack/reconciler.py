@@ -1,0 +1,267 @@
+"""A stand-in for LLMKube's ModelPoolReconciler, so the local stack can play a real LLMKube cluster.
+
+In a real cluster LLMKube's operator always runs a ModelPool reconciler that owns the members'
+replicas and writes the whole pool status. This process behaves the same way (from the facts in
+shared/docs/LLMKUBE.md, never from LLMKube's code; the decisions are in
+``devstack.reconciler_plan``), so the ext_proc's ``--actuation llmkube`` mode, and its conflict
+detection in own mode, can be exercised on loopback.
+
+How it talks to the API, as LLMKube does:
+
+- it watches ModelPools and InferenceServices, and does NOT watch Pods: it lists a member's pods
+  when it needs them and, mid-swap, looks again every ``requeue`` seconds (3 s);
+- it patches member ``spec.replicas`` and the pool's full ``status`` with merge patches and no
+  resourceVersion (the last writer silently wins);
+- it asks a Ready incumbent's llama.cpp ``/slots`` (at ``status.endpoint``) whether any slot is
+  processing before it unloads it; a timeout (5 s), an error or an answer it does not
+  understand counts as "cannot tell" and defers the swap;
+- it records no Events.
+
+It runs as its own API user (``llmkube-controller``, token ``llmkube-controller-token``), so the
+emulator's request record tells its calls apart from the ext_proc's.
+
+CLI: ``python -m devstack.reconciler --kubeconfig K --namespace demo [--requeue 3s]
+[--idle-timeout 5s]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import logging
+from typing import Any, Iterable
+
+import aiohttp
+from kubernetes.aio import client
+from kubernetes.aio.client.exceptions import ApiException
+
+from devstack.reconciler_plan import PoolView, differs, member_names, needs_idle_check, plan, \
+    resolve_owner
+from devstack.simulator_kube import GROUP, MERGE_PATCH, PLURAL, SERVICE_LABEL, TRANSIENT, VERSION, \
+    ApiSource, Backoff, Kube, await_first_lists, connect, controller_parser, disconnect, \
+    duration_arg, parse_controller_args, run_controller, watch_forever
+# The same llama.cpp /slots reading the service uses: one fail-closed reading, not two twins.
+from extproc.platform.kube.idle import probe_idle
+
+log = logging.getLogger("devstack.reconciler")
+
+POOLS = "modelpools"
+USER = "llmkube-controller"
+REQUEUE = 3.0  # LLMKube's requeue while a swap waits for pods it does not watch
+IDLE_TIMEOUT = 5.0
+START_TIMEOUT = 30.0
+PoolKey = tuple[str, str]
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _version(obj: dict[str, Any]) -> int:
+    try:
+        return int(obj["metadata"].get("resourceVersion") or 0)
+    except ValueError:
+        return 0
+
+
+def _remember(cache: dict[PoolKey, dict[str, Any]], key: PoolKey, obj: dict[str, Any]) -> bool:
+    """Cache the object unless the cache already holds a newer version; True when cached.
+
+    A pass caches what its own writes returned: the next pass, woken by a member's event before
+    the pool's watch caught up, must not decide from a status without its own pendingMember
+    (it would take the resident for the owner again and undo the swap).
+    """
+    held = cache.get(key)
+    if held is not None and _version(held) > _version(obj):
+        return False  # an event older than our own write's answer
+    cache[key] = obj
+    return True
+
+
+class ModelPoolReconciler:
+    """Owns the member replicas and status of every ModelPool in its namespaces, as LLMKube does."""
+
+    def __init__(self, api: ApiSource,
+                 namespaces: Iterable[str] | str, *, requeue: float = REQUEUE,
+                 idle_timeout: float = IDLE_TIMEOUT) -> None:
+        self._api_arg = api
+        self.namespaces = [namespaces] if isinstance(namespaces, str) else list(namespaces)
+        self.requeue, self.idle_timeout = requeue, idle_timeout
+        self.pools: dict[PoolKey, dict[str, Any]] = {}
+        self.isvcs: dict[PoolKey, dict[str, Any]] = {}
+        self.passes = 0  # reconcile passes run, all pools (tests wait on it)
+        self._wake: dict[PoolKey, asyncio.Event] = {}
+        self._workers: dict[PoolKey, asyncio.Task] = {}
+        self._watchers: list[asyncio.Task] = []
+        self._api: client.ApiClient | None = None
+        self._kube: Kube | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        """Connect, list pools and members in every namespace once, then reconcile on changes."""
+        self._api = await connect(self._api_arg)
+        self._kube = kube = Kube(self._api)
+        self._session = aiohttp.ClientSession()
+        listed: list[asyncio.Event] = []
+        for ns in self.namespaces:
+            for plural, cache in ((POOLS, self.pools), (PLURAL, self.isvcs)):
+                done = asyncio.Event()
+                listed.append(done)
+                self._watchers.append(asyncio.create_task(watch_forever(
+                    kube, kube.custom.list_namespaced_custom_object,
+                    (GROUP, VERSION, ns, plural), f"{ns}/{plural}",
+                    lambda items, ns=ns, cache=cache, done=done:
+                        self._on_list(ns, cache, items, done),
+                    lambda kind, obj, ns=ns, cache=cache: self._on_event(ns, cache, kind, obj))))
+        await await_first_lists(listed, START_TIMEOUT, self.stop)
+
+    async def stop(self) -> None:
+        """Stop watching and reconciling; the API state is left as it is."""
+        tasks = [*self._watchers, *self._workers.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._watchers.clear()
+        self._workers.clear()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        await disconnect(self._api, self._api_arg)
+        self._api = None
+
+    # -- watch callbacks: update the caches and wake the pools concerned --------------------
+
+    def _on_list(self, ns: str, cache: dict[PoolKey, dict[str, Any]],
+                 items: list[dict[str, Any]], done: asyncio.Event) -> None:
+        for key in [k for k in cache if k[0] == ns]:
+            del cache[key]
+        for item in items:
+            cache[(ns, item["metadata"]["name"])] = item
+        self._wake_namespace(ns)
+        done.set()
+
+    def _on_event(self, ns: str, cache: dict[PoolKey, dict[str, Any]], kind: str,
+                  obj: dict[str, Any]) -> None:
+        key = (ns, obj["metadata"]["name"])
+        if kind == "DELETED":
+            cache.pop(key, None)
+        elif not _remember(cache, key, obj):
+            return
+        if cache is self.pools:
+            self._wake_pool(key)
+        else:
+            for pool_key, pool in self.pools.items():
+                if pool_key[0] == ns and key[1] in member_names(pool):
+                    self._wake_pool(pool_key)
+
+    def _wake_namespace(self, ns: str) -> None:
+        for key in [k for k in self.pools if k[0] == ns]:
+            self._wake_pool(key)
+
+    def _wake_pool(self, key: PoolKey) -> None:
+        if key not in self._workers:
+            self._wake[key] = asyncio.Event()
+            self._workers[key] = asyncio.create_task(self._run(key),
+                                                     name=f"mpool-{key[0]}-{key[1]}")
+        self._wake[key].set()
+
+    # -- one worker per pool: passes never overlap, as controller-runtime runs one per key ---
+
+    async def _run(self, key: PoolKey) -> None:
+        wake, backoff = self._wake[key], Backoff()
+        timeout: float | None = None
+        while True:
+            try:
+                await asyncio.wait_for(wake.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass  # the requeue: pods are not watched, so look again
+            wake.clear()
+            if key not in self.pools:
+                timeout = None
+                continue
+            try:
+                again = await self.reconcile(key)
+                backoff.reset()
+                timeout = self.requeue if again else None
+            except (ApiException, *TRANSIENT) as exc:
+                log.warning("pool %s/%s: pass failed: %r", *key, exc)
+                await backoff.sleep()
+                wake.set()
+
+    async def reconcile(self, key: PoolKey) -> bool:
+        """One pass over one pool; True when it should be looked at again after `requeue`."""
+        assert self._kube is not None and self._session is not None
+        ns, name = key
+        pool = self.pools[key]
+        members = {m: self.isvcs.get((ns, m)) for m in member_names(pool)}
+        view = PoolView(pool, members, await self._pod_counts(ns))
+        owner = resolve_owner(view)
+        scaled: dict[str, int] = {}
+        if owner is not None and plan(view, {}, _now()).replicas.get(owner) == 0:
+            # An early trigger is held at 0 before anything slow (the idle probe), so the
+            # member's controller gets no time to start a pod beside the incumbent's.
+            scaled[owner] = await self._scale(ns, name, owner, 0)
+        idle: dict[str, bool | None] = {}
+        for member in needs_idle_check(view, owner):
+            endpoint = ((members[member] or {}).get("status") or {}).get("endpoint")
+            idle[member] = await probe_idle(self._session, f"{endpoint.rstrip('/')}/slots",
+                                            self.idle_timeout) if endpoint else None
+        decided = plan(view, idle, _now())
+        for member, replicas in decided.replicas.items():
+            if scaled.get(member) != replicas:
+                await self._scale(ns, name, member, replicas)
+        if differs(view.status, decided.status):
+            if decided.deferred:
+                log.info("pool %s/%s: swap to %s deferred (%s)", ns, name, decided.owner,
+                         decided.deferred[0])
+            written = await self._kube.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, ns, POOLS, name, {"status": decided.status},
+                _content_type=MERGE_PATCH)
+            _remember(self.pools, key, written)
+        self.passes += 1
+        return decided.requeue
+
+    async def _pod_counts(self, ns: str) -> dict[str, int]:
+        """Pods per member in the namespace, terminating ones included (one list call)."""
+        assert self._kube is not None
+        listing = await self._kube.core.list_namespaced_pod(ns, label_selector=SERVICE_LABEL)
+        counts: dict[str, int] = {}
+        for pod in listing.items:
+            member = (pod.metadata.labels or {}).get(SERVICE_LABEL)
+            counts[member] = counts.get(member, 0) + 1
+        return counts
+
+    async def _scale(self, ns: str, pool: str, member: str, replicas: int) -> int:
+        """Merge-patch a member's spec.replicas, without a resourceVersion, as LLMKube does."""
+        assert self._kube is not None
+        log.info("pool %s/%s: scale %s to %d", ns, pool, member, replicas)
+        scaled = await self._kube.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, ns, PLURAL, member, {"spec": {"replicas": replicas}},
+            _content_type=MERGE_PATCH)
+        _remember(self.isvcs, (ns, member), scaled)
+        return replicas
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line of ``python -m devstack.reconciler``."""
+    parser = controller_parser("python -m devstack.reconciler",
+                               "Play LLMKube's ModelPool reconciler.")
+    parser.add_argument("--requeue", type=duration_arg, default=REQUEUE,
+                        help="look again this often mid-swap (default 3s)")
+    parser.add_argument("--idle-timeout", type=duration_arg, default=IDLE_TIMEOUT,
+                        help="the /slots probe's timeout (default 5s)")
+    return parse_controller_args(parser, argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the reconciler until SIGINT or SIGTERM."""
+    args = parse_args(argv)
+    reconciler = ModelPoolReconciler(args.kubeconfig, args.namespaces, requeue=args.requeue,
+                                     idle_timeout=args.idle_timeout)
+    run_controller(reconciler, lambda: f"reconciler running: namespaces={reconciler.namespaces} "
+                   f"requeue={reconciler.requeue}s")
+
+
+if __name__ == "__main__":
+    main()

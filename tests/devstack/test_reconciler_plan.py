@@ -1,0 +1,62 @@
+"""The stand-in's owner resolution (devstack.reconciler_plan), case by case, without I/O."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from devstack import stack_manifests as manifests
+from devstack.reconciler_plan import PoolView, plan, resolve_owner
+
+NOW = "2026-01-01T00:00:00Z"
+
+
+def member(name: str, replicas: int, phase: str) -> dict[str, Any]:
+    """A member with its spec.replicas and status.phase (Ready ones have a ready pod)."""
+    obj = manifests.member(name, "ns")
+    obj["spec"]["replicas"] = replicas
+    obj["status"] = {"phase": phase, "readyReplicas": int(phase == "Ready")}
+    return obj
+
+
+def view(members: dict[str, tuple[int, str]], resident: str = "", pending: str = "",
+         pods: tuple[str, ...] = ()) -> PoolView:
+    """A pool judge/coder/writer (default judge) with the given members and status."""
+    pool = manifests.pool("gpu", "ns", members, default="judge")
+    pool["status"] = {"residentMember": resident, "pendingMember": pending}
+    return PoolView(pool, {n: member(n, *m) for n, m in members.items()},
+                    {n: 1 for n in pods})
+
+
+@pytest.mark.parametrize("members, resident, pending, owner", [
+    ({"judge": (0, "Stopped"), "coder": (0, "Stopped")}, "", "", "judge"),  # cold: the default
+    ({"judge": (1, "Ready"), "coder": (1, "Creating")}, "judge", "", "coder"),  # a request
+    ({"judge": (1, "Ready"), "coder": (0, "Stopped")}, "judge", "coder", "coder"),  # held at 0
+    ({"judge": (0, "Stopped"), "coder": (0, "Stopped")}, "judge", "", "judge"),  # never cold
+    # a second early request waits for the pending swap to complete
+    ({"judge": (1, "Ready"), "coder": (0, "Stopped"), "writer": (1, "Creating")},
+     "judge", "coder", "coder"),
+    # ... unless the pending target failed: then the new request takes over
+    ({"judge": (0, "Stopped"), "coder": (1, "Failed"), "writer": (1, "Creating")},
+     "judge", "coder", "writer"),
+    ({"judge": (1, "Creating"), "coder": (1, "Failed")}, "judge", "coder", "judge"),
+    ({"judge": (0, "Stopped"), "coder": (1, "Failed")}, "judge", "coder", "coder"),
+])
+def test_owner_resolution(members, resident, pending, owner):
+    assert resolve_owner(view(members, resident, pending)) == owner
+
+
+def test_an_early_trigger_is_held_at_zero_while_the_incumbent_has_pods():
+    decided = plan(view({"judge": (1, "Ready"), "coder": (1, "Creating")}, "judge",
+                        pods=("judge",)), {"judge": True}, NOW)
+    assert decided.replicas == {"judge": 0, "coder": 0}
+    assert decided.status["pendingMember"] == "coder" and decided.status["phase"] == "Swapping"
+    assert decided.requeue  # pods are not watched: look again
+
+
+def test_the_target_is_scaled_up_once_the_incumbent_s_pods_are_gone():
+    decided = plan(view({"judge": (0, "Stopped"), "coder": (0, "Stopped")}, "judge", "coder"),
+                   {}, NOW)
+    assert decided.replicas == {"coder": 1}
+    assert decided.status["residentMember"] == "judge"  # until coder is Ready
