@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .model import MemberObservation, PoolSpec
+from .model import Actuation, MemberObservation, PoolSpec, PoolStatus
 
 # ---- events -----------------------------------------------------------------------------
 
@@ -51,6 +51,22 @@ class IdleProbed:
 
 
 @dataclass(frozen=True, slots=True)
+class StatusObserved:
+    """The ModelPool's ``.status`` changed (read in llmkube mode; a foreign write in own mode
+    is a conflict)."""
+
+    status: PoolStatus
+
+
+@dataclass(frozen=True, slots=True)
+class ActuationChanged:
+    """The pool is carried out by someone else from now on (auto mode's choice, or a fight)."""
+
+    actuation: Actuation
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """Time passed; deadlines up to now are due."""
 
@@ -67,7 +83,8 @@ class Close:
     message: str
 
 
-Event = RequestArrived | RequestEnded | MemberObserved | SpecChanged | IdleProbed | Tick | Close
+Event = (RequestArrived | RequestEnded | MemberObserved | SpecChanged | IdleProbed | StatusObserved
+         | ActuationChanged | Tick | Close)
 
 # ---- commands ---------------------------------------------------------------------------
 
@@ -121,6 +138,14 @@ class Scale:
 
 
 @dataclass(frozen=True, slots=True)
+class Trigger:
+    """Ask LLMKube's reconciler to make ``member`` resident: its ``spec.replicas`` 0 -> 1 only,
+    with a resourceVersion precondition (llmkube mode; the reconciler does the rest)."""
+
+    member: str
+
+
+@dataclass(frozen=True, slots=True)
 class ProbeIdle:
     """Ask ``member``'s runtime whether it is idle; answer with IdleProbed."""
 
@@ -131,7 +156,8 @@ class ProbeIdle:
 class Notice:
     """Something operators should hear about (an Event, a log line, a metric).
 
-    kind is one of SwapStarted, SwapCompleted, SwapFailed, SwapDeferred, MemberLost.
+    kind is one of SwapStarted, SwapCompleted, SwapFailed, SwapDeferred, MemberLost,
+    ActuationChanged.
     """
 
     kind: str
@@ -142,4 +168,4 @@ class Notice:
     released: int = 0
 
 
-Command = Admit | Hold | Reject | Dropped | Scale | ProbeIdle | Notice
+Command = Admit | Hold | Reject | Dropped | Scale | Trigger | ProbeIdle | Notice

@@ -57,7 +57,9 @@ from __future__ import annotations
 
 import math
 
+from . import modes
 from .events import (
+    ActuationChanged,
     Admit,
     Close,
     Command,
@@ -69,14 +71,25 @@ from .events import (
     Notice,
     Reject,
     RequestArrived,
+    Scale,
     RequestEnded,
     SpecChanged,
+    StatusObserved,
     Tick,
 )
 from .forecast import SwapHistory
-from .model import MemberObservation, PoolPhase, PoolSpec, PoolView, StartHints
+from .model import (
+    Actuation,
+    MemberObservation,
+    PoolPhase,
+    PoolSpec,
+    PoolStatus,
+    PoolView,
+    StartHints,
+)
 from .requests import RequestBook
 from .state import Limits, PolicyError, Stage, Swap
+from .steps_llmkube import incoming
 from .swap import advance
 
 __all__ = ["Limits", "PolicyError", "PoolMachine"]
@@ -86,8 +99,17 @@ class PoolMachine:
     """Decides, for one pool, who owns the slot and when each request may pass."""
 
     def __init__(self, spec: PoolSpec, limits: Limits, now: float,
-                 hints: StartHints = StartHints()) -> None:
+                 hints: StartHints = StartHints(), *, actuation: Actuation = Actuation.OWN,
+                 auto: bool = False) -> None:
         self.spec = spec
+        self.actuation = actuation
+        self.auto = auto  # own until the status shows another controller, then llmkube
+        self.status = PoolStatus()  # the pool's .status as last observed
+        # Own mode's fight detector (modes.note_scaled_up): members we asked down -> seen at 0
+        # since; and when each was scaled up again behind our back.
+        self.asked_down: dict[str, bool] = {}
+        self.undone: dict[str, list[float]] = {}
+        self.fight = ""  # own mode: why we think someone scales against us ("" if not)
         self.limits = limits
         self.obs: dict[str, MemberObservation] = {}
         self.resident = ""
@@ -143,7 +165,7 @@ class PoolMachine:
             if swap.stage is Stage.DRAIN:
                 times.extend(t for t in (swap.probe_retry_at, self.calm_at())
                              if t > self.now)
-            if swap.stage is Stage.LOAD:
+            if swap.stage in (Stage.LOAD, Stage.TRIGGERED):
                 times.append(swap.load_started + self.limits.swap_timeout)
         return min(times)
 
@@ -192,6 +214,10 @@ class PoolMachine:
                 self._respec(spec, out)
             case IdleProbed(member, idle):
                 self._probed(member, idle)
+            case StatusObserved(status):
+                modes.observe_status(self, status, out)
+            case ActuationChanged(actuation, reason):
+                modes.switch(self, actuation, reason, out)
             case Close(code, message):
                 self.closing = (code, message)
                 for rid, held in list(self.requests.held.items()):
@@ -204,6 +230,8 @@ class PoolMachine:
                 raise PolicyError(f"unknown event {event!r}")
         self._expire(now, out)
         advance(self, now, out)
+        if modes.settle_fight(self, out):
+            advance(self, now, out)
         return out
 
     def _arrive(self, rid: int, member: str, now: float, out: list[Command]) -> None:
@@ -230,6 +258,9 @@ class PoolMachine:
         if self.closing is not None:
             out.append(Reject(rid, 503, *self.closing, self.retry_after()))
             return
+        if self.actuation is Actuation.HANDS_OFF:
+            out.append(modes.conflict_reject(self, rid, 0.0))
+            return
         coalesced = self.swap is not None and self.swap.target == member
         deadline = now + self.spec.swap_budget
         self.requests.hold(rid, member, now, deadline)
@@ -248,14 +279,17 @@ class PoolMachine:
         self.obs[obs.name] = obs
         if before != obs:
             self.version += 1
+        modes.note_scaled_up(self, obs.name, obs.replicas, self.now)
         swap = self.swap
         if swap is not None and obs.replicas > 0:
             # Scaled up again behind our back (kubectl, a GitOps sync) after our Scale(0),
             # or an event older than it: ask again (idempotent), else unload waits for ever.
             swap.scaled_down.discard(obs.name)
-        if swap is not None and obs.name == swap.target and swap.stage is Stage.LOAD \
-                and obs.phase != swap.phase_at_load:
+        if swap is not None and obs.name == swap.target \
+                and swap.stage in (Stage.LOAD, Stage.TRIGGERED) and obs.phase != swap.phase_at_load:
             swap.saw_progress = True
+        if self.actuation is Actuation.LLMKUBE:
+            return  # residency is what LLMKube's status says; a dead resident is not routable
         if obs.name == self.resident and not obs.ready and before is not None \
                 and before.ready and (swap is None or swap.target != obs.name):
             # Self-heal: the resident died out of band (OOM, node drain, spec edit). Stop
@@ -319,9 +353,20 @@ class PoolMachine:
         self.requests.admit(rid, member)
         out.append(Admit(rid, member, held_for))
 
+    def scale(self, member: str, replicas: int, out: list[Command]) -> None:
+        """Ask for ``member`` at ``replicas`` (own mode's only way to change replicas)."""
+        if replicas:
+            self.asked_down.pop(member, None)
+        else:
+            self.asked_down[member] = False
+        out.append(Scale(member, replicas))
+
     def routable(self, member: str) -> bool:
-        """Whether requests for ``member`` may pass now: it is the resident and Ready."""
-        return bool(member) and member == self.resident and self.obs[member].ready
+        """Whether requests for ``member`` may pass now: it is the resident and Ready (and, in
+        llmkube mode, no other member is coming in: LLMKube may be about to unload it)."""
+        if not member or member != self.resident or not self.obs[member].ready:
+            return False
+        return self.actuation is not Actuation.LLMKUBE or incoming(self) in ("", member)
 
     def fairness_due(self, swap: Swap, now: float) -> bool:
         """True once ``swap`` has waited its pool's fairness window (never when it is 0)."""

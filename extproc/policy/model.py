@@ -58,6 +58,30 @@ class PoolSpec:
     reclaim_after: float = 300.0
 
 
+class Actuation(str, Enum):
+    """Who carries a pool's swaps out (``--actuation``; see docs/operations.md)."""
+
+    OWN = "own"  # this service drains, unloads, loads and writes the status
+    LLMKUBE = "llmkube"  # LLMKube's reconciler does; this service only triggers and follows
+    HANDS_OFF = "hands-off"  # own mode after another writer fought us: route, never actuate
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStatus:
+    """What the ModelPool's ``.status`` says, as far as routing cares.
+
+    ``foreign`` is True when this status was written by someone else than this service (the
+    platform tells: e.g. a resourceVersion that none of our writes produced, or a condition
+    type only LLMKube writes).
+    """
+
+    resident: str = ""
+    pending: str = ""
+    deferred_reason: str = ""  # SwapDeferred's reason while it is True
+    deferred_message: str = ""
+    foreign: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class StartHints:
     """What the cluster remembers of a pool when this process starts watching it.

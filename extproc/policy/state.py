@@ -22,6 +22,7 @@ class Stage(str, Enum):
     PROBE = "Probing"
     UNLOAD = "Unloading"
     LOAD = "Loading"
+    TRIGGERED = "Triggered"  # llmkube mode: waiting for LLMKube to make the target resident
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,3 +60,4 @@ class Swap:
     # The first probe answer that was not "idle": (member, False busy / None unknown).
     refused: tuple[str, bool | None] | None = None
     probe_retry_at: float = -math.inf  # after a refused probe, DRAIN waits until then
+    by_us: bool = True  # llmkube mode: False for a swap someone else started (seen in status)

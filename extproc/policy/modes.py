@@ -1,0 +1,117 @@
+"""Who actuates a pool, and how the machine changes hands: the status LLMKube writes, the
+auto mode's choice, and the fight detector of own mode.
+
+Rules of this file: it only sets ``PoolMachine.actuation`` and what follows from a change of
+hands (the swap's stage, held requests): the one change of stage made outside
+``swap.TRANSITIONS``, because it is not an edge of either mode but the move from one mode's
+graph to the other's. The machine does it between events, never inside an edge.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .events import Command, Notice, Reject, Trigger
+from .model import Actuation, PoolStatus
+from .state import Stage
+
+if TYPE_CHECKING:
+    from .machine import PoolMachine
+
+Out = list[Command]
+
+# Own mode: a member we scale down this many times within FIGHT_WINDOW seconds is being
+# scaled up again by someone else on purpose (a GitOps controller re-applying replicas, a
+# second operator), not by a one-off `kubectl scale`: we stop actuating instead of flapping.
+FIGHT_SCALE_DOWNS = 3
+FIGHT_WINDOW = 600.0
+CONFLICT_CODE = "pool_conflict"
+
+
+def observe_status(m: PoolMachine, status: PoolStatus, out: Out) -> None:
+    """A new ``.status``: followed in llmkube mode, a conflict in own mode if foreign."""
+    m.status = status
+    if status.foreign and m.actuation is Actuation.OWN:
+        if m.auto:
+            switch(m, Actuation.LLMKUBE, "another controller (LLMKube's reconciler) writes "
+                   "this pool's status", out)
+        else:
+            switch(m, Actuation.HANDS_OFF, "another controller writes this pool's status; "
+                   "run with --actuation llmkube (or auto) beside LLMKube", out)
+    if m.actuation is not Actuation.LLMKUBE:
+        return
+    resident = status.resident if status.resident in m.spec.members else ""
+    if resident != m.resident:
+        m.resident = resident
+        m.owner_picked = m.owner_picked or bool(resident)
+        m.version += 1
+    if status.deferred_reason:
+        m.defer(status.deferred_reason, status.deferred_message or
+                f"LLMKube deferred the swap ({status.deferred_reason})", out)
+    else:
+        m.clear_deferral()
+
+
+def switch(m: PoolMachine, actuation: Actuation, reason: str, out: Out) -> None:
+    """Hand the pool to ``actuation``; the swap under way continues in the new mode's terms."""
+    if actuation is m.actuation:
+        return
+    before, m.actuation = m.actuation, actuation
+    m.version += 1
+    out.append(Notice("ActuationChanged", f"actuation {before.value} -> {actuation.value}: "
+                      f"{reason}", source=before.value, target=actuation.value))
+    swap = m.swap
+    if actuation is Actuation.HANDS_OFF:
+        m.swap = None  # no stage of ours may act any more
+        for rid, held in list(m.requests.held.items()):
+            if not m.routable(held.member):
+                m.requests.unhold(rid)
+                out.append(conflict_reject(m, rid, m.now - held.arrived))
+        return
+    if actuation is Actuation.LLMKUBE:
+        m.resident = m.status.resident if m.status.resident in m.spec.members else ""
+        if swap is not None and swap.stage in (Stage.UNLOAD, Stage.LOAD):
+            # Our unload or load was under way: LLMKube's reconciler finishes it from here.
+            swap.stage, swap.load_started = Stage.TRIGGERED, m.now
+            if m.obs.get(swap.target) is not None and m.obs[swap.target].replicas < 1:
+                out.append(Trigger(swap.target))
+        elif swap is not None:
+            swap.stage, swap.probing, swap.refused = Stage.DRAIN, set(), None
+
+
+def conflict_reject(m: PoolMachine, rid: int, held_for: float) -> Reject:
+    """The answer for a request this pool cannot serve while someone else fights over it."""
+    return Reject(rid, 503, CONFLICT_CODE, f"pool {m.spec.key} is managed by another "
+                  "controller; this router only routes to its current member",
+                  m.limits.retry_after_default, held_for)
+
+
+def note_scaled_up(m: PoolMachine, member: str, replicas: int, now: float) -> None:
+    """Own mode: a member we asked down, and saw at 0, shows replicas again: someone undid us.
+
+    Seen at 0 first: a watch event older than our patch can still show the old replicas, but
+    a stream never goes back, so 0 then >= 1 is somebody's new write. One undo (an operator's
+    ``kubectl scale``) is undone again as usual; FIGHT_SCALE_DOWNS of them within
+    FIGHT_WINDOW is a fight. Only noted here: the machine hands the pool over after the edges
+    have settled (``settle_fight``), since an edge's action must end in its own target stage.
+    """
+    if member not in m.asked_down:
+        return
+    if replicas == 0:
+        m.asked_down[member] = True  # our scale-down landed
+        return
+    if not m.asked_down.pop(member):
+        return  # not yet seen at 0: this may be an event from before our patch
+    times = [t for t in m.undone.get(member, []) if now - t < FIGHT_WINDOW] + [now]
+    m.undone[member] = times
+    if len(times) >= FIGHT_SCALE_DOWNS and m.actuation is Actuation.OWN and not m.fight:
+        m.fight = (f"{member} was scaled up again {len(times)} times after we scaled it down, "
+                   f"within {FIGHT_WINDOW:g}s")
+
+
+def settle_fight(m: PoolMachine, out: Out) -> bool:
+    """Hand a fought-over pool to LLMKube (auto) or to no one (own); True if it changed."""
+    if not m.fight or m.actuation is not Actuation.OWN:
+        return False
+    switch(m, Actuation.LLMKUBE if m.auto else Actuation.HANDS_OFF, m.fight, out)
+    return True

@@ -1,0 +1,304 @@
+"""The guards and actions of the transition table (``swap.py``) that both actuation modes
+share, and those of own mode (this service drains, unloads and loads).
+
+Guards only read the machine; actions change it and append commands. Which edge uses which
+function, from which stage to which, is written only in ``swap.TRANSITIONS``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from .events import Command, Notice, ProbeIdle, Reject
+from .model import PHASE_FAILED, Actuation
+from .state import PolicyError, Stage, Swap
+
+if TYPE_CHECKING:
+    from .machine import PoolMachine
+
+Out = list[Command]
+
+
+def swap_of(m: PoolMachine) -> Swap:
+    """The swap under way (the edge's source stage guarantees there is one)."""
+    assert m.swap is not None
+    return m.swap
+
+
+def others_busy(m: PoolMachine) -> bool:
+    return any(m.requests.busy(name) for name in m.others())
+
+
+# ---- Idle ---------------------------------------------------------------------------------
+
+def adoptable(m: PoolMachine, now: float) -> bool:
+    return not m.resident and any(m.obs[name].ready for name in m.spec.members)
+
+
+def adopt(m: PoolMachine, now: float, out: Out) -> None:
+    """With no resident, take a member that is already Ready (start-up, self-heal)."""
+    ready = [name for name in m.spec.members if m.obs[name].ready]
+    m.resident = m.hints.resident if m.hints.resident in ready else ready[0]
+    m.owner_picked = True
+    m.version += 1
+
+
+def held_for_serving(m: PoolMachine, now: float) -> bool:
+    # Normally none: a swap's completion releases its own. They appear when a spec change
+    # cancels a swap while requests for the incumbent were held by fairness.
+    return any(m.routable(held.member) for held in m.requests.held.values())
+
+
+def release_serving(m: PoolMachine, now: float, out: Out) -> None:
+    for rid, held in list(m.requests.held.items()):
+        if m.routable(held.member):
+            m.requests.unhold(rid)
+            m.admit(rid, held.member, now - held.arrived, out)
+
+
+def wanted(m: PoolMachine) -> str:
+    """The member the slot should go to next, or "" to stay put."""
+    hint = m.hints.pending
+    if hint in m.spec.members and not m.routable(hint):
+        return hint  # resume the swap a previous process (or leader) started
+    for held in m.requests.held.values():  # oldest first: insertion order
+        if not m.routable(held.member):
+            return held.member
+    if m.actuation is not Actuation.OWN:
+        return ""  # LLMKube's reconciler warms the default and keeps one member up
+    scaled = [name for name in m.spec.members if m.obs[name].replicas > 0]
+    if m.routable(m.resident) and len(scaled) > 1:
+        return m.resident  # a second member was scaled up behind our back: undo it
+    if not m.resident and not m.owner_picked and m.spec.default \
+            and all(o.unloaded for o in m.obs.values()):
+        return m.spec.default  # cold pool: warm the default member
+    return ""
+
+
+def wants_a_member(m: PoolMachine, now: float) -> bool:
+    return bool(wanted(m))
+
+
+def hint_left(m: PoolMachine, now: float) -> bool:
+    # Reached only when no swap started: a pending hint still here no longer applies.
+    return bool(m.hints.pending)
+
+
+def drop_hint(m: PoolMachine, now: float, out: Out) -> None:
+    m.hints = replace(m.hints, pending="")  # consulted once, at start-up
+
+
+def start(m: PoolMachine, now: float, out: Out) -> None:
+    target = wanted(m)
+    drop_hint(m, now, out)
+    m.owner_picked = True
+    m.swap = Swap(target=target, incumbent=m.resident, started=now)
+    m.version += 1
+    out.append(Notice("SwapStarted", f"swap {m.resident or '(none)'} -> {target} started",
+                      source=m.resident, target=target))
+
+
+# ---- Draining and Probing -----------------------------------------------------------------
+
+def drained(m: PoolMachine, now: float) -> bool:
+    """No other member busy, past a refused probe's pause, and the linger is over."""
+    return now >= swap_of(m).probe_retry_at and not others_busy(m) and now >= m.calm_at()
+
+
+def serving_others(m: PoolMachine) -> list[str]:
+    # Only a serving member can be busy: one that crashed (CrashLoop, Failed) would never
+    # answer the probe and would block the swap that heals the pool.
+    return [name for name in m.others() if m.obs[name].ready]
+
+
+def drained_and_gated(m: PoolMachine, now: float) -> bool:
+    return m.limits.idle_gate and drained(m, now) and bool(serving_others(m))
+
+
+def probe(m: PoolMachine, now: float, out: Out) -> None:
+    swap = swap_of(m)
+    swap.stage, swap.probing, swap.refused = Stage.PROBE, set(serving_others(m)), None
+    out.extend(ProbeIdle(name) for name in sorted(swap.probing))
+
+
+def to_unload(m: PoolMachine, now: float, out: Out) -> None:
+    swap_of(m).stage = Stage.UNLOAD
+
+
+def busy_again(m: PoolMachine, now: float) -> bool:
+    return others_busy(m)
+
+
+def back_to_drain(m: PoolMachine, now: float, out: Out) -> None:
+    swap = swap_of(m)
+    swap.stage, swap.probing, swap.refused = Stage.DRAIN, set(), None
+
+
+def probe_refused(m: PoolMachine, now: float) -> bool:
+    return swap_of(m).refused is not None
+
+
+def defer(m: PoolMachine, now: float, out: Out) -> None:
+    swap = swap_of(m)
+    member, idle = swap.refused or ("", None)
+    reason = "PodsBusy" if idle is False else "IdleCheckFailed"
+    text = (f"{member} reports requests in progress" if idle is False
+            else f"cannot reach {member}'s runtime to confirm it is idle")
+    m.defer(reason, f"swap to {swap.target} deferred: {text}", out)
+    back_to_drain(m, now, out)
+    swap.probe_retry_at = now + m.limits.probe_retry
+
+
+def all_idle(m: PoolMachine, now: float) -> bool:
+    return not swap_of(m).probing
+
+
+# ---- Unloading and Loading ----------------------------------------------------------------
+
+def still_up(m: PoolMachine, now: float) -> bool:
+    swap = swap_of(m)
+    others = m.others()
+    return m.resident in others or any(
+        m.obs[name].replicas > 0 and name not in swap.scaled_down for name in others)
+
+
+def scale_down_others(m: PoolMachine, now: float, out: Out) -> None:
+    swap = swap_of(m)
+    for name in m.others():
+        if m.requests.busy(name):
+            raise PolicyError("a member with requests in flight is being unloaded")
+        if m.obs[name].replicas > 0 and name not in swap.scaled_down:
+            swap.scaled_down.add(name)
+            m.scale(name, 0, out)
+        if name == m.resident:
+            m.resident = ""
+            m.version += 1
+
+
+def _intruders(m: PoolMachine) -> list[str]:
+    """Members up that serve nothing and that no stage of ours asked for.
+
+    Any member but the resident; the target only while another member still holds the GPU
+    (later it is ours to load, and at start-up it may be a load we resume).
+    """
+    swap = swap_of(m)
+    others_hold = not all(m.obs[name].unloaded for name in m.others())
+    return [name for name in m.spec.members
+            if name != m.resident and m.obs[name].replicas > 0 and not m.requests.busy(name)
+            and name not in swap.scaled_down and (name != swap.target or others_hold)]
+
+
+def intruder_up(m: PoolMachine, now: float) -> bool:
+    """A member scaled up behind our back while the swap waits (it would share the GPU)."""
+    return bool(_intruders(m))
+
+
+def scale_down_intruders(m: PoolMachine, now: float, out: Out) -> None:
+    """Scale every intruder back to 0 now, not at the unload stage."""
+    swap = swap_of(m)
+    for name in _intruders(m):
+        swap.scaled_down.add(name)
+        m.scale(name, 0, out)
+
+
+def others_gone(m: PoolMachine, now: float) -> bool:
+    # Wait for pods to be gone, not for phase Stopped: a terminating pod still holds memory.
+    return all(m.obs[name].unloaded for name in m.others())
+
+
+def load(m: PoolMachine, now: float, out: Out) -> None:
+    swap = swap_of(m)
+    m.clear_deferral()
+    target = m.obs[swap.target]
+    swap.stage, swap.load_started, swap.phase_at_load = Stage.LOAD, now, target.phase
+    m.version += 1
+    if target.replicas < 1 or swap.target in swap.scaled_down:
+        # (an early scale-up of the target by someone else was undone: ask again)
+        swap.scaled_down.discard(swap.target)
+        m.scale(swap.target, 1, out)
+    else:
+        swap.saw_progress = True  # already asked up: its phase is current
+
+
+def target_ready(m: PoolMachine, now: float) -> bool:
+    return m.obs[swap_of(m).target].ready
+
+
+def complete(m: PoolMachine, now: float, out: Out) -> None:
+    swap = swap_of(m)
+    m.swap = None
+    m.resident = swap.target
+    m.version += 1
+    duration = now - swap.started
+    m.history.record(duration)
+    m.failed_until.pop(swap.target, None)
+    released = 0
+    for rid, held in m.requests.held_for(swap.target):
+        m.requests.unhold(rid)
+        m.admit(rid, held.member, now - held.arrived, out)
+        released += 1
+    out.append(Notice("SwapCompleted", f"swap {swap.incumbent or '(none)'} -> "
+                      f"{swap.target} completed in {duration:.1f}s, {released} released",
+                      source=swap.incumbent, target=swap.target, duration=duration,
+                      released=released))
+
+
+def target_failed(m: PoolMachine, now: float) -> bool:
+    swap = swap_of(m)
+    return m.obs[swap.target].phase == PHASE_FAILED and swap.saw_progress
+
+
+def timed_out(m: PoolMachine, now: float) -> bool:
+    # Same arithmetic as next_deadline(): a Tick at that deadline must fire the timeout.
+    return now >= swap_of(m).load_started + m.limits.swap_timeout
+
+
+def fail(reason: Callable[[PoolMachine], str]) -> Callable[[PoolMachine, float, Out], None]:
+    """The action that fails the swap, with ``reason`` as the operators' explanation."""
+    def action(m: PoolMachine, now: float, out: Out) -> None:
+        fail_swap(m, reason(m), now, out)
+    return action
+
+
+def fail_swap(m: PoolMachine, reason: str, now: float, out: Out) -> None:
+    swap = swap_of(m)
+    m.swap = None
+    m.version += 1
+    if m.resident == swap.target:
+        # A swap to the resident itself (converging two members up) failed: it no longer
+        # serves, and a resident left set would block adopting a member that does.
+        m.resident = ""
+    m.failed_until[swap.target] = now + m.limits.failure_backoff
+    m.failed_message = reason
+    retry = max(1, math.ceil(m.limits.failure_backoff))
+    for rid, held in m.requests.held_for(swap.target):
+        m.requests.unhold(rid)
+        out.append(Reject(rid, 503, "member_failed",
+                          f"model {held.member!r} failed to load: {reason}", retry,
+                          now - held.arrived))
+    if m.actuation is Actuation.OWN and m.obs[swap.target].replicas > 0 and not m.missing() \
+            and not m.requests.busy(swap.target):
+        # Free the slot for the next member. A Degraded pool, or a target that still has
+        # requests in flight from before it broke (drain before unload holds even for a
+        # failed member), leaves that to the next swap, whose stages drain and unload
+        # every other member.
+        m.scale(swap.target, 0, out)
+    out.append(Notice("SwapFailed", f"swap {swap.incumbent or '(none)'} -> {swap.target} "
+                      f"failed: {reason}", source=swap.incumbent, target=swap.target,
+                      duration=now - swap.started))
+
+
+# ---- any stage ----------------------------------------------------------------------------
+
+def target_left(m: PoolMachine, now: float) -> bool:
+    return swap_of(m).target not in m.spec.members
+
+
+def cancel(m: PoolMachine, now: float, out: Out) -> None:
+    m.swap = None  # nothing left to load; its held requests were rejected with the spec
+    m.version += 1
+
+
