@@ -19,7 +19,7 @@ import pytest
 
 from extproc import metrics
 from tests.deploy.conftest import render_path
-from tests.gateway.bootstrap import connection_managers, gateway_listener
+from tests.gateway.bootstrap import connection_managers, dumped, gateway_listener
 from tests.gateway.conftest import GATEWAY_LISTENER, OVERLAY, GatewayRun, GatewayStack
 from tests.gateway.egctl import ExamplePool
 
@@ -58,7 +58,8 @@ def test_envoy_gateway_accepts_every_overlay_object(gateway_run: GatewayRun) -> 
     route = _conditions(translation.status_of("httpRoutes", "shared-gpu"))
     assert route["Accepted"] == "True" and route["ResolvedRefs"] == "True", route
     for kind_list, name in (("envoyExtensionPolicies", "modelpool-extproc"),
-                            ("clientTrafficPolicies", "modelpool")):
+                            ("clientTrafficPolicies", "modelpool"),
+                            ("backendTrafficPolicies", "shared-gpu-members")):
         conditions = _conditions(translation.status_of(kind_list, name))
         assert conditions["Accepted"] == "True", (kind_list, conditions)
 
@@ -73,6 +74,29 @@ def test_ext_proc_filter_as_translated(gateway_run: GatewayRun) -> None:
     assert ext_proc["failureModeAllow"] is True
     assert ext_proc["processingMode"]["requestBodyMode"] == "BUFFERED"
     assert "maxMessageTimeout" not in ext_proc, "the Deployment patch assumes there is none"
+
+
+def test_member_clusters_take_a_whole_release(gateway_run: GatewayRun,
+                                              pool: ExamplePool) -> None:
+    # Every held request is released to the member at once: a cluster's limits (Envoy's
+    # default 1,024) must not turn a large release into overflow 503s.
+    dump = gateway_run.config_dump
+    serves = {e["clusterName"]: {gateway_run.backends[_address(lb)][0]
+                                 for locality in e["endpoints"] for lb in locality["lbEndpoints"]}
+              for e in dumped(dump, "Endpoints", "dynamicEndpointConfigs", "endpointConfig")}
+    clusters = {c["name"]: c for c in dumped(dump, "Clusters", "dynamicActiveClusters", "cluster")}
+    members = {name: clusters[name] for name, services in serves.items()
+               if services <= set(pool.members)}
+    assert sorted(s for name in members for s in serves[name]) == sorted(pool.members)
+    for name, cluster in members.items():
+        (limits,) = cluster["circuitBreakers"]["thresholds"]
+        for field in ("maxConnections", "maxPendingRequests", "maxRequests"):
+            assert limits.get(field, 1024) >= 100_000, (name, field, limits)
+
+
+def _address(lb_endpoint: dict[str, Any]) -> tuple[str, int]:
+    socket = lb_endpoint["endpoint"]["address"]["socketAddress"]
+    return socket["address"], int(socket["portValue"])
 
 
 async def test_request_is_routed_by_the_ext_proc_to_its_member(
