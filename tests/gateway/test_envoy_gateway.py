@@ -109,6 +109,21 @@ async def test_request_is_routed_by_the_ext_proc_to_its_member(
     assert gateway.served() == {m: int(m == pool.default) for m in pool.members}
 
 
+async def test_a_body_above_envoys_default_buffer_reaches_its_member(
+        gateway: GatewayStack, pool: ExamplePool) -> None:
+    # The ext_proc needs the whole body; Envoy's default buffer is 1 MiB and the
+    # ClientTrafficPolicy raises it to 32 MiB (the service itself answers 413 above 25 MiB).
+    prompt = "x" * (3 * 1024 * 1024)
+    body = {"model": pool.default, "messages": [{"role": "user", "content": prompt}]}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{gateway.url}/v1/chat/completions", json=body) as resp:
+            assert resp.status == 200, await resp.text()
+            assert resp.headers["x-served-by"] == pool.default
+            answer = await resp.json()
+    # the fake member echoes the prompt: all of it arrived
+    assert prompt in answer["choices"][0]["message"]["content"]
+
+
 async def test_cross_model_request_is_parked_through_a_swap_and_served(
         gateway: GatewayStack, pool: ExamplePool) -> None:
     incumbent, target = pool.default, next(m for m in pool.members if m != pool.default)
