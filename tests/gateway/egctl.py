@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from devstack.procs import PROJECT_ROOT
+from devstack.procs import PROJECT_ROOT, tool_binary
 
 EGCTL_ENV = "MODELPOOL_EGCTL_BIN"
 EXAMPLE_POOL = PROJECT_ROOT / "deploy/examples/shared-gpu.yaml"
@@ -35,13 +34,9 @@ GATEWAY_CLASS = {
 
 def egctl_binary() -> Path:
     """Path of egctl: $MODELPOOL_EGCTL_BIN, else the one `make egctl` links into .tools/."""
-    configured = os.environ.get(EGCTL_ENV)
-    path = Path(configured) if configured else PROJECT_ROOT / ".tools/envoy-gateway/egctl"
-    if not (path.is_file() and os.access(path, os.X_OK)):
-        raise FileNotFoundError(
-            f"egctl not found at {path}; run `make egctl` (builds Envoy Gateway's egctl from "
-            f"the Go module proxy; minutes the first time) or set {EGCTL_ENV}")
-    return path
+    return tool_binary(EGCTL_ENV, ".tools/envoy-gateway/egctl",
+                       "run `make egctl` (builds Envoy Gateway's egctl from the Go module "
+                       "proxy; minutes the first time)")
 
 
 @dataclass(frozen=True)

@@ -47,10 +47,15 @@ def _conditions(status: dict[str, Any]) -> dict[str, str]:
     return {c["type"]: c["status"] for c in parents[0]["conditions"]}
 
 
-def _fallback_filter() -> dict[str, Any]:
-    """The overlay's HTTPRouteFilter behind the catch-all rule."""
+def _assert_catch_all(status: int, headers: dict[str, str], body: bytes) -> None:
+    """The answer is the overlay's catch-all: its HTTPRouteFilter's direct response."""
     (found,) = [d for d in render_path(OVERLAY) if d["kind"] == "HTTPRouteFilter"]
-    return found["spec"]["directResponse"]
+    fallback = found["spec"]["directResponse"]
+    assert status == fallback["statusCode"] == 503, body
+    assert headers["retry-after"] == "5"
+    assert headers["content-type"] == fallback["contentType"] == "application/json"
+    assert body == fallback["body"]["inline"].encode()
+    assert json.loads(body)["error"]["code"] == "router_unavailable"
 
 
 def test_envoy_gateway_accepts_every_overlay_object(gateway_run: GatewayRun) -> None:
@@ -80,11 +85,9 @@ def test_member_clusters_take_a_whole_release(gateway_run: GatewayRun,
                                               pool: ExamplePool) -> None:
     # Every held request is released to the member at once: a cluster's limits (Envoy's
     # default 1,024) must not turn a large release into overflow 503s.
-    dump = gateway_run.config_dump
-    serves = {e["clusterName"]: {gateway_run.backends[_address(lb)][0]
-                                 for locality in e["endpoints"] for lb in locality["lbEndpoints"]}
-              for e in dumped(dump, "Endpoints", "dynamicEndpointConfigs", "endpointConfig")}
-    clusters = {c["name"]: c for c in dumped(dump, "Clusters", "dynamicActiveClusters", "cluster")}
+    serves = gateway_run.cluster_backends()
+    clusters = {c["name"]: c for c in dumped(gateway_run.config_dump, "Clusters",
+                                             "dynamicActiveClusters", "cluster")}
     members = {name: clusters[name] for name, services in serves.items()
                if services <= set(pool.members)}
     assert sorted(s for name in members for s in serves[name]) == sorted(pool.members)
@@ -94,19 +97,19 @@ def test_member_clusters_take_a_whole_release(gateway_run: GatewayRun,
             assert limits.get(field, 1024) >= 100_000, (name, field, limits)
 
 
-def _address(lb_endpoint: dict[str, Any]) -> tuple[str, int]:
-    socket = lb_endpoint["endpoint"]["address"]["socketAddress"]
-    return socket["address"], int(socket["portValue"])
-
-
 async def test_request_is_routed_by_the_ext_proc_to_its_member(
-        gateway: GatewayStack, pool: ExamplePool) -> None:
+        gateway: GatewayStack, gateway_run: GatewayRun, pool: ExamplePool) -> None:
     async with aiohttp.ClientSession() as http:
         status, headers, body, _ = await _chat(http, gateway, pool.default)
     assert status == 200, body
     assert headers["x-served-by"] == pool.default
     assert json.loads(body)["choices"][0]["message"]["content"].startswith(f"[{pool.default}]")
     assert gateway.served() == {m: int(m == pool.default) for m in pool.members}
+    # The request carried no routing header, so it matched the catch-all first; only the
+    # ext_proc's header plus route cache clear can have moved it to the member's rule.
+    entry = gateway.envoy.wait_access_log(1)[-1]
+    assert entry["upstream_cluster"] == gateway_run.cluster_of(pool.default)
+    assert entry["response_code_details"] == "via_upstream"
 
 
 async def test_a_body_above_envoys_default_buffer_reaches_its_member(
@@ -148,7 +151,7 @@ async def test_cross_model_request_is_parked_through_a_swap_and_served(
     assert rest.rstrip().endswith(b"data: [DONE]")
     assert status == 200, body
     assert headers["x-served-by"] == target
-    assert served_at > stream_ended  # released only after the drain
+    assert served_at > stream_ended  # an order, not a duration: released after the drain
     assert swaps._value.get() == swaps_before + 1
     assert gateway.members[target].stats.served == 1
 
@@ -176,19 +179,14 @@ async def test_client_routing_header_is_stripped_before_routing(
         assert (status, headers.get("x-served-by")) == (200, pool.default), body
     else:
         # nothing set a header after the strip: the catch-all, not the spoofed member
-        assert status == 503, body
+        _assert_catch_all(status, headers, body)
     assert gateway.served()[spoofed] == 0
 
 
 async def test_catch_all_answers_503_with_retry_after_when_the_ext_proc_is_down(
         gateway: GatewayStack, pool: ExamplePool) -> None:
     await gateway.stop_extproc()
-    fallback = _fallback_filter()
     async with aiohttp.ClientSession() as http:
         status, headers, body, _ = await _chat(http, gateway, pool.default)
-    assert status == fallback["statusCode"] == 503
-    assert headers["retry-after"] == "5"
-    assert headers["content-type"] == fallback["contentType"] == "application/json"
-    assert body == fallback["body"]["inline"].encode()
-    assert json.loads(body)["error"]["code"] == "router_unavailable"
+    _assert_catch_all(status, headers, body)
     assert gateway.served() == {m: 0 for m in pool.members}
