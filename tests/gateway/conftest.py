@@ -79,6 +79,19 @@ def gateway_run(pool: ExamplePool, tmp_path_factory: pytest.TempPathFactory) -> 
     return GatewayRun(translate(given, tmp_path_factory.mktemp("egctl")), given.backends)
 
 
+def run_translated(gateway_run: GatewayRun, extproc_port: int, member_ports: dict[str, int],
+                   workdir: Path) -> procs.EnvoyProcess:
+    """Our Envoy on the translated config, its backends played by these loopback ports."""
+    loopback = {(EXTPROC_SERVICE, EXTPROC_PORT): extproc_port}
+    loopback |= {(name, MEMBER_PORT): port for name, port in member_ports.items()}
+    stand_ins = {address: loopback[backend]
+                 for address, backend in gateway_run.backends.items() if backend in loopback}
+    return procs.EnvoyProcess.from_config(
+        lambda listen, admin, log: static_bootstrap(
+            gateway_run.config_dump, GATEWAY_LISTENER, listen, admin, str(log), stand_ins),
+        workdir=workdir).start()
+
+
 @dataclass
 class GatewayStack:
     """Our Envoy running the translated config, the service, and one fake upstream per member."""
@@ -121,14 +134,9 @@ async def gateway(gateway_run: GatewayRun, pool: ExamplePool,
         for name in pool.members:
             stack.members[name] = await start_upstream(name, token_delay_ms=1)
         await service.start()
-        loopback = {(EXTPROC_SERVICE, EXTPROC_PORT): service.grpc_port}
-        loopback |= {(name, MEMBER_PORT): h.port for name, h in stack.members.items()}
-        stand_ins = {address: loopback[backend]
-                     for address, backend in gateway_run.backends.items() if backend in loopback}
-        stack.envoy = procs.EnvoyProcess.from_config(
-            lambda listen, admin, log: static_bootstrap(
-                gateway_run.config_dump, GATEWAY_LISTENER, listen, admin, str(log), stand_ins),
-            workdir=tmp_path / "envoy").start()
+        stack.envoy = run_translated(gateway_run, service.grpc_port,
+                                     {name: h.port for name, h in stack.members.items()},
+                                     tmp_path / "envoy")
         yield stack
     finally:
         if stack.envoy is not None:
