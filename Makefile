@@ -44,7 +44,7 @@ $(ENVOY):
 # and the Go version: a fresh clone (CI's) finds it there and only links it into .tools/.
 GO ?= go
 EG_VERSION := v1.9.1
-EGCTL_CACHE := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/modelpool-extproc/egctl-$(EG_VERSION)-$(shell $(GO) env GOVERSION)
+EGCTL_CACHE := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/modelpool-extproc/egctl-$(EG_VERSION)-$(shell $(GO) env GOVERSION 2>/dev/null)
 EGCTL := .tools/envoy-gateway/egctl
 export MODELPOOL_EGCTL_BIN := $(abspath $(EGCTL))
 
