@@ -137,7 +137,7 @@ async def test_cross_model_request_is_parked_through_a_swap_and_served(
         # A long SSE answer keeps the incumbent busy: drain before unload must hold the
         # cross-model request inside Envoy until this stream has ended.
         async with http.post(f"{gateway.url}/v1/chat/completions?delay_ms=50",
-                             json=_chat_body(incumbent, stream=True, max_tokens=100)) as sse:
+                             json=_chat_body(incumbent, stream=True, max_tokens=60)) as sse:
             assert sse.status == 200 and sse.headers["x-served-by"] == incumbent
             await sse.content.readline()
             crossing = asyncio.create_task(_chat(http, gateway, target))
