@@ -119,10 +119,12 @@ class GatewayStack:
 
 
 @pytest.fixture
-async def gateway(gateway_run: GatewayRun, pool: ExamplePool,
+async def gateway(gateway_run: GatewayRun, pool: ExamplePool, envoy_bin: Path,
                   tmp_path: Path) -> AsyncIterator[GatewayStack]:
-    """The translated data path on loopback, the service on the example pool (static pools)."""
-    procs.envoy_binary()  # fail before starting anything when Envoy is missing
+    """The translated data path on loopback, the service on the example pool (static pools).
+
+    `envoy_bin` (tests/conftest.py) skips, saying why, when the Envoy binary is missing.
+    """
     pools_file = tmp_path / "pools.yaml"
     pools_file.write_text(pool.pools_file(), encoding="utf-8")
     # As the overlay's Deployment runs it: no override_message_timeout (Envoy Gateway renders
