@@ -35,6 +35,10 @@ SWAP_DEFERRED = Counter(
     "modelpool_extproc_swap_deferred_total", "Times a swap step was deferred, by reason",
     ["namespace", "pool", "reason"], registry=REGISTRY)
 
+CONFLICTS = Counter(
+    "modelpool_extproc_conflicts_total", "Times another controller was seen scaling members "
+    "against us or writing the pool's status (own mode stops actuating the pool)",
+    ["namespace", "pool"], registry=REGISTRY)
 REQUESTS = Counter(
     "modelpool_extproc_requests_total", "Requests decided, by pool and outcome",
     ["namespace", "pool", "outcome"], registry=REGISTRY)
@@ -102,6 +106,10 @@ class PoolGauges:
         for member in current:
             RESIDENT.labels(*self._labels, member).set(1 if member == resident else 0)
         self._members = current
+
+    def conflict(self) -> None:
+        """Another controller was seen fighting over this pool."""
+        CONFLICTS.labels(*self._labels).inc()
 
     def remove(self) -> None:
         """Drop this pool's gauges (the pool is gone)."""

@@ -101,6 +101,12 @@ class Settings:
     namespaces: list[str] = _opt([], "namespaces to watch (repeatable, or comma separated); "
                                  "empty means all namespaces", group="pools", metavar="NS",
                                  flag="--namespace")
+    actuation: str = _opt("own", "who carries swaps out: own (this service drains, unloads, "
+                          "loads and writes the pool status), llmkube (LLMKube's ModelPool "
+                          "reconciler does; this service only triggers a swap and follows "
+                          "status.residentMember) or auto (per pool: llmkube when another "
+                          "controller writes the pool's status, else own)", group="pools",
+                          metavar="MODE")
 
     # --- routing -------------------------------------------------------------------------------
     route_header: str = _opt("x-modelpool-member", "request header that tells Envoy which "
@@ -274,6 +280,10 @@ def validate(settings: Settings) -> str:
         return "--tls-cert and --tls-key go together"
     if settings.api_retry_initial <= 0 or settings.api_retry_max < settings.api_retry_initial:
         return "--api-retry-initial must be above 0 and at most --api-retry-max"
+    if settings.actuation not in ("own", "llmkube", "auto"):
+        return f"bad actuation {settings.actuation!r}: use own, llmkube or auto"
+    if settings.actuation == "llmkube" and settings.pools_file:
+        return "--actuation llmkube needs Kubernetes (LLMKube's reconciler), not --pools-file"
     if settings.watch_timeout < 1:
         return "--watch-timeout must be at least 1s"
     return ""

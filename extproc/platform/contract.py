@@ -7,7 +7,7 @@ Two directions, two Protocols:
   call them inline.
 * ``Platform`` is what the runtime asks of a platform: watch and report (``run``), say when
   the first full picture is in (``synced``), carry out the policy's commands (``scale``,
-  ``probe_idle``), keep the pool's status (``publish``) and tell operators (``notify``).
+  ``trigger``, ``probe_idle``), keep the pool's status (``publish``) and tell operators (``notify``).
 
 Both implementations (``static.StaticPlatform``, ``kube.platform.KubePlatform``) implement
 ``Platform`` exactly; nothing in the runtime or ``app.py`` asks which one it has.
@@ -19,7 +19,7 @@ import asyncio
 from typing import Protocol
 
 from ..policy.events import Notice
-from ..policy.model import MemberObservation, PoolKey, PoolSpec, PoolView, StartHints
+from ..policy.model import MemberObservation, PoolKey, PoolSpec, PoolStatus, PoolView, StartHints
 
 
 class PoolListener(Protocol):
@@ -33,6 +33,9 @@ class PoolListener(Protocol):
 
     def member_changed(self, key: PoolKey, obs: MemberObservation) -> None:
         """A member's observation changed (also sent once per member after pool_changed)."""
+
+    def status_changed(self, key: PoolKey, status: PoolStatus) -> None:
+        """The pool's ``.status`` changed (also sent once right after pool_changed)."""
 
 
 class Platform(Protocol):
@@ -50,6 +53,11 @@ class Platform(Protocol):
 
     async def scale(self, key: PoolKey, member: str, replicas: int) -> None:
         """Set a member's replicas: one attempt, raising on failure (the runtime retries)."""
+
+    async def trigger(self, key: PoolKey, member: str) -> None:
+        """llmkube mode: ``spec.replicas`` 0 -> 1 of ``member`` and nothing else, guarded by the
+        resourceVersion last seen; done (no call) if the member already has replicas. One
+        attempt, raising on failure or conflict (the runtime retries on a fresher view)."""
 
     async def probe_idle(self, key: PoolKey, member: str) -> bool | None:
         """Ask a member's runtime whether it is idle: True, False (busy), None (cannot tell)."""

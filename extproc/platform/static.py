@@ -102,6 +102,10 @@ class StaticPlatform:
                                                              replicas=replicas,
                                                              pods=replicas))
 
+    async def trigger(self, key: PoolKey, member: str) -> None:
+        """No LLMKube here (settings refuse llmkube mode with a pools file): load at once."""
+        await self.scale(key, member, 1)
+
     async def probe_idle(self, key: PoolKey, member: str) -> bool | None:
         """Static members are never asked; report idle."""
         return True

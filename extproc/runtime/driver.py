@@ -40,10 +40,19 @@ from ..policy.events import (
     RequestEnded,
     Scale,
     SpecChanged,
+    StatusObserved,
     Tick,
+    Trigger,
 )
 from ..policy.machine import Limits, PolicyError, PoolMachine
-from ..policy.model import MemberObservation, PoolSpec, PoolView, StartHints
+from ..policy.model import (
+    Actuation,
+    MemberObservation,
+    PoolSpec,
+    PoolStatus,
+    PoolView,
+    StartHints,
+)
 from .scaling import Retry, Scaler
 
 log = get_logger(__name__)
@@ -68,12 +77,14 @@ class PoolDriver:
 
     def __init__(self, spec: PoolSpec, limits: Limits, platform: Platform, retry: Retry, *,
                  clock: Callable[[], float] = time.monotonic,
-                 hints: StartHints = StartHints()) -> None:
+                 hints: StartHints = StartHints(), actuation: Actuation = Actuation.OWN,
+                 auto: bool = False) -> None:
         self.key = spec.key
         self._platform = platform
         self._scaler = Scaler(platform, spec.key, retry)
         self._clock = clock
-        self._machine = PoolMachine(spec, limits, clock(), hints)
+        self._machine = PoolMachine(spec, limits, clock(), hints, actuation=actuation,
+                                    auto=auto)
         self._tickets: dict[int, Ticket] = {}  # rid -> the stream waiting on it
         self._tasks: set[asyncio.Task[None]] = set()  # idle probes under way
         self._timer: asyncio.TimerHandle | None = None
@@ -132,6 +143,15 @@ class PoolDriver:
         """The ModelPool's spec changed."""
         self._feed(SpecChanged(spec))
 
+    def observe_status(self, status: PoolStatus) -> None:
+        """The ModelPool's status changed."""
+        self._feed(StatusObserved(status))
+
+    @property
+    def actuation(self) -> Actuation:
+        """Who carries this pool's swaps out right now."""
+        return self._machine.actuation
+
     def reject_held(self, code: str, message: str) -> None:
         """Answer every held request now with 503 ``code``, and any later one that would wait."""
         self._feed(Close(code, message))
@@ -181,6 +201,8 @@ class PoolDriver:
                 self._gauges.hold_seconds("disconnected", held_for)
             case Scale(member, replicas):
                 self._scaler.want(member, replicas)
+            case Trigger(member):
+                self._scaler.trigger(member)
             case ProbeIdle(member):
                 self._spawn(self._probe(member))
             case Notice():
@@ -229,7 +251,14 @@ class PoolDriver:
             self._gauges.swap_finished(notice.source, notice.target, outcome, notice.duration)
         elif notice.kind == "SwapDeferred":
             self._gauges.deferred(notice.source)
-        level = log.warning if notice.kind in ("SwapFailed", "MemberLost") else log.info
+        elif notice.kind == "ActuationChanged" and notice.target == Actuation.HANDS_OFF.value:
+            self._gauges.conflict()
+        if notice.kind == "ActuationChanged" and notice.target == Actuation.HANDS_OFF.value:
+            level = log.error  # someone fights over this pool: an operator must act
+        elif notice.kind in ("SwapFailed", "MemberLost"):
+            level = log.warning
+        else:
+            level = log.info
         level(notice.message, event=notice.kind, namespace=self.key.namespace,
               pool=self.key.name, member=notice.target or notice.source, source=notice.source,
               target=notice.target, duration_s=round(notice.duration, 3),
@@ -239,7 +268,8 @@ class PoolDriver:
     def _publish(self) -> None:
         view = self._machine.view()
         self._gauges.resident([m.name for m in view.members], view.resident)
-        self._platform.publish(view)
+        if self._machine.actuation is Actuation.OWN:
+            self._platform.publish(view)  # in the other modes the status is someone else's
 
     def _arm(self, deadline: float) -> None:
         if self._timer:

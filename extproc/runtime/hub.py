@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from ..logs import get_logger
 from ..platform.contract import Platform
 from ..policy.machine import Limits
-from ..policy.model import MemberObservation, PoolKey, PoolSpec, StartHints
+from ..policy.model import (
+    Actuation,
+    MemberObservation,
+    PoolKey,
+    PoolSpec,
+    PoolStatus,
+    StartHints,
+)
 from ..settings import Settings
 from .driver import PoolDriver
 from .scaling import Retry
@@ -52,6 +59,10 @@ class Hub:
     def __init__(self, settings: Settings, platform: Platform) -> None:
         self._limits = limits_from(settings)
         self._retry = Retry(settings.api_retry_initial, settings.api_retry_max)
+        # auto starts each pool in own mode and hands it to LLMKube once its status shows
+        # another writer (policy/modes.py); a static pools file has no LLMKube to hand to.
+        self._auto = settings.actuation == "auto" and not settings.pools_file
+        self._actuation = Actuation.LLMKUBE if settings.actuation == "llmkube" else Actuation.OWN
         self._platform = platform
         self._drivers: dict[PoolKey, PoolDriver] = {}
         self._routes: dict[str, Route] = {}
@@ -77,9 +88,11 @@ class Hub:
         driver = self._drivers.get(spec.key)
         if driver is None:
             self._drivers[spec.key] = PoolDriver(spec, self._limits, self._platform,
-                                                 self._retry, hints=hints)
+                                                 self._retry, hints=hints,
+                                                 actuation=self._actuation, auto=self._auto)
             log.info("pool added", namespace=spec.key.namespace, pool=spec.key.name,
-                     members=list(spec.members), default=spec.default)
+                     members=list(spec.members), default=spec.default,
+                     actuation="auto" if self._auto else self._actuation.value)
         elif driver.spec != spec:
             driver.respec(spec)
         self._reindex()
@@ -97,6 +110,12 @@ class Hub:
         driver = self._drivers.get(key)
         if driver is not None and driver.tracks(obs.name):
             driver.observe(obs)
+
+    def status_changed(self, key: PoolKey, status: PoolStatus) -> None:
+        """The pool's status changed (followed in llmkube mode, a conflict sign in own)."""
+        driver = self._drivers.get(key)
+        if driver is not None:
+            driver.observe_status(status)
 
     def reject_held(self, code: str, message: str) -> None:
         """Answer every held request in every pool with 503 now (before a shutdown)."""

@@ -9,6 +9,7 @@ way costs one more call at most.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from ..backoff import Backoff
@@ -36,6 +37,7 @@ class Scaler:
         self._retry = retry
         self._wanted: dict[str, int] = {}
         self._workers: dict[str, asyncio.Task[None]] = {}
+        self._triggers: dict[str, asyncio.Task[None]] = {}
 
     def want(self, member: str, replicas: int) -> None:
         """Ask for ``member`` at ``replicas``; starts its worker unless one is running."""
@@ -47,31 +49,45 @@ class Scaler:
 
     async def settled(self) -> None:
         """Wait until every wish so far has been applied (tests, shutdown)."""
-        while self._workers:
-            await asyncio.wait(list(self._workers.values()))
+        while tasks := [*self._workers.values(), *self._triggers.values()]:
+            await asyncio.wait(tasks)
 
     def cancel(self) -> None:
         """Stop every worker (the pool is closing)."""
-        for task in list(self._workers.values()):
+        for task in [*self._workers.values(), *self._triggers.values()]:
             task.cancel()
 
     async def _work(self, member: str) -> None:
         applied = None
         backoff = Backoff(self._retry.initial, self._retry.maximum)
         while (wanted := self._wanted[member]) != applied:
-            try:
-                await self._platform.scale(self._key, member, wanted)
+            if await self._attempt(self._platform.scale(self._key, member, wanted), backoff,
+                                   "scale", member, wanted):
                 applied = wanted
-                backoff.reset()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                # Giving up would leave the policy waiting for a change that never comes, so
-                # keep asking, ever more slowly, until the cause is fixed: a conflict passes
-                # at once, a 403 or a webhook's 422 waits for an operator (the swap stays
-                # visible as Swapping meanwhile).
-                delay = backoff.next_delay()
-                log.error("scale failed; will retry", namespace=self._key.namespace,
-                          pool=self._key.name, member=member, replicas=wanted,
-                          error=f"{type(exc).__name__}: {exc}", retry_in_s=round(delay, 3))
-                await asyncio.sleep(delay)
+
+    async def _trigger(self, member: str) -> None:
+        backoff = Backoff(self._retry.initial, self._retry.maximum)
+        while not await self._attempt(self._platform.trigger(self._key, member), backoff,
+                                      "trigger", member, 1):
+            pass
+
+    async def _attempt(self, call: Awaitable[None], backoff: Backoff, verb: str,
+                       member: str, replicas: int) -> bool:
+        """Await one platform call: True when it went through, else log and sleep a backoff."""
+        try:
+            await call
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # Giving up would leave the policy waiting for a change that never comes, so keep
+            # asking, ever more slowly, until the cause is fixed: a conflict passes at once
+            # (the next attempt reads a fresher view), a 403 or a webhook's 422 waits for an
+            # operator (the swap stays visible as Swapping meanwhile).
+            delay = backoff.next_delay()
+            log.error(f"{verb} failed; will retry", namespace=self._key.namespace,
+                      pool=self._key.name, member=member, replicas=replicas,
+                      error=f"{type(exc).__name__}: {exc}", retry_in_s=round(delay, 3))
+            await asyncio.sleep(delay)
+            return False
+        backoff.reset()
+        return True

@@ -44,3 +44,23 @@ class Actuator:
                 raise MemberMissing(namespace, member) from None
             raise
         log.info("member scaled", namespace=namespace, member=member, replicas=replicas)
+
+    async def trigger(self, namespace: str, member: str, resource_version: str) -> None:
+        """Replicas 1 only if the object is still at ``resource_version`` (else 409 Conflict).
+
+        The precondition is what makes a trigger safe beside LLMKube: if the reconciler (or
+        another replica) changed the member since we looked, the patch fails and the next
+        attempt decides again on the fresher view instead of undoing their change.
+        """
+        body: dict = {"spec": {"replicas": 1}}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        try:
+            await counted("patch", SERVICES, self._api.call(
+                "PATCH", custom_path(namespace, SERVICES, member), body=body))
+        except ApiError as exc:
+            if exc.status == 404:
+                raise MemberMissing(namespace, member) from None
+            raise
+        log.info("swap triggered", namespace=namespace, member=member,
+                 resource_version=resource_version)

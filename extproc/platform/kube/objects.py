@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from extproc.platform.kube.idle import IdleProbe, choose_probe
-from extproc.policy.model import PoolKey, PoolSpec
+from extproc.policy.model import PoolKey, PoolSpec, PoolStatus
 from extproc.settings import Settings, parse_duration
 
 SERVICE_LABEL = "inference.llmkube.dev/service"
@@ -41,6 +41,26 @@ def pod_member(pod: dict[str, Any]) -> str:
         return ""
     labels = (pod.get("metadata") or {}).get("labels") or {}
     return labels.get(SERVICE_LABEL) or labels.get(APP_LABEL) or ""
+
+
+# The condition types this service writes; every other type belongs to someone else.
+OWN_CONDITIONS = frozenset({"SlotAllocated", "MembersValid", "SwapDeferred", "SpecValid"})
+
+
+def foreign_conditions(status: dict[str, Any]) -> list[str]:
+    """Condition types in ``status`` that this service never writes (LLMKube's, ...)."""
+    return [str(c.get("type")) for c in status.get("conditions") or []
+            if isinstance(c, dict) and c.get("type") not in OWN_CONDITIONS]
+
+
+def pool_status(status: dict[str, Any], foreign: bool) -> PoolStatus:
+    """What routing needs of a ModelPool's ``.status``."""
+    deferred = next((c for c in status.get("conditions") or [] if isinstance(c, dict)
+                     and c.get("type") == "SwapDeferred" and c.get("status") == "True"), {})
+    return PoolStatus(resident=str(status.get("residentMember") or ""),
+                      pending=str(status.get("pendingMember") or ""),
+                      deferred_reason=str(deferred.get("reason") or ""),
+                      deferred_message=str(deferred.get("message") or ""), foreign=foreign)
 
 
 def service_state(isvc: dict[str, Any]) -> tuple[str, int]:

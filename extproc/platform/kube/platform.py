@@ -36,9 +36,9 @@ class KubePlatform:
     def __init__(self, api_client: KubeClient, settings: Settings) -> None:
         self._api_client = api_client
         self._settings = settings
-        self.watcher = ClusterWatcher(api_client, settings)
-        self._actuator = Actuator(api_client)
         self._writer = StatusWriter(api_client)
+        self.watcher = ClusterWatcher(api_client, settings, ours=self._writer.matches)
+        self._actuator = Actuator(api_client)
         self._publisher = StatusPublisher(self._writer, self.watcher,
                                           backoff_initial=settings.api_retry_initial,
                                           backoff_max=settings.api_retry_max)
@@ -72,6 +72,13 @@ class KubePlatform:
     async def scale(self, key: PoolKey, member: str, replicas: int) -> None:
         """Set a member's replicas (one attempt; the runtime retries)."""
         await self._actuator.scale(key.namespace, member, replicas)
+
+    async def trigger(self, key: PoolKey, member: str) -> None:
+        """llmkube mode: replicas 0 -> 1, guarded by the resourceVersion the watch last saw."""
+        replicas, version = self.watcher.member_replicas(key, member)
+        if replicas >= 1:
+            return  # someone (another replica, LLMKube) already asked for it
+        await self._actuator.trigger(key.namespace, member, version)
 
     async def probe_idle(self, key: PoolKey, member: str) -> bool | None:
         """Ask the member's runtime whether it is idle (None: cannot tell, or no probe)."""

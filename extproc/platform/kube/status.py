@@ -8,12 +8,14 @@ views into as few writes as possible, one background task per pool, never writin
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from datetime import datetime, timezone
-from typing import Any, Protocol
+from typing import Protocol
 
 from extproc.backoff import Backoff
 from extproc.logs import get_logger
 from extproc.platform.kube._calls import POOLS, counted, custom_path, describe, retryable
+from extproc.platform.kube.objects import OWN_CONDITIONS
 from extproc.platform.kube.rest import ApiError, KubeClient
 from extproc.policy.model import MemberObservation, PoolKey, PoolPhase, PoolView
 
@@ -32,6 +34,8 @@ def desired_status(view: PoolView, current_status: dict, now: datetime, *,
                   for kind, status, reason, message in (
                       _slot_allocated(view), _members_valid(view), _swap_deferred(view),
                       _spec_valid(spec_problems))]
+    # Conditions of other writers (LLMKube's MetalSupported, ...) are theirs: kept as they are.
+    conditions += [c for kind, c in old.items() if kind not in OWN_CONDITIONS]
     return {
         "phase": PoolPhase(view.phase).value,
         "residentMember": view.resident,
@@ -41,6 +45,11 @@ def desired_status(view: PoolView, current_status: dict, now: datetime, *,
         "observedGeneration": gen,
         "conditions": conditions,
     }
+
+
+def owned_part(status: dict, desired: dict) -> dict:
+    """The fields of ``status`` that ``desired`` writes (for comparing without others' fields)."""
+    return {k: status.get(k) for k in desired}
 
 
 def _condition(kind: str, status: str, reason: str, message: str, generation: int,
@@ -101,12 +110,16 @@ def _spec_valid(problems: tuple[str, ...]) -> tuple[str, str, str, str]:
     return "SpecValid", "True", "SpecAccepted", ""
 
 
+_WHO_FIELDS = ("phase", "residentMember", "pendingMember")
+
+
 class StatusWriter:
     """Writes a pool's ``.status`` through the /status subresource when it changed."""
 
     def __init__(self, api_client: KubeClient) -> None:
         self._api = api_client
         self._written: dict[PoolKey, dict] = {}
+        self._recent: dict[PoolKey, deque[dict]] = {}
 
     def written(self, key: PoolKey) -> dict | None:
         """The status this writer last wrote for ``key`` (None if it wrote none)."""
@@ -117,24 +130,46 @@ class StatusWriter:
         """Patch the status computed from ``view`` unless it equals ``current_status``."""
         desired = desired_status(view, current_status, datetime.now(timezone.utc),
                                  spec_problems=spec_problems)
-        if desired == current_status:
+        if desired == owned_part(current_status, desired):
             return False
-        # A merge patch leaves keys it does not mention: null out fields we do not produce so
-        # the stored status converges to exactly ``desired``.
-        body: dict[str, Any] = {k: None for k in current_status if k not in desired}
-        body.update(desired)
-        await counted("patch", f"{POOLS}/status", self._api.call(
-            "PATCH", custom_path(view.key.namespace, POOLS, view.key.name, "status"),
-            body={"status": body}))
-        self._written[view.key] = desired
+        # A merge patch leaves the keys it does not mention: fields other writers own
+        # (residentIdleSince, ...) survive; the conditions list is replaced whole, so desired
+        # carries the others' conditions along (desired_status).
+        # Remembered before the call: the watch may show our write before the call returns,
+        # and ``matches`` must already call it ours then.
+        before, self._written[view.key] = self._written.get(view.key), desired
+        # A few recent writes, not only the last: the watch may show an earlier one of ours
+        # after a later one was sent.
+        self._recent.setdefault(view.key, deque(maxlen=8)).append(desired)
+        try:
+            await counted("patch", f"{POOLS}/status", self._api.call(
+                "PATCH", custom_path(view.key.namespace, POOLS, view.key.name, "status"),
+                body={"status": desired}))
+        except BaseException:
+            if before is None:
+                self._written.pop(view.key, None)
+            else:
+                self._written[view.key] = before
+            raise
         log.info("pool status written", namespace=view.key.namespace, pool=view.key.name,
                  phase=desired["phase"],
                  resident=view.resident, pending=view.pending)
         return True
 
+    def matches(self, key: PoolKey, status: dict) -> bool:
+        """Whether ``status`` shows one of our recent writes: it is ours.
+
+        Compared on the fields that say who owns the slot, not on every byte: a server may
+        normalise a condition, and a foreign writer that changes only conditions shows
+        itself by a condition type of its own (``objects.foreign_conditions``).
+        """
+        return any(all(status.get(k) == written.get(k) for k in _WHO_FIELDS)
+                   for written in self._recent.get(key, ()))
+
     def forget(self, key: PoolKey) -> None:
         """Drop what was written for a deleted pool."""
         self._written.pop(key, None)
+        self._recent.pop(key, None)
 
 
 class StatusSource(Protocol):

@@ -35,14 +35,16 @@ from extproc.platform.contract import PoolListener
 from extproc.platform.kube._calls import POOLS, SERVICES, custom_path, describe, status_code
 from extproc.platform.kube.idle import IdleProbe
 from extproc.platform.kube.objects import (
+    foreign_conditions,
     object_key,
     pod_member,
     pool_spec,
+    pool_status,
     service_probe,
     service_state,
 )
 from extproc.platform.kube.rest import ApiError, KubeClient
-from extproc.policy.model import MemberObservation, PoolKey, PoolSpec, StartHints
+from extproc.policy.model import MemberObservation, PoolKey, PoolSpec, PoolStatus, StartHints
 from extproc.settings import Settings
 
 log = get_logger(__name__)
@@ -64,8 +66,13 @@ class _Pool:
 class ClusterWatcher:
     """Lists and watches pools, members and pods forever, keeping a joined in-memory cache."""
 
-    def __init__(self, api_client: KubeClient, settings: Settings) -> None:
+    def __init__(self, api_client: KubeClient, settings: Settings, *,
+                 ours: Callable[[PoolKey, dict], bool] = lambda key, status: False) -> None:
         self._api = api_client
+        # Tells our own status writes from others' (StatusWriter.matches): a status change
+        # that is not ours means another controller writes this pool's status.
+        self._ours = ours
+        self._statuses: dict[PoolKey, PoolStatus] = {}  # last reported per pool
         self._scopes = list(settings.namespaces) or [""]  # "" = all namespaces
         self._listener: PoolListener | None = None
         self._settings = settings
@@ -75,6 +82,7 @@ class ClusterWatcher:
         self._listed: set[tuple[str, str]] = set()
         self._pools: dict[PoolKey, _Pool] = {}
         self._services: dict[tuple[str, str], tuple[str, int]] = {}
+        self._service_versions: dict[tuple[str, str], str] = {}  # for trigger preconditions
         self._probes: dict[tuple[str, str], IdleProbe | None] = {}  # (namespace, member)
         self._pods: dict[tuple[str, str], str] = {}  # (namespace, pod) -> member ("" = none)
         self._pod_counts: Counter[tuple[str, str]] = Counter()  # (namespace, member) -> pods
@@ -98,6 +106,12 @@ class ClusterWatcher:
     def idle_probe(self, key: PoolKey, member: str) -> IdleProbe | None:
         """How to ask ``member`` whether it is idle (None: no probe applies, or unknown)."""
         return self._probes.get((key.namespace, member))
+
+    def member_replicas(self, key: PoolKey, member: str) -> tuple[int, str]:
+        """(spec.replicas, resourceVersion) of ``member`` as last seen ((0, "") if unknown)."""
+        where = (key.namespace, member)
+        state = self._services.get(where)
+        return (state[1] if state else 0), self._service_versions.get(where, "")
 
     def pool_status(self, key: PoolKey) -> dict:
         """The pool's ``.status`` as last seen ({} when unknown)."""
@@ -269,9 +283,12 @@ class ClusterWatcher:
         elif kind == SERVICES:
             if deleted:
                 self._services.pop(key, None)
+                self._service_versions.pop(key, None)
                 self._probes.pop(key, None)
             else:
                 self._services[key] = service_state(obj)
+                self._service_versions[key] = (obj.get("metadata") or {}).get(
+                    "resourceVersion") or ""
                 self._probes[key] = service_probe(obj)
             self._refresh(key[0], key[1])
         else:
@@ -310,8 +327,10 @@ class ClusterWatcher:
             self._apply_pool(key, None)
             old = None
         self._pools[key] = pool
-        # Status-only updates (our own writes, mostly) change nothing the runtime acts on.
+        # A status-only update (our own write, mostly) is reported as a status change only.
         if old is not None and old.spec == spec:
+            if old.status != pool.status:
+                self._report_status(pool, changed=True)
             return
         # Members removed from the spec stay indexed: one that still holds the GPU must keep
         # being reported until the pool has drained and unloaded it (the runtime ignores
@@ -336,10 +355,28 @@ class ClusterWatcher:
         self._call("pool_changed", pool.spec,
                    StartHints(resident=str(status.get("residentMember") or ""),
                               pending=str(status.get("pendingMember") or "")))
+        self._statuses.pop(key, None)
+        self._report_status(pool, changed=False)
         delivered = self._delivered[key] = {}
         for member in pool.spec.members:
             obs = delivered[member] = self._observe(key.namespace, member)
             self._call("member_changed", key, obs)
+
+    def _report_status(self, pool: _Pool, *, changed: bool) -> None:
+        """Report the pool's status if what routing reads of it changed (after sync only).
+
+        Foreign: a condition type only others write (LLMKube's MetalSupported), or a change
+        that does not show what we last wrote.
+        """
+        if not self.synced.is_set():
+            return
+        key = pool.spec.key
+        foreign = bool(foreign_conditions(pool.status)) or (
+            changed and not self._ours(key, pool.status))
+        status = pool_status(pool.status, foreign)
+        if self._statuses.get(key) != status:
+            self._statuses[key] = status
+            self._call("status_changed", key, status)
 
     def _refresh(self, namespace: str, member: str) -> None:
         """Report the member's observation to every pool it belongs to, if it changed."""
