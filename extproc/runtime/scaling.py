@@ -47,6 +47,13 @@ class Scaler:
             self._workers[member] = task
             task.add_done_callback(lambda _: self._workers.pop(member, None))
 
+    def trigger(self, member: str) -> None:
+        """llmkube mode: ask LLMKube for ``member`` (0 -> 1), retrying until it sticks."""
+        if member not in self._triggers:
+            task = asyncio.get_running_loop().create_task(self._trigger(member))
+            self._triggers[member] = task
+            task.add_done_callback(lambda _: self._triggers.pop(member, None))
+
     async def settled(self) -> None:
         """Wait until every wish so far has been applied (tests, shutdown)."""
         while tasks := [*self._workers.values(), *self._triggers.values()]:
