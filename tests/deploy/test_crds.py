@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from k8s_schema import OUR_CRDS, PROJECT_ROOT, SHARED_CRDS, apply_defaults, errors
+from modelpool_corpus import INVALID, VALID, pool
 
 MODELPOOL_CRD = OUR_CRDS / "inference.llmkube.dev_modelpools.yaml"
 ISVC_CRD = OUR_CRDS / "inference.llmkube.dev_inferenceservices.yaml"
@@ -34,79 +35,6 @@ def _need(path: Path) -> Path:
     return path
 
 
-# --- sample ModelPools -------------------------------------------------------------------------
-
-def _pool(**spec: Any) -> dict[str, Any]:
-    base = {"members": [{"inferenceServiceRef": {"name": "judge"}},
-                        {"inferenceServiceRef": {"name": "coder"}}]}
-    base.update(spec)
-    return {"apiVersion": "inference.llmkube.dev/v1alpha1", "kind": "ModelPool",
-            "metadata": {"name": "shared-gpu", "namespace": "llm"}, "spec": base}
-
-
-def _with_status(status: dict[str, Any]) -> dict[str, Any]:
-    obj = _pool()
-    obj["status"] = status
-    return obj
-
-
-_COND = {"type": "SlotAllocated", "status": "True", "reason": "MemberResident", "message": "",
-         "lastTransitionTime": "2025-01-01T00:00:00Z", "observedGeneration": 3}
-
-
-def _cond(**changes: Any) -> dict[str, Any]:
-    cond = dict(_COND, **changes)
-    return _with_status({"conditions": [{k: v for k, v in cond.items() if v is not None}]})
-
-
-VALID = {
-    "minimal": _pool(),
-    "one member": _pool(members=[{"inferenceServiceRef": {"name": "judge"}}]),
-    "full spec": _pool(default="judge", gpu=2, swapPolicy="sticky", swapBudget="90s",
-                       nodeSelector={"kubernetes.io/hostname": "gpu-1"}),
-    "gpu zero": _pool(gpu=0),
-    "empty ref name": _pool(members=[{"inferenceServiceRef": {}}]),
-    "full status": _with_status({
-        "phase": "Ready", "residentMember": "judge", "pendingMember": "", "observedGeneration": 4,
-        "members": [{"name": "judge", "phase": "Ready", "resident": True},
-                    {"name": "coder", "phase": "Stopped", "resident": False}],
-        "conditions": [_COND, dict(_COND, type="SwapDeferred", status="False",
-                                   reason="PodsBusy", message="incumbent busy")]}),
-    "condition domain type": _cond(type="inference.llmkube.dev/MembersValid"),
-    "condition unknown": _cond(status="Unknown"),
-    "condition fractional time": _cond(lastTransitionTime="2025-01-01T00:00:00.123+02:00"),
-    "swapping": _with_status({"phase": "Swapping", "residentMember": "judge",
-                              "pendingMember": "coder"}),
-}
-
-INVALID = {
-    "no spec": {k: v for k, v in _pool().items() if k != "spec"},
-    "missing members": _pool(members=None) | {"spec": {"default": "judge"}},
-    "empty members": _pool(members=[]),
-    "member without ref": _pool(members=[{"name": "judge"}]),
-    "members not a list": _pool(members={"inferenceServiceRef": {"name": "judge"}}),
-    "bad swapPolicy": _pool(swapPolicy="priority"),
-    "negative gpu": _pool(gpu=-1),
-    "gpu as string": _pool(gpu="1"),
-    "swapBudget as number": _pool(swapBudget=300),
-    "nodeSelector non-string": _pool(nodeSelector={"gpu": 1}),
-    "ref name not string": _pool(members=[{"inferenceServiceRef": {"name": 7}}]),
-    "bad phase": _with_status({"phase": "Running"}),
-    "bad condition status": _cond(status="Yes"),
-    "condition missing reason": _cond(reason=None),
-    "condition empty reason": _cond(reason=""),
-    "condition bad reason": _cond(reason="not valid!"),
-    "condition missing message": _cond(message=None),
-    "condition bad time": _cond(lastTransitionTime="yesterday"),
-    "condition negative generation": _cond(observedGeneration=-1),
-    "condition long message": _cond(message="x" * 32769),
-    "condition bad type": _cond(type="-Bad"),
-    "status member without name": _with_status({"members": [{"phase": "Ready"}]}),
-    "status resident not bool": _with_status({"members": [{"name": "judge",
-                                                           "resident": "yes"}]}),
-}
-
-
 @pytest.mark.parametrize("name", sorted(VALID))
 def test_valid_samples_accepted_by_both(name: str) -> None:
     oracle = _schema(_need(LLMKUBE_MODELPOOL))
@@ -127,8 +55,8 @@ def test_invalid_samples_rejected_by_both(name: str) -> None:
 
 def test_stated_defaults_agree_with_llmkube() -> None:
     oracle = _schema(_need(LLMKUBE_MODELPOOL))
-    ours = apply_defaults(_schema(MODELPOOL_CRD), _pool())["spec"]
-    theirs = apply_defaults(oracle, _pool())["spec"]
+    ours = apply_defaults(_schema(MODELPOOL_CRD), pool())["spec"]
+    theirs = apply_defaults(oracle, pool())["spec"]
     assert ours["swapPolicy"] == theirs["swapPolicy"] == "sticky"
     assert ours["swapBudget"] == theirs["swapBudget"] == "300s"
     # the reference text states no default for gpu (LLMKube's CRD defaults it to 1): informational
