@@ -1,0 +1,95 @@
+"""The only place the kube_real tests import the service's Kubernetes platform from.
+
+The platform package is being reshaped; when a name moves, fix it here and nowhere else.
+Besides the imports: a listener that keeps the latest report per pool and member, and a
+context manager that runs a watcher on one namespace of the real server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from kubernetes.aio.client import ApiClient
+
+from extproc.metrics import WATCH_RESTARTS
+from extproc.platform.kube import (
+    Actuator,
+    ClusterWatcher,
+    EventRecorder,
+    StatusWriter,
+    make_api_client,
+)
+from extproc.policy.model import MemberObservation, PoolKey, PoolPhase, PoolSpec, PoolView
+from extproc.settings import Settings
+
+__all__ = ["Actuator", "EventRecorder", "LatestReports", "MemberObservation", "PoolKey",
+           "PoolPhase", "PoolView", "StatusWriter", "api_client", "restarts", "until",
+           "watching"]
+
+
+class LatestReports:
+    """A PoolListener keeping the last spec per pool and the last observation per member."""
+
+    def __init__(self) -> None:
+        self.specs: dict[PoolKey, PoolSpec] = {}
+        self.observed: dict[str, MemberObservation] = {}
+        self.removed: list[PoolKey] = []
+
+    def pool_changed(self, spec: PoolSpec, status: dict) -> None:
+        """Keep the spec."""
+        self.specs[spec.key] = spec
+
+    def pool_removed(self, key: PoolKey) -> None:
+        """Note the removal."""
+        self.specs.pop(key, None)
+        self.removed.append(key)
+
+    def member_changed(self, key: PoolKey, obs: MemberObservation) -> None:
+        """Keep the observation."""
+        self.observed[obs.name] = obs
+
+
+@contextlib.asynccontextmanager
+async def api_client(kubeconfig: Path) -> AsyncIterator[ApiClient]:
+    """The service's own kubernetes.aio client, configured from ``kubeconfig``."""
+    client = await make_api_client(Settings(kubeconfig=str(kubeconfig)))
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@contextlib.asynccontextmanager
+async def watching(client: ApiClient, namespace: str, listener: LatestReports,
+                   **kwargs: Any) -> AsyncIterator[ClusterWatcher]:
+    """Run a ClusterWatcher on ``namespace`` until the block ends; waits for its first sync."""
+    kwargs.setdefault("backoff_max", 0.5)
+    watcher = ClusterWatcher(client, [namespace], listener, **kwargs)
+    task = asyncio.create_task(watcher.run())
+    try:
+        await asyncio.wait_for(watcher.synced.wait(), 30)
+        yield watcher
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def restarts(resource: str, reason: str) -> float:
+    """How often the watchers restarted a watch of ``resource`` for ``reason`` (process-wide)."""
+    return WATCH_RESTARTS.labels(resource, reason)._value.get()
+
+
+async def until(check: Callable[[], Any], timeout: float = 20.0, what: str = "") -> Any:
+    """Poll ``check`` until truthy; AssertionError naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what or check}")
+        await asyncio.sleep(0.05)
+    return value
