@@ -55,6 +55,12 @@ def _pool(name: str, members: list[str]) -> dict[str, Any]:
                      "default": members[0]}}
 
 
+def _pod(name: str, member: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {SERVICE_LABEL: member}},
+            "spec": {"containers": [{"name": "server", "image": "llama"}]}}
+
+
 async def _seed(client: Any, namespace: str) -> CustomObjectsApi:
     """Members a (replicas 1, phase Ready) and b (0, Stopped) and pool slot over them."""
     custom = CustomObjectsApi(client)
@@ -80,10 +86,7 @@ async def test_watch_reports_members_and_pods(client: Any, namespace: str) -> No
         key = PoolKey(namespace, "slot")
         assert reports.specs[key].members == ("a", "b")
         assert reports.observed["a"] == MemberObservation("a", phase="Ready", replicas=1)
-        pod = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": "a-0", "labels": {SERVICE_LABEL: "a"}},
-               "spec": {"containers": [{"name": "server", "image": "llama"}]}}
-        await CoreV1Api(client).create_namespaced_pod(namespace, pod)
+        await CoreV1Api(client).create_namespaced_pod(namespace, _pod("a-0", "a"))
         await until(lambda: reports.observed["a"].pods == 1, what="pod a-0 counted")
         # no nodeName: nothing runs it, so the real server deletes it at once (no grace)
         await CoreV1Api(client).delete_namespaced_pod("a-0", namespace)
@@ -91,20 +94,25 @@ async def test_watch_reports_members_and_pods(client: Any, namespace: str) -> No
 
 
 async def test_watch_gets_bookmarks(client: Any, namespace: str) -> None:
-    """ModelPools go through the watch cache, which sends a bookmark before the timeout."""
+    """ModelPools go through the watch cache, which sends a bookmark 2 s before the timeout
+    once its version has moved past the watch's (etcd's progress notifications move it)."""
     custom = await _seed(client, namespace)
     listed = await custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "modelpools")
     resp = await custom.list_namespaced_custom_object_without_preload_content(
         GROUP, VERSION, namespace, "modelpools", watch=True, allow_watch_bookmarks=True,
-        resource_version=listed["metadata"]["resourceVersion"], timeout_seconds=4,
+        resource_version=listed["metadata"]["resourceVersion"], timeout_seconds=8,
         _request_timeout=30)
     try:
+        # etcd moves on (another kind changes) while the pools stay as they are: the bookmark
+        # tells the watch so, carrying a version past the one it started from
+        await CoreV1Api(client).create_namespaced_config_map(namespace,
+                                                             {"metadata": {"name": "elsewhere"}})
         events = [json.loads(line) async for line in resp.content if line.strip()]
     finally:
         resp.close()
     bookmarks = [e for e in events if e["type"] == "BOOKMARK"]
     assert bookmarks, events
-    assert int(bookmarks[-1]["object"]["metadata"]["resourceVersion"]) >= \
+    assert int(bookmarks[-1]["object"]["metadata"]["resourceVersion"]) > \
         int(listed["metadata"]["resourceVersion"])
     # and the service's watcher asks for them and survives several watch timeouts
     reports, before = LatestReports(), restarts("modelpools", "timeout")
@@ -117,21 +125,25 @@ async def test_watch_gets_bookmarks(client: Any, namespace: str) -> None:
 
 async def test_watch_relists_after_a_real_compaction(control_plane: ControlPlane, client: Any,
                                                      namespace: str) -> None:
-    custom = await _seed(client, namespace)
-    reports = LatestReports()
+    """Pods are watched straight from etcd (see control_plane), so compaction shows there."""
+    await _seed(client, namespace)
+    core, reports = CoreV1Api(client), LatestReports()
     # watches end every second, so the next one resumes from the version held before
     async with watching(client, namespace, reports, timeout_seconds=1):
-        gone = restarts("inferenceservices", "gone")
-        await _set_phase(custom, namespace, "b", "Progressing")
-        # move etcd past the watcher's version, then drop all history up to now
-        await CoreV1Api(client).create_namespaced_config_map(
-            namespace, {"metadata": {"name": "bump"}, "data": {"x": "1"}})
+        await core.create_namespaced_pod(namespace, _pod("a-0", "a"))
+        await until(lambda: reports.observed["a"].pods == 1, what="pod a-0 counted")
+        gone = restarts("pods", "gone")
+        await core.delete_namespaced_pod("a-0", namespace)
+        # move etcd two writes past the watcher's version (compacting at revision R keeps R,
+        # so a watch resuming at R+1 would still be served), then drop all history up to now
+        for bump in ("bump-1", "bump-2"):
+            await core.create_namespaced_config_map(namespace, {"metadata": {"name": bump}})
         control_plane.compact_etcd()
-        await until(lambda: restarts("inferenceservices", "gone") > gone, what="a 410 Gone")
-        await until(lambda: reports.observed["b"].phase == "Progressing")
+        await until(lambda: restarts("pods", "gone") > gone, what="a 410 Gone on the pod watch")
+        await until(lambda: reports.observed["a"].pods == 0, what="pod a-0 gone")
         # after the re-list the watch goes on from a version the server still has
-        await _set_phase(custom, namespace, "b", "Ready")
-        await until(lambda: reports.observed["b"].phase == "Ready", what="change after 410")
+        await core.create_namespaced_pod(namespace, _pod("a-1", "a"))
+        await until(lambda: reports.observed["a"].pods == 1, what="a pod created after the 410")
 
 
 async def test_stale_resource_version_conflicts(client: Any, namespace: str) -> None:
