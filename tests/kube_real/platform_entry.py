@@ -1,29 +1,23 @@
 """The only place the kube_real tests import the service's Kubernetes platform from.
 
-The platform package is being reshaped; when a name moves, fix it here and nowhere else.
-Besides the imports: a listener that keeps the latest report per pool and member, and a
-context manager that runs a watcher on one namespace of the real server.
+The platform package is being reshaped; when a name moves, fix it here and nowhere else
+(the watcher itself is run by tests/platform/kube_helpers.py's ``running``). Besides the
+imports: a listener that keeps the latest report per pool and member, and polling.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 from kubernetes.aio.client import ApiClient
 
+from kube_helpers import eventually, running
+
 from extproc.metrics import WATCH_RESTARTS
-from extproc.platform.kube import (
-    Actuator,
-    ClusterWatcher,
-    EventRecorder,
-    StatusWriter,
-    make_api_client,
-)
+from extproc.platform.kube import Actuator, EventRecorder, StatusWriter, make_api_client
 from extproc.policy.model import MemberObservation, PoolKey, PoolPhase, PoolSpec, PoolView
 from extproc.settings import Settings
 
@@ -64,20 +58,11 @@ async def api_client(kubeconfig: Path) -> AsyncIterator[ApiClient]:
         await client.close()
 
 
-@contextlib.asynccontextmanager
-async def watching(client: ApiClient, namespace: str, listener: LatestReports,
-                   **kwargs: Any) -> AsyncIterator[ClusterWatcher]:
-    """Run a ClusterWatcher on ``namespace`` until the block ends; waits for its first sync."""
-    kwargs.setdefault("backoff_max", 0.5)
-    watcher = ClusterWatcher(client, [namespace], listener, **kwargs)
-    task = asyncio.create_task(watcher.run())
-    try:
-        await asyncio.wait_for(watcher.synced.wait(), 30)
-        yield watcher
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+def watching(client: ApiClient, namespace: str, listener: LatestReports,
+             **kwargs: Any) -> contextlib.AbstractAsyncContextManager[Any]:
+    """Run a ClusterWatcher on ``namespace`` until the block ends; waits for its first sync
+    (tests/platform's helper, given the real server's namespace and more time to sync)."""
+    return running(client, listener, namespace=namespace, sync_timeout=30.0, **kwargs)
 
 
 def restarts(resource: str, reason: str) -> float:
@@ -85,11 +70,6 @@ def restarts(resource: str, reason: str) -> float:
     return WATCH_RESTARTS.labels(resource, reason)._value.get()
 
 
-async def until(check: Callable[[], Any], timeout: float = 20.0, what: str = "") -> Any:
-    """Poll ``check`` until truthy; AssertionError naming ``what`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what or check}")
-        await asyncio.sleep(0.05)
-    return value
+async def until(check: Callable[[], Any], what: str = "") -> Any:
+    """tests/platform's ``eventually`` with the real server's longer deadline (20 s)."""
+    return await eventually(check, 20.0, what)

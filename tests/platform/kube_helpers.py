@@ -43,7 +43,7 @@ class Recorder:
         return calls
 
 
-async def eventually(check: Callable[[], Any], timeout: float = 5.0) -> Any:
+async def eventually(check: Callable[[], Any], timeout: float = 5.0, what: str = "") -> Any:
     """Poll ``check`` until it returns a truthy value or raise AssertionError at ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
@@ -51,7 +51,7 @@ async def eventually(check: Callable[[], Any], timeout: float = 5.0) -> Any:
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
+            raise AssertionError(f"{what or 'condition'} not met within {timeout}s")
         await asyncio.sleep(0.02)
 
 
@@ -85,15 +85,19 @@ def modelpool(name: str, members: list[str], *, annotations: dict | None = None,
 
 
 @contextlib.asynccontextmanager
-async def running(api: Any, recorder: Any = None, **kwargs: Any) -> AsyncIterator[ClusterWatcher]:
-    """Run a watcher on namespace ml until the block ends; waits for the first sync."""
+async def running(api: Any, recorder: Any = None, *, namespace: str = NS,
+                  sync_timeout: float = 5.0, **kwargs: Any) -> AsyncIterator[ClusterWatcher]:
+    """Run a watcher on ``namespace`` (ml) until the block ends; waits for the first sync.
+
+    tests/kube_real uses it too, against the real API server (a longer ``sync_timeout``).
+    """
     kwargs.setdefault("backoff_max", 0.5)
-    watcher = ClusterWatcher(api, [NS], recorder or Recorder(),
+    watcher = ClusterWatcher(api, [namespace], recorder or Recorder(),
                              settings=Settings(swap_budget=111.0, fairness_window=22.0),
                              **kwargs)
     task = asyncio.create_task(watcher.run())
     try:
-        await asyncio.wait_for(watcher.synced.wait(), 5)
+        await asyncio.wait_for(watcher.synced.wait(), sync_timeout)
         yield watcher
     finally:
         task.cancel()
