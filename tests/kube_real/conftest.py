@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-# The ModelPool sample corpus is shared with the jsonschema checks in tests/deploy ...
+# Shared with other test folders: the ModelPool corpus and the RBAC coverage helpers
+# (tests/deploy), the running-watcher and polling helpers (tests/platform).
 sys.path.insert(0, str(Path(__file__).parents[1] / "deploy"))
-# ... and so are the RBAC helpers (deploy) and the running-watcher helper (platform).
 sys.path.insert(0, str(Path(__file__).parents[1] / "platform"))
 
 from control_plane import ControlPlane, binaries, install_our_crds  # noqa: E402
