@@ -114,7 +114,8 @@ async def test_watch_gets_bookmarks(client: Any, namespace: str) -> None:
     assert bookmarks, events
     assert int(bookmarks[-1]["object"]["metadata"]["resourceVersion"]) > \
         int(listed["metadata"]["resourceVersion"])
-    # and the service's watcher asks for them and survives several watch timeouts
+    # the service's watcher (which asks for bookmarks) resumes after each watch timeout
+    # from the version it holds, and still sees the next change
     reports, before = LatestReports(), restarts("modelpools", "timeout")
     async with watching(client, namespace, reports, timeout_seconds=2):
         await until(lambda: restarts("modelpools", "timeout") >= before + 2, what="2 timeouts")
