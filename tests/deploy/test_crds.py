@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from k8s_schema import OUR_CRDS, PROJECT_ROOT, SHARED_CRDS, apply_defaults, errors
-from modelpool_samples import INVALID, VALID, pool as _pool
+from modelpool_samples import INVALID, VALID, pool
 
 MODELPOOL_CRD = OUR_CRDS / "inference.llmkube.dev_modelpools.yaml"
 ISVC_CRD = OUR_CRDS / "inference.llmkube.dev_inferenceservices.yaml"
@@ -55,8 +55,8 @@ def test_invalid_samples_rejected_by_both(name: str) -> None:
 
 def test_stated_defaults_agree_with_llmkube() -> None:
     oracle = _schema(_need(LLMKUBE_MODELPOOL))
-    ours = apply_defaults(_schema(MODELPOOL_CRD), _pool())["spec"]
-    theirs = apply_defaults(oracle, _pool())["spec"]
+    ours = apply_defaults(_schema(MODELPOOL_CRD), pool())["spec"]
+    theirs = apply_defaults(oracle, pool())["spec"]
     assert ours["swapPolicy"] == theirs["swapPolicy"] == "sticky"
     assert ours["swapBudget"] == theirs["swapBudget"] == "300s"
     # the reference text states no default for gpu (LLMKube's CRD defaults it to 1): informational

@@ -70,14 +70,17 @@ def modelpool(name: str, members: list[str], *, annotations: dict | None = None,
 
 @contextlib.asynccontextmanager
 async def running(api: Any, recorder: Any = None, *, namespaces: tuple[str, ...] = (NS,),
-                  **settings: Any) -> AsyncIterator[ClusterWatcher]:
-    """Run a watcher (on namespace ml by default) until the block ends; waits for the sync."""
+                  sync_timeout: float = 5.0, **settings: Any) -> AsyncIterator[ClusterWatcher]:
+    """Run a watcher (on namespace ml by default) until the block ends; waits for the sync.
+
+    tests/kube_real uses it too, against the real API server (a longer ``sync_timeout``).
+    """
     settings.setdefault("api_retry_max", 0.5)
     watcher = ClusterWatcher(api, Settings(namespaces=list(namespaces), swap_budget=111.0,
                                            fairness_window=22.0, **settings))
     task = asyncio.create_task(watcher.run(recorder or Recorder()))
     try:
-        await asyncio.wait_for(watcher.synced.wait(), 5)
+        await asyncio.wait_for(watcher.synced.wait(), sync_timeout)
         yield watcher
     finally:
         task.cancel()
