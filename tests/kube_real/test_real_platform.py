@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 import pytest
+from kubernetes.aio import config as kconfig
 from kubernetes.aio.client import CoreV1Api, CustomObjectsApi
 from kubernetes.aio.client.exceptions import ApiException
 
@@ -39,7 +40,17 @@ SERVICE_LABEL = "inference.llmkube.dev/service"
 
 @pytest.fixture
 async def client(control_plane: ControlPlane) -> Any:
-    """The service's kubernetes.aio client, as the admin."""
+    """The real ``kubernetes`` asyncio client, as the admin: sets the scene."""
+    api = await kconfig.new_client_from_config(config_file=str(control_plane.kubeconfig))
+    try:
+        yield api
+    finally:
+        await api.close()
+
+
+@pytest.fixture
+async def service(control_plane: ControlPlane) -> Any:
+    """The service's own API client, as the admin: the platform under test uses it."""
     async with api_client(control_plane.kubeconfig) as api:
         yield api
 
@@ -79,10 +90,11 @@ async def _set_phase(custom: CustomObjectsApi, namespace: str, name: str, phase:
                                                        {"status": {"phase": phase}})
 
 
-async def test_watch_reports_members_and_pods(client: Any, namespace: str) -> None:
+async def test_watch_reports_members_and_pods(client: Any, service: Any,
+                                              namespace: str) -> None:
     await _seed(client, namespace)
     reports = LatestReports()
-    async with watching(client, namespace, reports, watch_timeout=5):
+    async with watching(service, namespace, reports, watch_timeout=5):
         key = PoolKey(namespace, "slot")
         assert reports.specs[key].members == ("a", "b")
         assert reports.observed["a"] == MemberObservation("a", phase="Ready", replicas=1)
@@ -93,14 +105,14 @@ async def test_watch_reports_members_and_pods(client: Any, namespace: str) -> No
         await until(lambda: reports.observed["a"].pods == 0, what="pod a-0 gone")
 
 
-async def test_watch_gets_bookmarks(client: Any, namespace: str) -> None:
+async def test_watch_gets_bookmarks(client: Any, service: Any, namespace: str) -> None:
     """ModelPools go through the watch cache, which sends a bookmark 2 s before the timeout
     once its version has moved past the watch's (etcd's progress notifications move it)."""
     custom = await _seed(client, namespace)
     listed = await custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "modelpools")
     resp = await custom.list_namespaced_custom_object_without_preload_content(
         GROUP, VERSION, namespace, "modelpools", watch=True, allow_watch_bookmarks=True,
-        resource_version=listed["metadata"]["resourceVersion"], watch_timeout=8,
+        resource_version=listed["metadata"]["resourceVersion"], timeout_seconds=8,
         _request_timeout=30)
     try:
         # etcd moves on (another kind changes) while the pools stay as they are: the bookmark
@@ -117,7 +129,7 @@ async def test_watch_gets_bookmarks(client: Any, namespace: str) -> None:
     # the service's watcher (which asks for bookmarks) resumes after each watch timeout
     # from the version it holds, and still sees the next change
     reports, before = LatestReports(), restarts("modelpools", "timeout")
-    async with watching(client, namespace, reports, watch_timeout=2):
+    async with watching(service, namespace, reports, watch_timeout=2):
         await until(lambda: restarts("modelpools", "timeout") >= before + 2, what="2 timeouts")
         await custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, "modelpools",
                                                     "slot", {"spec": {"default": "b"}})
@@ -125,12 +137,12 @@ async def test_watch_gets_bookmarks(client: Any, namespace: str) -> None:
 
 
 async def test_watch_relists_after_a_real_compaction(control_plane: ControlPlane, client: Any,
-                                                     namespace: str) -> None:
+                                                     service: Any, namespace: str) -> None:
     """Pods are watched straight from etcd (see control_plane), so compaction shows there."""
     await _seed(client, namespace)
     core, reports = CoreV1Api(client), LatestReports()
     # watches end every second, so the next one resumes from the version held before
-    async with watching(client, namespace, reports, watch_timeout=1):
+    async with watching(service, namespace, reports, watch_timeout=1):
         await core.create_namespaced_pod(namespace, _pod("a-0", "a"))
         await until(lambda: reports.observed["a"].pods == 1, what="pod a-0 counted")
         gone = restarts("pods", "gone")
@@ -147,7 +159,8 @@ async def test_watch_relists_after_a_real_compaction(control_plane: ControlPlane
         await until(lambda: reports.observed["a"].pods == 1, what="a pod created after the 410")
 
 
-async def test_stale_resource_version_conflicts(client: Any, namespace: str) -> None:
+async def test_stale_resource_version_conflicts(client: Any, service: Any,
+                                                namespace: str) -> None:
     custom = await _seed(client, namespace)
     read = await custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "modelpools",
                                                      "slot")
@@ -159,19 +172,19 @@ async def test_stale_resource_version_conflicts(client: Any, namespace: str) -> 
                                                       "slot", read)  # same, now stale, version
     assert conflict.value.status == 409
     # the actuator's merge patch carries no version: a concurrent write cannot make it lose
-    await Actuator(client).scale(namespace, "b", 1)
+    await Actuator(service).scale(namespace, "b", 1)
     stored = await custom.get_namespaced_custom_object(GROUP, VERSION, namespace,
                                                        "inferenceservices", "b")
     assert stored["spec"]["replicas"] == 1
 
 
-async def test_status_subresource(client: Any, namespace: str) -> None:
+async def test_status_subresource(client: Any, service: Any, namespace: str) -> None:
     custom = await _seed(client, namespace)
     key = PoolKey(namespace, "slot")
     view = PoolView(key, PoolPhase.READY, "a", "", (
         MemberObservation("a", phase="Ready", replicas=1, pods=1),
         MemberObservation("b", phase="Stopped")), generation=1)
-    writer = StatusWriter(client)
+    writer = StatusWriter(service)
     assert await writer.publish(view, {}) is True  # the real schema accepts what we write
     stored = await custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "modelpools",
                                                        "slot")
@@ -192,11 +205,11 @@ async def test_status_subresource(client: Any, namespace: str) -> None:
     assert stored["status"]["pendingMember"] == ""
 
 
-async def test_scale_subresource(client: Any, namespace: str) -> None:
+async def test_scale_subresource(client: Any, service: Any, namespace: str) -> None:
     custom = await _seed(client, namespace)
     reports = LatestReports()
-    async with watching(client, namespace, reports, watch_timeout=5):
-        await Actuator(client).scale(namespace, "b", 1)
+    async with watching(service, namespace, reports, watch_timeout=5):
+        await Actuator(service).scale(namespace, "b", 1)
         scale = await custom.get_namespaced_custom_object_scale(GROUP, VERSION, namespace,
                                                                 "inferenceservices", "b")
         assert scale["spec"]["replicas"] == 1
@@ -213,13 +226,13 @@ async def test_scale_subresource(client: Any, namespace: str) -> None:
         assert (scale["spec"]["replicas"], scale["status"]["replicas"]) == (1, 1)
 
 
-async def test_events_on_the_pool(control_plane: ControlPlane, client: Any,
+async def test_events_on_the_pool(control_plane: ControlPlane, client: Any, service: Any,
                                   namespace: str) -> None:
     custom = await _seed(client, namespace)
     pool = await custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "modelpools",
                                                      "slot")
     uid = pool["metadata"]["uid"]
-    recorder = EventRecorder(client, uids=lambda key: uid)
+    recorder = EventRecorder(service, uids=lambda key: uid)
     key = PoolKey(namespace, "slot")
     await recorder.record(key, "SwapStarted", "swapping from a to b")
     await recorder.record(key, "SwapFailed", "b did not load", warning=True)
