@@ -1,39 +1,100 @@
-"""Prometheus metrics, named as LLMKube's router names them so existing dashboards keep working.
+"""Prometheus metrics: LLMKube's router series, exactly, plus our richer ``modelpool_extproc_*``.
+
+``llmkube_modelpool_*`` carry LLMKube's names, label sets and buckets (its
+``internal/metrics/metrics.go``), so dashboards built for its router keep working; ``router``
+is this process's name (setting ``router_name``). Our own series carry what LLMKube's lack
+(namespace, outcome) under ``modelpool_extproc_*``. The runtime reports through the functions
+at the bottom, which feed both families at once, so the two can never disagree.
 
 Every metric lives in ``REGISTRY`` (not the global default registry) so tests and several
-in-process servers never collide.
+in-process servers never collide. ``_created`` series are off: LLMKube's Go client emits none,
+they double the series count, and Prometheus ignores them in the text format we serve.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import time
+from typing import Any, Iterable
 
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector,
+                               ProcessCollector, disable_created_metrics)
+from prometheus_client.core import GaugeMetricFamily
+
+disable_created_metrics()
 REGISTRY = CollectorRegistry(auto_describe=True)
+# process_* (memory, CPU, open fds: what an OOM kill investigation needs) and python_info
+ProcessCollector(registry=REGISTRY)
+PlatformCollector(registry=REGISTRY)
+
+#: Pool phases of the ModelPool status, one 0/1 series each.
+PHASES = ("Pending", "Ready", "Swapping", "Degraded")
 
 _SWAP_BUCKETS = (0.5, 1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600)
 _DECISION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1, 1)
+# LLMKube's own buckets, so its dashboards' quantiles mean the same thing
+_LLMKUBE_SWAP_BUCKETS = tuple(float(2**i) for i in range(10))  # 1, 2, 4 ... 512 s
+_LLMKUBE_HOLD_BUCKETS = tuple(round(0.1 * 2**i, 1) for i in range(12))  # 0.1 ... 204.8 s
 
+# --- LLMKube's router series (names, labels and buckets as LLMKube exports them) -------------
 RESIDENT = Gauge(
     "llmkube_modelpool_resident", "1 for the member that owns the pool's slot, else 0",
     ["namespace", "pool", "member"], registry=REGISTRY)
+LLMKUBE_SWAPS = Counter(
+    "llmkube_modelpool_swaps_total", "Swaps finished, by source and target member",
+    ["router", "pool", "from", "to"], registry=REGISTRY)
+LLMKUBE_SWAP_DURATION = Histogram(
+    "llmkube_modelpool_swap_duration_seconds", "Time from swap start to target Ready",
+    ["router", "pool"], buckets=_LLMKUBE_SWAP_BUCKETS, registry=REGISTRY)
+LLMKUBE_HOLD_DURATION = Histogram(
+    "llmkube_modelpool_hold_duration_seconds", "Time a request was held for its member",
+    ["router", "pool", "member"], buckets=_LLMKUBE_HOLD_BUCKETS, registry=REGISTRY)
+LLMKUBE_COALESCED = Counter(
+    "llmkube_modelpool_coalesced_total", "Held requests that joined a swap already under way",
+    ["router", "pool", "member"], registry=REGISTRY)
+LLMKUBE_HELD = Gauge(
+    "llmkube_modelpool_held_requests", "Requests currently held waiting for their member",
+    ["router", "pool", "member"], registry=REGISTRY)
+LLMKUBE_BUSY_SKIPS = Counter(
+    "llmkube_modelpool_busy_skips_total", "Swap attempts put off because the incumbent was busy",
+    ["router", "pool", "member"], registry=REGISTRY)
+
+# --- ours: the same facts with namespace and outcome ------------------------------------------
 SWAPS = Counter(
-    "llmkube_modelpool_swaps_total", "Swaps finished, by source, target and outcome",
+    "modelpool_extproc_swaps_total", "Swaps finished, by source, target and outcome",
     ["namespace", "pool", "from", "to", "outcome"], registry=REGISTRY)
 SWAP_DURATION = Histogram(
-    "llmkube_modelpool_swap_duration_seconds", "Time from swap start to target Ready",
+    "modelpool_extproc_swap_duration_seconds", "Time from swap start to target Ready",
     ["namespace", "pool"], buckets=_SWAP_BUCKETS, registry=REGISTRY)
 HOLD_DURATION = Histogram(
-    "llmkube_modelpool_hold_duration_seconds", "Time a request was held, by how it ended",
-    ["namespace", "pool", "outcome"], buckets=_SWAP_BUCKETS, registry=REGISTRY)
+    "modelpool_extproc_hold_duration_seconds", "Time a request was held, by how it ended",
+    ["namespace", "pool", "member", "outcome"], buckets=_SWAP_BUCKETS, registry=REGISTRY)
 COALESCED = Counter(
-    "llmkube_modelpool_coalesced_total", "Held requests that joined a swap already under way",
-    ["namespace", "pool"], registry=REGISTRY)
+    "modelpool_extproc_coalesced_total", "Held requests that joined a swap already under way",
+    ["namespace", "pool", "member"], registry=REGISTRY)
 HELD = Gauge(
-    "llmkube_modelpool_held_requests", "Requests currently held waiting for a swap",
-    ["namespace", "pool"], registry=REGISTRY)
+    "modelpool_extproc_held_requests", "Requests currently held waiting for a swap",
+    ["namespace", "pool", "member"], registry=REGISTRY)
 SWAP_DEFERRED = Counter(
     "modelpool_extproc_swap_deferred_total", "Times a swap step was deferred, by reason",
     ["namespace", "pool", "reason"], registry=REGISTRY)
+NOTICES = Counter(
+    "modelpool_extproc_notices_total", "Operator notices (the pool's Events), by kind",
+    ["namespace", "pool", "kind"], registry=REGISTRY)
+POOL_PHASE = Gauge(
+    "modelpool_extproc_pool_phase", "1 for the pool's current status phase, 0 for the others",
+    ["namespace", "pool", "phase"], registry=REGISTRY)
+SWAP_IN_PROGRESS = Gauge(
+    "modelpool_extproc_swap_in_progress", "1 while a swap is under way", ["namespace", "pool"],
+    registry=REGISTRY)
+SWAP_TARGET = Gauge(
+    "modelpool_extproc_swap_target", "1 for the member a swap under way brings up (no series "
+    "when none)", ["namespace", "pool", "member"], registry=REGISTRY)
+SWAP_BUDGET = Gauge(
+    "modelpool_extproc_swap_budget_seconds", "The pool's swapBudget: how long one request may "
+    "be held", ["namespace", "pool"], registry=REGISTRY)
+SERVING = Gauge(
+    "modelpool_extproc_serving", "1 once every pool is synced and the service takes traffic",
+    registry=REGISTRY)
 
 REQUESTS = Counter(
     "modelpool_extproc_requests_total", "Requests decided, by pool and outcome",
@@ -56,3 +117,130 @@ KUBE_REQUESTS = Counter(
 WATCH_RESTARTS = Counter(
     "modelpool_extproc_watch_restarts_total", "Watch restarts, by resource and reason",
     ["resource", "reason"], registry=REGISTRY)
+
+# Deferral reasons that mean "the incumbent is still serving" (LLMKube's busy skip).
+_BUSY_REASONS = frozenset({"PodsBusy"})
+_router = "default"
+
+
+def configure(router_name: str) -> None:
+    """Set the ``router`` label of the LLMKube series (LLMKube: env ROUTER_NAME)."""
+    global _router
+    _router = router_name
+
+
+def request_held(namespace: str, pool: str, member: str, coalesced: bool) -> None:
+    """A request for ``member`` started waiting (``coalesced``: on a swap already under way)."""
+    HELD.labels(namespace, pool, member).inc()
+    LLMKUBE_HELD.labels(_router, pool, member).inc()
+    if coalesced:
+        COALESCED.labels(namespace, pool, member).inc()
+        LLMKUBE_COALESCED.labels(_router, pool, member).inc()
+
+
+def hold_ended(namespace: str, pool: str, member: str, outcome: str, seconds: float) -> None:
+    """A held request stopped waiting: admitted, rejected (its error code) or disconnected."""
+    HELD.labels(namespace, pool, member).dec()
+    LLMKUBE_HELD.labels(_router, pool, member).dec()
+    HOLD_DURATION.labels(namespace, pool, member, outcome).observe(seconds)
+    LLMKUBE_HOLD_DURATION.labels(_router, pool, member).observe(seconds)
+
+
+def swap_finished(namespace: str, pool: str, source: str, target: str, completed: bool,
+                  seconds: float) -> None:
+    """A swap ended; LLMKube counts and times only the ones that completed."""
+    SWAPS.labels(namespace, pool, source, target, "completed" if completed else "failed").inc()
+    if completed:
+        SWAP_DURATION.labels(namespace, pool).observe(seconds)
+        LLMKUBE_SWAPS.labels(_router, pool, source, target).inc()
+        LLMKUBE_SWAP_DURATION.labels(_router, pool).observe(seconds)
+
+
+def swap_deferred(namespace: str, pool: str, reason: str, incumbent: str) -> None:
+    """A swap step was put off (``reason`` as in the SwapDeferred condition)."""
+    SWAP_DEFERRED.labels(namespace, pool, reason).inc()
+    if reason in _BUSY_REASONS and incumbent:
+        LLMKUBE_BUSY_SKIPS.labels(_router, pool, incumbent).inc()
+
+
+def notice(namespace: str, pool: str, kind: str) -> None:
+    """An operator notice (SwapStarted, SwapFailed, MemberLost ...) was raised."""
+    NOTICES.labels(namespace, pool, kind).inc()
+
+
+def set_serving(serving: bool) -> None:
+    """The service started (True) or stopped (False) taking traffic."""
+    SERVING.set(1 if serving else 0)
+
+
+class _SwapClock:
+    """Exports ``modelpool_extproc_swap_age_seconds``, computed when scraped."""
+
+    def __init__(self) -> None:
+        self.started: dict[tuple[str, str], float] = {}
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily("modelpool_extproc_swap_age_seconds", "How long the swap "
+                                   "under way has been running (0 when none)",
+                                   labels=["namespace", "pool"])
+        now = time.monotonic()
+        for (namespace, pool), started in list(self.started.items()):
+            family.add_metric([namespace, pool], now - started if started else 0.0)
+        yield family
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        return self.collect()
+
+
+_SWAP_CLOCK = _SwapClock()
+REGISTRY.register(_SWAP_CLOCK)  # type: ignore[arg-type]
+
+
+def pool_published(view: Any, swap_budget: float, members: Iterable[str]) -> None:
+    """A pool's snapshot changed: resident, phase, swap under way, target, budget.
+
+    ``view`` is a ``PoolView``; ``members`` are the names whose series this call replaces
+    (the members gauged before, so a member removed from the spec loses its series).
+    """
+    namespace, pool = view.key.namespace, view.key.name
+    current = {m.name for m in view.members}
+    for gone in set(members) - current:
+        _remove(RESIDENT, namespace, pool, gone)
+        _remove(SWAP_TARGET, namespace, pool, gone)
+    for member in current:
+        RESIDENT.labels(namespace, pool, member).set(1 if member == view.resident else 0)
+        if member != view.pending:
+            _remove(SWAP_TARGET, namespace, pool, member)
+    if view.pending:
+        SWAP_TARGET.labels(namespace, pool, view.pending).set(1)
+    phase = getattr(view.phase, "value", view.phase)
+    for name in PHASES:
+        POOL_PHASE.labels(namespace, pool, name).set(1 if name == phase else 0)
+    swapping = bool(view.pending)
+    SWAP_IN_PROGRESS.labels(namespace, pool).set(1 if swapping else 0)
+    clock = _SWAP_CLOCK.started
+    if not swapping:
+        clock[(namespace, pool)] = 0.0
+    elif not clock.get((namespace, pool)):
+        clock[(namespace, pool)] = time.monotonic()
+    SWAP_BUDGET.labels(namespace, pool).set(swap_budget)
+
+
+def pool_closed(namespace: str, pool: str, members: Iterable[str]) -> None:
+    """The pool is no longer served: drop every per-pool series that has no history."""
+    for member in members:
+        for gauge in (RESIDENT, SWAP_TARGET, HELD):
+            _remove(gauge, namespace, pool, member)
+        _remove(LLMKUBE_HELD, _router, pool, member)
+    for name in PHASES:
+        _remove(POOL_PHASE, namespace, pool, name)
+    for gauge in (SWAP_IN_PROGRESS, SWAP_BUDGET):
+        _remove(gauge, namespace, pool)
+    _SWAP_CLOCK.started.pop((namespace, pool), None)
+
+
+def _remove(metric: Any, *labels: str) -> None:
+    try:
+        metric.remove(*labels)
+    except KeyError:
+        pass  # never set: nothing to drop

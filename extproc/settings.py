@@ -81,6 +81,10 @@ class Settings:
                         metavar="FILE")
     tls_client_ca: str = _opt("", "PEM CA bundle; when set, clients must present a certificate "
                               "it signed (mutual TLS)", group="listeners", metavar="FILE")
+    health_listen: str = _opt("", "extra plaintext gRPC address serving only grpc.health.v1, "
+                              "for kubelet probes when the ext_proc listener uses (m)TLS "
+                              "(empty: health only on --listen)", group="listeners",
+                              metavar="HOST:PORT")
     shutdown_grace: float = _opt(30.0, "on SIGTERM, stop accepting streams and let in-flight "
                                  "ones finish for up to this long", group="listeners",
                                  metavar="DURATION")
@@ -143,6 +147,9 @@ class Settings:
     # --- observability -------------------------------------------------------------------------
     log_level: str = _opt("info", "debug, info, warning or error", group="observability",
                           metavar="LEVEL")
+    router_name: str = _opt("default", "value of the `router` label on the llmkube_modelpool_* "
+                            "series (LLMKube's router name)", group="observability",
+                            metavar="NAME")
     log_bodies: bool = _opt(False, "log request bodies (first 4 KiB) at debug level; off by "
                             "default because prompts may hold secrets (authorization headers "
                             "are never read, so never logged)", group="observability")

@@ -14,7 +14,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from .. import metrics
 from ..logs import get_logger
@@ -95,9 +95,6 @@ class PoolDriver:
         self._timer_at = math.inf
         self._published_version = -1
         self._labels = (spec.key.namespace, spec.key.name)
-        self._held_gauge = metrics.HELD.labels(*self._labels)
-        self._coalesced = metrics.COALESCED.labels(*self._labels)
-        self._hold_children: dict[str, Any] = {}
         self._gauged_members: set[str] = set()
         self._closed = False
 
@@ -133,8 +130,8 @@ class PoolDriver:
         if self._tickets.pop(ticket.rid, None) is None:
             return  # already rejected: the machine forgot it
         if ticket.decision is None:  # its client left while it was held
-            self._held_gauge.dec()
-            self._hold_seconds("disconnected").observe(self._clock() - ticket.held_since)
+            metrics.hold_ended(*self._labels, ticket.member, "disconnected",
+                               self._clock() - ticket.held_since)
         self._feed(RequestEnded(ticket.rid))
 
     # ---- observations from the platform ---------------------------------------------------
@@ -164,9 +161,7 @@ class PoolDriver:
             self._timer.cancel()
         for task in self._tasks:
             task.cancel()
-        metrics.HELD.remove(*self._labels)
-        for member in self._gauged_members:
-            metrics.RESIDENT.remove(*self._labels, member)
+        metrics.pool_closed(*self._labels, self._gauged_members)
         self._gauged_members.clear()
 
     # ---- the loop --------------------------------------------------------------------------
@@ -208,32 +203,21 @@ class PoolDriver:
         if ticket is None:
             return
         if ticket.held:
-            self._hold_seconds("admitted").observe(cmd.held_for)
-            self._held_gauge.dec()
+            metrics.hold_ended(*self._labels, ticket.member, "admitted", cmd.held_for)
         self._decide(ticket, cmd)
 
     def _on_hold(self, cmd: Hold) -> None:
         ticket = self._tickets[cmd.rid]
         ticket.held, ticket.deadline, ticket.held_since = True, cmd.deadline, self._clock()
-        self._held_gauge.inc()
-        if cmd.coalesced:
-            self._coalesced.inc()
+        metrics.request_held(*self._labels, ticket.member, cmd.coalesced)
 
     def _on_reject(self, cmd: Reject) -> None:
         ticket = self._tickets.pop(cmd.rid, None)
         if ticket is None:
             return
         if ticket.held:
-            self._held_gauge.dec()
-            self._hold_seconds(cmd.code).observe(cmd.held_for)
+            metrics.hold_ended(*self._labels, ticket.member, cmd.code, cmd.held_for)
         self._decide(ticket, cmd)
-
-    def _hold_seconds(self, outcome: str) -> Any:
-        child = self._hold_children.get(outcome)
-        if child is None:
-            child = self._hold_children[outcome] = metrics.HOLD_DURATION.labels(*self._labels,
-                                                                                outcome)
-        return child
 
     def _decide(self, ticket: Ticket, decision: Admit | Reject) -> None:
         ticket.decision = decision
@@ -242,13 +226,12 @@ class PoolDriver:
 
     def _on_notice(self, notice: Notice) -> None:
         ns, pool = self._labels
+        metrics.notice(ns, pool, notice.kind)
         if notice.kind in ("SwapCompleted", "SwapFailed"):
-            outcome = "completed" if notice.kind == "SwapCompleted" else "failed"
-            metrics.SWAPS.labels(ns, pool, notice.source, notice.target, outcome).inc()
-            if outcome == "completed":
-                metrics.SWAP_DURATION.labels(ns, pool).observe(notice.duration)
+            metrics.swap_finished(ns, pool, notice.source, notice.target,
+                                  notice.kind == "SwapCompleted", notice.duration)
         elif notice.kind == "SwapDeferred":
-            metrics.SWAP_DEFERRED.labels(ns, pool, notice.source).inc()
+            metrics.swap_deferred(ns, pool, notice.source, self._machine.view().resident)
         level = log.warning if notice.kind in ("SwapFailed", "MemberLost") else log.info
         level(notice.message, event=notice.kind, namespace=ns, pool=pool,
               member=notice.target or notice.source, source=notice.source,
@@ -258,13 +241,8 @@ class PoolDriver:
 
     def _publish(self) -> None:
         view = self._machine.view()
-        ns, pool = self._labels
-        current = {m.name for m in view.members}
-        for gone in self._gauged_members - current:  # removed from the pool's spec
-            metrics.RESIDENT.remove(ns, pool, gone)
-        for member in current:
-            metrics.RESIDENT.labels(ns, pool, member).set(1 if member == view.resident else 0)
-        self._gauged_members = current
+        metrics.pool_published(view, self._machine.spec.swap_budget, self._gauged_members)
+        self._gauged_members = {m.name for m in view.members}
         self._platform.publish(view)
 
     def _arm(self, deadline: float) -> None:
