@@ -18,7 +18,7 @@ export MODELPOOL_ENVOY_BIN := $(abspath $(ENVOY))
 demo: bootstrap
 	$(PY) -m devstack demo
 
-test: bootstrap
+test: bootstrap ops-tools
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: bootstrap
@@ -39,3 +39,19 @@ $(ENVOY):
 
 clean:
 	rm -rf $(VENV) .tools .demo .pytest_cache .hypothesis
+
+# --- ops tools (deploy tests): helm built from its Go module, promtool from Debian ----------------
+# helm is a Go module build (cached in ~/go and ~/.cache, so a fresh clone rebuilds in seconds);
+# promtool ships in Debian's `prometheus` package. Neither comes from a download site.
+HELM_VERSION := v3.22.0
+HELM := .tools/bin/helm
+export MODELPOOL_HELM_BIN := $(abspath $(HELM))
+
+.PHONY: ops-tools
+ops-tools: $(HELM)
+	command -v promtool >/dev/null || { apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; }
+
+$(HELM):
+	GOBIN=$(abspath .tools/bin) go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+	test -x $@
