@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import json
 import sys
+from typing import Any
 
 from . import settings as settings_module
 
@@ -43,7 +46,48 @@ def build_parser() -> argparse.ArgumentParser:
         "and exit: 0 when they are usable.", epilog=SERVE_EPILOG.split("\n\nexamples:")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter)
     settings_module.add_arguments(check)
+    check.add_argument("--routes", action="append", default=[], metavar="FILE",
+                       help="rendered manifests (kustomize or helm output, an Envoy config); "
+                       "warn about every member of the pools that no route in them matches")
+    check.add_argument("--modelpool", action="append", default=[], metavar="FILE",
+                       help="ModelPool YAML whose members --routes must route (besides the "
+                       "--pools-file pools)")
+    _add_render_routes(sub)
     return parser
+
+
+RENDER_EPILOG = """\
+Each member's Service is named after its InferenceService (--service-template changes that)
+on port 8080 (--port; per member: annotation modelpool.inference.llmkube.dev/member-ports on
+the ModelPool, e.g. "large=8000"). The routing-header value is --route-template.
+
+examples:
+  modelpool-extproc render-routes deploy/examples/shared-gpu.yaml > httproute.yaml
+  modelpool-extproc render-routes pool.yaml --format helm-values > pools-values.yaml
+  modelpool-extproc render-routes pool.yaml --format envoy-clusters
+"""
+
+
+def _add_render_routes(sub: Any) -> None:
+    from .routes import DEFAULT_PORT, FORMATS
+
+    render = sub.add_parser(
+        "render-routes", help="print the routes (HTTPRoute, chart values or standalone Envoy "
+        "clusters) a ModelPool's members need", epilog=RENDER_EPILOG,
+        description="Render one route per member of each ModelPool in the given files, so "
+        "a member added to a pool is never left unroutable.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    render.add_argument("modelpools", nargs="+", metavar="MODELPOOL_YAML")
+    render.add_argument("--format", choices=FORMATS, default="httproute")
+    render.add_argument("--gateway", default="modelpool", help="the Gateway the HTTPRoute "
+                        "attaches to (default: modelpool)")
+    render.add_argument("--service-template", default="{member}", metavar="TEMPLATE",
+                        help="member Service name; placeholders {member}, {pool}, {namespace}")
+    render.add_argument("--port", type=int, default=DEFAULT_PORT, help="member Service port")
+    for name in ("route_header", "route_template"):
+        field = next(f for f in dataclasses.fields(settings_module.Settings) if f.name == name)
+        render.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
+                            metavar=field.metadata["metavar"], help=field.metadata["help"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,15 +97,23 @@ def main(argv: list[str] | None = None) -> int:
     from . import logs
 
     logs.configure(settings.log_level)
-    if args.command == "check-config":
-        import dataclasses
-        import json
+    if args.command == "render-routes":
+        from .routes import load_pools, render
 
+        try:
+            print(render(load_pools(args.modelpools), settings, args.format,
+                         gateway=args.gateway, service_template=args.service_template,
+                         default_port=args.port), end="")
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"modelpool-extproc render-routes: {exc}") from None
+        return 0
+    if args.command == "check-config":
         from .platform.static import load_specs
 
-        if settings.pools_file:
-            load_specs(settings.pools_file, settings)
+        specs = load_specs(settings.pools_file, settings) if settings.pools_file else []
         print(json.dumps(dataclasses.asdict(settings), indent=2))
+        if args.routes:
+            _warn_unrouted(args, settings, specs)
         return 0
     from .app import serve
 
@@ -70,6 +122,25 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def _warn_unrouted(args: argparse.Namespace, settings: settings_module.Settings,
+                   specs: list[Any]) -> None:
+    """One warning on stderr per pool member that no route in ``--routes`` matches."""
+    from .routes import MemberRoute, load_pools, member_routes, routed_values, unrouted
+
+    expected = [MemberRoute(s.key.name, s.key.namespace, m, settings.route_template.format(
+        member=m, pool=s.key.name, namespace=s.key.namespace), m, 0)
+        for s in specs for m in s.members]
+    if args.modelpool:
+        expected += [r for pool in load_pools(args.modelpool)
+                     for r in member_routes(pool, settings)]
+    routed = set().union(*(routed_values(path) for path in args.routes))
+    for route in unrouted(expected, routed):
+        print(f"warning: member {route.member} of pool {route.namespace}/{route.pool} has no "
+              f"route in {', '.join(args.routes)} (no HTTPRoute rule or Envoy cluster for "
+              f"{settings.route_header}: {route.value}); requests for it cannot reach it",
+              file=sys.stderr)
 
 
 if __name__ == "__main__":
