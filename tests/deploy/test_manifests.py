@@ -427,7 +427,14 @@ def test_standalone_envoy_config_passes_envoy_validate(standalone, tmp_path: Pat
 def test_dockerfile(render) -> None:
     text = (PROJECT_ROOT / "Dockerfile").read_text()
     stages = re.findall(r"^FROM (\S+)", text, re.M)
-    assert stages == ["python:3.11-slim", "python:3.11-slim"]
+    assert stages == ["${PYTHON_BASE}", "${PYTHON_BASE}"]
+    # both stages build on one base, pinned by digest (a tag alone can move under a rebuild)
+    (base,) = re.findall(r"^ARG PYTHON_BASE=(\S+)$", text, re.M)
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm@sha256:[0-9a-f]{64}", base), base
+    labels = dict(re.findall(r'(org\.opencontainers\.image\.[a-z.]+)="([^"]*)"', text))
+    assert {"title", "version", "revision", "licenses", "base.name", "description"} == {
+        k.removeprefix("org.opencontainers.image.") for k in labels}
+    assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
     assert "pip wheel" in text
     assert re.search(r"^USER 65532:65532$", text, re.M)
     assert 'ENTRYPOINT ["modelpool-extproc"]' in text and 'CMD ["serve"]' in text
