@@ -145,15 +145,14 @@ def routed_values(path: str | Path) -> set[str]:
     """Routing-header values that rendered manifests route: HTTPRoute header matches and
     Envoy cluster names (a kustomize or helm rendering, or an Envoy config, or a ConfigMap
     holding one)."""
-    values: set[str] = set()
-    for doc in yaml.safe_load_all(Path(path).read_text()):
-        if not isinstance(doc, dict):
-            continue
+    from .platform.kube.routecheck import header_values  # the service's own reading
+
+    docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if isinstance(d, dict)]
+    values = header_values(d for d in docs if d.get("kind") == "HTTPRoute")
+    for doc in docs:
         if doc.get("kind") == "HTTPRoute":
-            for rule in (doc.get("spec") or {}).get("rules") or []:
-                for match in rule.get("matches") or []:
-                    values |= {h.get("value", "") for h in match.get("headers") or []}
-        elif doc.get("kind") == "ConfigMap":
+            continue
+        if doc.get("kind") == "ConfigMap":
             for text in (doc.get("data") or {}).values():
                 values |= _envoy_cluster_names(yaml.safe_load(text))
         else:

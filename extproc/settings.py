@@ -108,6 +108,10 @@ class Settings:
     passthrough_unknown: bool = _opt(False, "let requests naming a model that is in no pool "
                                      "continue untouched instead of answering 404",
                                      group="routing")
+    route_check_interval: float = _opt(0.0, "every this long, warn (an Event on the pool) "
+                                       "about members no HTTPRoute in the pool's namespace "
+                                       "routes; 0 = off (needs RBAC: list httproutes)",
+                                       group="routing", metavar="DURATION")
     max_body_bytes: int = _opt(25 * 1024 * 1024, "largest request body accepted (413 above); "
                                "keep Envoy's buffer limit above it", group="routing",
                                metavar="BYTES")
@@ -157,7 +161,7 @@ class Settings:
 
 
 _DURATION_FIELDS = {"shutdown_grace", "swap_budget", "fairness_window", "drain_linger",
-                    "swap_timeout", "failure_backoff"}
+                    "swap_timeout", "failure_backoff", "route_check_interval"}
 
 
 def _convert(name: str, kind: Any, raw: Any) -> Any:

@@ -163,7 +163,13 @@ def test_existing_gateway_and_pools_in_other_namespaces() -> None:
 def test_cluster_wide_grants_what_the_namespaced_role_grants() -> None:
     (role,) = _of(render_chart("default"), "Role")
     cluster = _one(render_chart("cluster-wide-values"), "ClusterRole")
-    assert cluster["rules"] == role["rules"]
+    # plus exactly what the route check (on in that combination) needs
+    route_check = {"apiGroups": ["gateway.networking.k8s.io"], "resources": ["httproutes"],
+                   "verbs": ["list"]}
+    assert route_check not in role["rules"]
+    assert cluster["rules"] == role["rules"] + [route_check]
+    assert _settings(_container(render_chart("cluster-wide-values"))).route_check_interval == 60
+    assert _settings(_container(render_chart("default"))).route_check_interval == 0
     binding = _one(render_chart("cluster-wide-values"), "ClusterRoleBinding")
     assert binding["subjects"][0]["namespace"] == NAMESPACE
 

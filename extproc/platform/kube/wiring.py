@@ -14,6 +14,7 @@ from extproc.platform.kube.cache import ClusterWatcher
 from extproc.platform.kube.client import make_api_client
 from extproc.platform.kube.events import EventRecorder
 from extproc.platform.kube.idle import probe_idle
+from extproc.platform.kube.routecheck import RouteChecker
 from extproc.platform.kube.status import StatusPublisher, StatusWriter
 from extproc.platform.listener import PoolListener
 from extproc.policy.model import MemberObservation, PoolKey, PoolSpec, PoolView
@@ -47,6 +48,9 @@ class KubePlatform:
         self._events = EventRecorder(api_client, uids=self.watcher.pool_uid)
         self._session: aiohttp.ClientSession | None = None
         self._event_tasks: set[asyncio.Task[None]] = set()
+        # the pools as last reported, for the (optional) route check
+        self._specs: dict[PoolKey, PoolSpec] = {}
+        self._route_check: asyncio.Task[None] | None = None
 
     @classmethod
     async def create(cls, settings: Settings) -> KubePlatform:
@@ -56,10 +60,16 @@ class KubePlatform:
     async def run(self, listener: PoolListener) -> None:
         """Watch the cluster forever, reporting to ``listener`` (the runtime's hub)."""
         self._listener = listener
+        if self._settings.route_check_interval > 0:
+            checker = RouteChecker(self._api_client, self._settings, self._events,
+                                   lambda: self._specs.values())
+            self._route_check = asyncio.get_running_loop().create_task(checker.run())
         await self.watcher.run()
 
     async def stop(self) -> None:
         """Finish pending events, drop pending status writes and close connections."""
+        if self._route_check is not None:
+            self._route_check.cancel()
         if self._event_tasks:
             await asyncio.wait(self._event_tasks, timeout=2.0)
         await self._publisher.close()
@@ -71,11 +81,13 @@ class KubePlatform:
 
     def pool_changed(self, spec: PoolSpec, status: dict) -> None:
         """Forward to the runtime."""
+        self._specs[spec.key] = spec
         if self._listener is not None:
             self._listener.pool_changed(spec, status)
 
     def pool_removed(self, key: PoolKey) -> None:
         """Forward to the runtime."""
+        self._specs.pop(key, None)
         if self._listener is not None:
             self._listener.pool_removed(key)
 
