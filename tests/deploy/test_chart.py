@@ -203,6 +203,19 @@ def test_monitoring_objects() -> None:
                 or _gvk(o)[0] == "gateway.networking.k8s.io"]
 
 
+@pytest.mark.parametrize("bad, complaint", [
+    ("replicas: 2", "/replicas"),  # two writers on the swap path
+    ("image: {tagg: v1}", "tagg"),  # a misspelt value is an error, not silently ignored
+    ("image: {digest: latest}", "/image/digest"),
+    ("envoyGateway: {extensionPolicy: {messageTimeout: 330}}", "messageTimeout"),
+])
+def test_values_schema_refuses_bad_values(tmp_path: Path, bad: str, complaint: str) -> None:
+    values = tmp_path / "bad.yaml"
+    values.write_text(bad)
+    out = helm("lint", str(CHART), "--values", str(values))
+    assert out.returncode != 0 and complaint in out.stdout + out.stderr
+
+
 def test_both_monitors_at_once_is_refused(tmp_path: Path) -> None:
     both = tmp_path / "both.yaml"
     both.write_text("monitoring: {serviceMonitor: {enabled: true}, podMonitor: {enabled: true}}")
