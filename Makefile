@@ -47,11 +47,18 @@ HELM_VERSION := v3.22.0
 HELM := .tools/bin/helm
 export MODELPOOL_HELM_BIN := $(abspath $(HELM))
 
+# Prometheus Operator objects checked against the operator's own Go API types (strict decode)
+MONITORING_CHECK := .tools/bin/monitoringcheck
+export MODELPOOL_MONITORING_CHECK_BIN := $(abspath $(MONITORING_CHECK))
+
 .PHONY: ops-tools
-ops-tools: $(HELM)
+ops-tools: $(HELM) $(MONITORING_CHECK)
 	command -v promtool >/dev/null || { apt-get update -q && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; }
 
 $(HELM):
 	GOBIN=$(abspath .tools/bin) go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
 	test -x $@
+
+$(MONITORING_CHECK): tools/monitoringcheck/main.go tools/monitoringcheck/go.mod tools/monitoringcheck/go.sum
+	cd tools/monitoringcheck && go build -o $(abspath $@) .

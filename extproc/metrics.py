@@ -35,45 +35,41 @@ _DECISION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 
 _LLMKUBE_SWAP_BUCKETS = tuple(float(2**i) for i in range(10))  # 1, 2, 4 ... 512 s
 _LLMKUBE_HOLD_BUCKETS = tuple(round(0.1 * 2**i, 1) for i in range(12))  # 0.1 ... 204.8 s
 
-# --- LLMKube's router series (names, labels and buckets as LLMKube exports them) -------------
+
+def _twins(kind: Any, name: str, help_text: str, llmkube_labels: list[str],
+           our_labels: list[str], buckets: tuple[tuple[float, ...], ...] = ()) -> tuple[Any, Any]:
+    """One fact as two series: ``llmkube_modelpool_<name>`` with LLMKube's labels (and
+    buckets), ``modelpool_extproc_<name>`` with ours."""
+    extra = [{"buckets": b} for b in buckets] or [{}, {}]
+    return (kind(f"llmkube_modelpool_{name}", help_text, llmkube_labels, registry=REGISTRY,
+                 **extra[0]),
+            kind(f"modelpool_extproc_{name}", help_text, our_labels, registry=REGISTRY,
+                 **extra[1]))
+
+
+# LLMKube's names, label sets and buckets first; ours (namespace, outcome) second.
 RESIDENT = Gauge(
     "llmkube_modelpool_resident", "1 for the member that owns the pool's slot, else 0",
     ["namespace", "pool", "member"], registry=REGISTRY)
-LLMKUBE_SWAPS = Counter(
-    "llmkube_modelpool_swaps_total", "Swaps finished, by source and target member",
-    ["router", "pool", "from", "to"], registry=REGISTRY)
-LLMKUBE_SWAP_DURATION = Histogram(
-    "llmkube_modelpool_swap_duration_seconds", "Time from swap start to target Ready",
-    ["router", "pool"], buckets=_LLMKUBE_SWAP_BUCKETS, registry=REGISTRY)
-LLMKUBE_HOLD_DURATION = Histogram(
-    "llmkube_modelpool_hold_duration_seconds", "Time a request was held for its member",
-    ["router", "pool", "member"], buckets=_LLMKUBE_HOLD_BUCKETS, registry=REGISTRY)
-LLMKUBE_COALESCED = Counter(
-    "llmkube_modelpool_coalesced_total", "Held requests that joined a swap already under way",
-    ["router", "pool", "member"], registry=REGISTRY)
-LLMKUBE_HELD = Gauge(
-    "llmkube_modelpool_held_requests", "Requests currently held waiting for their member",
-    ["router", "pool", "member"], registry=REGISTRY)
+LLMKUBE_SWAPS, SWAPS = _twins(
+    Counter, "swaps_total", "Swaps finished (LLMKube's: completed only), by source and target",
+    ["router", "pool", "from", "to"], ["namespace", "pool", "from", "to", "outcome"])
+LLMKUBE_SWAP_DURATION, SWAP_DURATION = _twins(
+    Histogram, "swap_duration_seconds", "Time from swap start to target Ready",
+    ["router", "pool"], ["namespace", "pool"], (_LLMKUBE_SWAP_BUCKETS, _SWAP_BUCKETS))
+LLMKUBE_HOLD_DURATION, HOLD_DURATION = _twins(
+    Histogram, "hold_duration_seconds", "Time a request was held for its member",
+    ["router", "pool", "member"], ["namespace", "pool", "member", "outcome"],
+    (_LLMKUBE_HOLD_BUCKETS, _SWAP_BUCKETS))
+LLMKUBE_COALESCED, COALESCED = _twins(
+    Counter, "coalesced_total", "Held requests that joined a swap already under way",
+    ["router", "pool", "member"], ["namespace", "pool", "member"])
+LLMKUBE_HELD, HELD = _twins(
+    Gauge, "held_requests", "Requests currently held waiting for their member",
+    ["router", "pool", "member"], ["namespace", "pool", "member"])
 LLMKUBE_BUSY_SKIPS = Counter(
     "llmkube_modelpool_busy_skips_total", "Swap attempts put off because the incumbent was busy",
     ["router", "pool", "member"], registry=REGISTRY)
-
-# --- ours: the same facts with namespace and outcome ------------------------------------------
-SWAPS = Counter(
-    "modelpool_extproc_swaps_total", "Swaps finished, by source, target and outcome",
-    ["namespace", "pool", "from", "to", "outcome"], registry=REGISTRY)
-SWAP_DURATION = Histogram(
-    "modelpool_extproc_swap_duration_seconds", "Time from swap start to target Ready",
-    ["namespace", "pool"], buckets=_SWAP_BUCKETS, registry=REGISTRY)
-HOLD_DURATION = Histogram(
-    "modelpool_extproc_hold_duration_seconds", "Time a request was held, by how it ended",
-    ["namespace", "pool", "member", "outcome"], buckets=_SWAP_BUCKETS, registry=REGISTRY)
-COALESCED = Counter(
-    "modelpool_extproc_coalesced_total", "Held requests that joined a swap already under way",
-    ["namespace", "pool", "member"], registry=REGISTRY)
-HELD = Gauge(
-    "modelpool_extproc_held_requests", "Requests currently held waiting for a swap",
-    ["namespace", "pool", "member"], registry=REGISTRY)
 SWAP_DEFERRED = Counter(
     "modelpool_extproc_swap_deferred_total", "Times a swap step was deferred, by reason",
     ["namespace", "pool", "reason"], registry=REGISTRY)

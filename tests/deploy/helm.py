@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from k8s_schema import PROJECT_ROOT
+from tools import tool_binary
 
 CHART = PROJECT_ROOT / "charts" / "modelpool-extproc"
 RELEASE = "modelpool-extproc"
@@ -23,11 +22,8 @@ _CACHE: dict[str, list[dict[str, Any]]] = {}
 
 def helm_binary() -> Path:
     """The helm binary; skips (saying how to get it) when it is not built."""
-    raw = os.environ.get("MODELPOOL_HELM_BIN")
-    path = Path(raw) if raw else PROJECT_ROOT / ".tools/bin/helm"
-    if not path.exists():
-        pytest.skip(f"no helm binary at {path} (run `make ops-tools`: a Go module build)")
-    return path
+    return tool_binary("MODELPOOL_HELM_BIN", ".tools/bin/helm",
+                       "run `make ops-tools`: a Go module build")
 
 
 def values_args(combination: str) -> list[str]:

