@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -259,6 +260,19 @@ def test_chart_crds_are_the_projects() -> None:
     for combination in COMBINATIONS:
         assert not _of(render_chart(combination), "CustomResourceDefinition")
         assert not _of(render_chart(combination), "Namespace")
+
+
+def test_package_carries_the_linked_files(tmp_path: Path) -> None:
+    # what `helm push oci://...` publishes: the links (CRDs, dashboard, rules) become files
+    out = helm("package", str(CHART), "--destination", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    (archive,) = tmp_path.glob("modelpool-extproc-*.tgz")
+    with tarfile.open(archive) as tar:
+        for member in ("crds/inference.llmkube.dev_modelpools.yaml",
+                       "files/modelpool-dashboard.json", "files/prometheusrule.yaml"):
+            entry = tar.getmember(f"modelpool-extproc/{member}")
+            assert entry.isfile()
+            assert tar.extractfile(entry).read() == (CHART / member).read_bytes()
 
 
 # --- drift between the chart and the kustomize tree ---------------------------------------------
