@@ -42,7 +42,7 @@ export MODELPOOL_KUBE_BIN_DIR := $(abspath $(KUBE_BIN))
 demo: bootstrap
 	$(PY) -m devstack demo
 
-test: bootstrap kube-tools
+test: bootstrap kube-tools ops-tools
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: bootstrap
@@ -105,3 +105,26 @@ $(EGCTL): $(EGCTL_CACHE)/egctl
 
 clean:
 	rm -rf $(VENV) .tools .demo .pytest_cache .hypothesis
+
+# --- ops tools (deploy tests): helm built from its Go module, promtool from Debian ----------------
+# helm is a Go module build (cached in ~/go and ~/.cache, so a fresh clone rebuilds in seconds);
+# promtool ships in Debian's `prometheus` package. Neither comes from a download site.
+HELM_VERSION := v3.22.0
+HELM := .tools/bin/helm
+export MODELPOOL_HELM_BIN := $(abspath $(HELM))
+
+# Prometheus Operator objects checked against the operator's own Go API types (strict decode)
+MONITORING_CHECK := .tools/bin/monitoringcheck
+export MODELPOOL_MONITORING_CHECK_BIN := $(abspath $(MONITORING_CHECK))
+
+.PHONY: ops-tools
+ops-tools: $(HELM) $(MONITORING_CHECK)
+	command -v promtool >/dev/null || { apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; }
+
+$(HELM):
+	GOBIN=$(abspath .tools/bin) go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+	test -x $@
+
+$(MONITORING_CHECK): tools/monitoringcheck/main.go tools/monitoringcheck/go.mod tools/monitoringcheck/go.sum
+	cd tools/monitoringcheck && go build -o $(abspath $@) .

@@ -65,7 +65,7 @@ async def test_client_leaving_while_held_is_dropped_and_the_swap_goes_on(
 
     await eventually(lambda: stack.metric("llmkube_modelpool_held_requests", pool="gone") == 0,
                      what="the held gauge to drop")
-    assert stack.metric("llmkube_modelpool_hold_duration_seconds_count", pool="gone",
+    assert stack.metric("modelpool_extproc_hold_duration_seconds_count", pool="gone",
                         outcome="disconnected") == 1
     await wait_resident(stack, "gone", "gone-slow")
     await kubectl_shows(stack, "gone", "gone-slow", "Ready")

@@ -47,15 +47,18 @@ class Service:
         self.platform = platform
         self.hub: Hub | None = None
         self._grpc: grpc.aio.Server | None = None
+        self._health_grpc: grpc.aio.Server | None = None
         self._health = health_aio.HealthServicer()
         self._http: web.AppRunner | None = None
         self._background: list[asyncio.Task[Any]] = []
         self.grpc_port = 0
+        self.health_port = 0
         self.metrics_port = 0
 
     async def start(self) -> None:
         """Bind the listeners and start serving."""
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        metrics.configure(self.settings.router_name)
         loop = asyncio.get_running_loop()
         metrics.EVENT_LOOP_TASKS.set_function(lambda: len(asyncio.all_tasks(loop)))
         if self.platform is None:
@@ -80,6 +83,8 @@ class Service:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         self.grpc_port = self._bind(self._grpc)
         await self._grpc.start()
+        if self.settings.health_listen:
+            await self._start_health_listener()
         if self.settings.metrics_listen:
             await self._start_http()
         log.info("serving", grpc=f"{self._host(self.settings.listen)}:{self.grpc_port}",
@@ -95,6 +100,8 @@ class Service:
             # Held requests would be cut when the grace period ends and reach the client as
             # Envoy's generic fail-open 503; answer them now with our own 503 + Retry-After.
             self.hub.reject_held("shutting_down", "the model router is restarting; retry")
+        if self._health_grpc is not None:
+            await self._health_grpc.stop(0)
         if self._grpc is not None:
             log.info("draining", grace_s=self.settings.shutdown_grace,
                      streams=metrics.STREAMS_IN_FLIGHT._value.get())
@@ -132,6 +139,15 @@ class Service:
     async def _set_health(self, status: int) -> None:
         for name in ("", SERVICE):
             await self._health.set(name, status)
+        metrics.set_serving(status == health_pb2.HealthCheckResponse.SERVING)
+
+    async def _start_health_listener(self) -> None:
+        # The kubelet's gRPC probe speaks plaintext only: with (m)TLS on the ext_proc port it
+        # could not probe it, so the same health servicer is also served here, in the clear.
+        self._health_grpc = grpc.aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._health_grpc)
+        self.health_port = self._health_grpc.add_insecure_port(self.settings.health_listen)
+        await self._health_grpc.start()
 
     def _bind(self, server: grpc.aio.Server) -> int:
         s = self.settings

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import sys
 from importlib import metadata
+from typing import Any
 
 from . import settings as settings_module
 from .settings import ConfigError, Settings
@@ -43,14 +44,54 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     settings_module.add_arguments(serve)
     check = sub.add_parser(
-        "check-config", help="print the effective settings as JSON and validate a pools file "
-        "or kubeconfig, then exit", description="Resolve the settings exactly as `serve` would "
-        "(flags, then environment, then defaults), validate them, any --pools-file and any "
-        "--kubeconfig, print them as JSON and exit: 0 when they are usable, 2 (with one line "
-        "saying what is wrong) when they are not.", epilog=SERVE_EPILOG.split("\n\nexamples:")[0],
+        "check-config", help="print the effective settings as JSON and validate a pools file, "
+        "then exit", description="Resolve the settings exactly as `serve` would (flags, then "
+        "environment, then defaults), validate them and any --pools-file, print them as JSON "
+        "and exit: 0 when they are usable.", epilog=SERVE_EPILOG.split("\n\nexamples:")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter)
     settings_module.add_arguments(check)
+    check.add_argument("--routes", action="append", default=[], metavar="FILE",
+                       help="rendered manifests (kustomize or helm output, an Envoy config); "
+                       "warn about every member of the pools that no route in them matches")
+    check.add_argument("--modelpool", action="append", default=[], metavar="FILE",
+                       help="ModelPool YAML whose members --routes must route (besides the "
+                       "--pools-file pools)")
+    _add_render_routes(sub)
     return parser
+
+
+RENDER_EPILOG = """\
+Each member's Service is named after its InferenceService (--service-template changes that)
+on port 8080 (--port; per member: annotation modelpool.inference.llmkube.dev/member-ports on
+the ModelPool, e.g. "large=8000"). The routing-header value is --route-template.
+
+examples:
+  modelpool-extproc render-routes deploy/examples/shared-gpu.yaml > httproute.yaml
+  modelpool-extproc render-routes pool.yaml --format helm-values > pools-values.yaml
+  modelpool-extproc render-routes pool.yaml --format envoy-clusters
+"""
+
+
+def _add_render_routes(sub: Any) -> None:
+    from .routes import DEFAULT_PORT, FORMATS
+
+    render = sub.add_parser(
+        "render-routes", help="print the routes (HTTPRoute, chart values or standalone Envoy "
+        "clusters) a ModelPool's members need", epilog=RENDER_EPILOG,
+        description="Render one route per member of each ModelPool in the given files, so "
+        "a member added to a pool is never left unroutable.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    render.add_argument("modelpools", nargs="+", metavar="MODELPOOL_YAML")
+    render.add_argument("--format", choices=FORMATS, default="httproute")
+    render.add_argument("--gateway", default="modelpool", help="the Gateway the HTTPRoute "
+                        "attaches to (default: modelpool)")
+    render.add_argument("--service-template", default="{member}", metavar="TEMPLATE",
+                        help="member Service name; placeholders {member}, {pool}, {namespace}")
+    render.add_argument("--port", type=int, default=DEFAULT_PORT, help="member Service port")
+    for name in ("route_header", "route_template"):
+        field = next(f for f in dataclasses.fields(settings_module.Settings) if f.name == name)
+        render.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
+                            metavar=field.metadata["metavar"], help=field.metadata["help"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,9 +102,21 @@ def main(argv: list[str] | None = None) -> int:
         from . import logs
 
         logs.configure(settings.log_level)
+        if args.command == "render-routes":
+            from .routes import load_pools, render
+
+            try:
+                print(render(load_pools(args.modelpools), settings, args.format,
+                             gateway=args.gateway, service_template=args.service_template,
+                             default_port=args.port), end="")
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"render-routes: {exc}") from None
+            return 0
         if args.command == "check-config":
-            asyncio.run(_check(settings))
+            specs = asyncio.run(_check(settings))
             print(json.dumps(dataclasses.asdict(settings), indent=2))
+            if args.routes:
+                _warn_unrouted(args, settings, specs)
             return 0
         from .app import serve
 
@@ -76,17 +129,40 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-async def _check(settings: Settings) -> None:
-    """Load what ``serve`` would load from files (pools file, kubeconfig); ConfigError if bad."""
+async def _check(settings: Settings) -> list[Any]:
+    """Load what ``serve`` would load from files (pools file, kubeconfig); ConfigError if bad.
+
+    Returns the static pools (none in cluster mode) for the routes check.
+    """
     if settings.pools_file:
         from .platform.static import load_specs
 
-        load_specs(settings.pools_file, settings)
-    elif settings.kubeconfig:
+        return load_specs(settings.pools_file, settings)
+    if settings.kubeconfig:
         from .platform.kube.client import make_api_client
 
         client = await make_api_client(settings)
         await client.close()
+    return []
+
+
+def _warn_unrouted(args: argparse.Namespace, settings: settings_module.Settings,
+                   specs: list[Any]) -> None:
+    """One warning on stderr per pool member that no route in ``--routes`` matches."""
+    from .routes import MemberRoute, load_pools, member_routes, routed_values, unrouted
+
+    expected = [MemberRoute(s.key.name, s.key.namespace, m, settings.route_template.format(
+        member=m, pool=s.key.name, namespace=s.key.namespace), m, 0)
+        for s in specs for m in s.members]
+    if args.modelpool:
+        expected += [r for pool in load_pools(args.modelpool)
+                     for r in member_routes(pool, settings)]
+    routed = set().union(*(routed_values(path) for path in args.routes))
+    for route in unrouted(expected, routed):
+        print(f"warning: member {route.member} of pool {route.namespace}/{route.pool} has no "
+              f"route in {', '.join(args.routes)} (no HTTPRoute rule or Envoy cluster for "
+              f"{settings.route_header}: {route.value}); requests for it cannot reach it",
+              file=sys.stderr)
 
 
 if __name__ == "__main__":

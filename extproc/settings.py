@@ -89,6 +89,10 @@ class Settings:
                         metavar="FILE")
     tls_client_ca: str = _opt("", "PEM CA bundle; when set, clients must present a certificate "
                               "it signed (mutual TLS)", group="listeners", metavar="FILE")
+    health_listen: str = _opt("", "extra plaintext gRPC address serving only grpc.health.v1, "
+                              "for kubelet probes when the ext_proc listener uses (m)TLS "
+                              "(empty: health only on --listen)", group="listeners",
+                              metavar="HOST:PORT")
     shutdown_grace: float = _opt(30.0, "on SIGTERM, stop accepting streams and let in-flight "
                                  "ones finish for up to this long", group="listeners",
                                  metavar="DURATION")
@@ -118,6 +122,10 @@ class Settings:
     passthrough_unknown: bool = _opt(False, "let requests naming a model that is in no pool "
                                      "continue untouched instead of answering 404",
                                      group="routing")
+    route_check_interval: float = _opt(0.0, "every this long, warn (an Event on the pool) "
+                                       "about members no HTTPRoute in the pool's namespace "
+                                       "routes; 0 = off (needs RBAC: list httproutes)",
+                                       group="routing", metavar="DURATION")
     max_body_bytes: int = _opt(25 * 1024 * 1024, "largest request body accepted (413 above); "
                                "keep Envoy's buffer limit above it", group="routing",
                                metavar="BYTES")
@@ -182,6 +190,9 @@ class Settings:
     # --- observability -------------------------------------------------------------------------
     log_level: str = _opt("info", "debug, info, warning or error", group="observability",
                           metavar="LEVEL")
+    router_name: str = _opt("default", "value of the `router` label on the llmkube_modelpool_* "
+                            "series (LLMKube's router name)", group="observability",
+                            metavar="NAME")
     log_bodies: bool = _opt(False, "log request bodies (first 4 KiB) at debug level; off by "
                             "default because prompts may hold secrets (authorization headers "
                             "are never read, so never logged)", group="observability")
@@ -190,7 +201,8 @@ class Settings:
 
 _DURATION_FIELDS = {"shutdown_grace", "swap_budget", "fairness_window", "drain_linger",
                     "swap_timeout", "failure_backoff", "idle_probe_timeout", "probe_retry",
-                    "park_margin", "watch_timeout", "api_retry_initial", "api_retry_max"}
+                    "park_margin", "watch_timeout", "api_retry_initial", "api_retry_max",
+                    "route_check_interval"}
 
 
 def format_duration(seconds: float) -> str:

@@ -163,3 +163,24 @@ async def test_requests_that_cannot_name_a_model(stack, method, path, status, co
             assert resp.status == 400
             assert _error(await resp.read())["code"] == "missing_body"
     assert upstreams["judge"].stats.served == 0
+
+
+@pytest.mark.parametrize("method, path, body, status", [
+    ("GET", "/v1/models", None, 200),
+    ("GET", "/v1/models/nope", None, 404),
+    ("POST", "/v1/chat/completions", b'{"model": "nope"}', 404),
+    ("POST", "/v1/chat/completions", b"{not json", 400),
+    ("GET", "/v1/chat/completions", None, 405),
+])
+async def test_answers_of_our_own_carry_envoys_request_id(stack, method, path, body, status):
+    # so a client's log line and Envoy's access log (and ours) can be joined on one id
+    envoy, _, _ = stack
+    before = len(envoy.access_log())
+    async with aiohttp.ClientSession() as session:
+        async with session.request(method, f"{envoy.url}{path}", data=body,
+                                   headers={"content-type": "application/json"}) as resp:
+            assert resp.status == status
+            echoed = resp.headers.get("x-request-id", "")
+    assert echoed
+    (entry,) = envoy.wait_access_log(before + 1)[before:]
+    assert entry["request_id"] == echoed and entry["status"] == status

@@ -111,7 +111,9 @@ async def _chat(session: aiohttp.ClientSession, url: str, model: str, **extra):
 
 
 def _held() -> float:
-    return metrics.HELD.labels(KEY.namespace, KEY.name)._value.get()
+    (family,) = metrics.HELD.collect()
+    return sum(s.value for s in family.samples
+               if (s.labels["namespace"], s.labels["pool"]) == (KEY.namespace, KEY.name))
 
 
 async def test_cold_request_is_held_then_served(make_stack, upstreams):

@@ -33,6 +33,11 @@ SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 _MODELS_PATH = "/v1/models"
 
 
+def _request_id_header(head: RequestHead) -> tuple[tuple[str, str], ...]:
+    """Envoy's x-request-id, echoed on answers we give ourselves so client and our logs join."""
+    return (("x-request-id", head.request_id),) if head.request_id else ()
+
+
 class ExtProcService:
     """Implements ExternalProcessor/Process on top of the Hub."""
 
@@ -120,20 +125,20 @@ class ExtProcService:
         path = head.path.split("?", 1)[0]
         if path == _MODELS_PATH or path.startswith(_MODELS_PATH + "/"):
             if head.method not in ("GET", "HEAD"):
-                return self._error(405, "method_not_allowed",
+                return self._error(head, 405, "method_not_allowed",
                                    f"{head.method} is not allowed on {path}; use GET",
                                    headers=(("allow", "GET"),))
-            return self._models_answer(path)
+            return self._models_answer(head, path)
         if not path.startswith("/v1/"):
-            return self._error(404, "unknown_path",
+            return self._error(head, 404, "unknown_path",
                                f"no route for {path!r}: this endpoint serves the OpenAI API "
                                "under /v1/")
         if head.method != "POST":
-            return self._error(405, "method_not_allowed",
+            return self._error(head, 405, "method_not_allowed",
                                f"{head.method} is not allowed on {path}; use POST",
                                headers=(("allow", "POST"),))
         if end_of_stream:
-            return self._error(400, "missing_body",
+            return self._error(head, 400, "missing_body",
                                "request body is empty; it must name a model", "model")
         return None
 
@@ -207,7 +212,7 @@ class ExtProcService:
         log.info("request refused", namespace=key.namespace, pool=key.name,
                  member=route.member, request_id=head.request_id, status=decision.status,
                  code=decision.code)
-        return self._error(decision.status, decision.code, decision.message, "model",
+        return self._error(head, decision.status, decision.code, decision.message, "model",
                            (("retry-after", str(decision.retry_after)),)
                            if decision.retry_after else ())
 
@@ -229,9 +234,9 @@ class ExtProcService:
         # The path without its query: query strings can carry API keys.
         log.info("request refused", request_id=head.request_id, status=exc.status,
                  code=exc.code, path=head.path.split("?", 1)[0])
-        return self._error(exc.status, exc.code, exc.message, exc.param, exc.headers)
+        return self._error(head, exc.status, exc.code, exc.message, exc.param, exc.headers)
 
-    def _models_answer(self, path: str) -> bytes:
+    def _models_answer(self, head: RequestHead, path: str) -> bytes:
         now = int(time.time())
         entries = [{"id": m.id, "object": "model", "created": now,
                     "owned_by": f"{m.namespace}/{m.pool}", "member": m.member}
@@ -242,17 +247,18 @@ class ExtProcService:
             wanted = path[len(_MODELS_PATH) + 1:]
             match = next((e for e in entries if e["id"] == wanted), None)
             if match is None:
-                return self._error(404, "model_not_found",
+                return self._error(head, 404, "model_not_found",
                                    f"model {wanted!r} does not exist", "model")
             document = match
-        return answers.immediate(200, json.dumps(document).encode(), "modelpool_models")
+        return answers.immediate(200, json.dumps(document).encode(), "modelpool_models",
+                                 _request_id_header(head))
 
     # ---- helpers ---------------------------------------------------------------------------
 
-    def _error(self, status: int, code: str, message: str, param: str | None = None,
-               headers: tuple[tuple[str, str], ...] = ()) -> bytes:
+    def _error(self, head: RequestHead, status: int, code: str, message: str,
+               param: str | None = None, headers: tuple[tuple[str, str], ...] = ()) -> bytes:
         metrics.ERRORS.labels(code, str(status)).inc()
-        return answers.error(status, code, message, param, headers)
+        return answers.error(status, code, message, param, headers + _request_id_header(head))
 
     def _route_value(self, key: Any, member: str) -> str:
         value = self._route_values.get((key, member))

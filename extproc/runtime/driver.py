@@ -90,8 +90,9 @@ class PoolDriver:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
         self._published_version = -1
-        self._gauges = metrics.PoolGauges(spec.key.namespace, spec.key.name)
-        self._held_total = 0
+        self._labels = (spec.key.namespace, spec.key.name)
+        self._gauged_members: set[str] = set()
+        self._held_by: dict[str, int] = {}  # the held counts the gauges show
         self._broken = ""
         self._closed = False
 
@@ -160,7 +161,8 @@ class PoolDriver:
         """Reject every waiter, cancel background work and drop this pool's gauges."""
         self.reject_held(code, message or f"pool {self.key} is no longer served")
         self._shut()
-        self._gauges.remove()
+        metrics.pool_closed(*self._labels, self._gauged_members)
+        self._gauged_members.clear()
 
     # ---- the loop --------------------------------------------------------------------------
 
@@ -178,9 +180,8 @@ class PoolDriver:
         if machine.version != self._published_version:
             self._published_version = machine.version
             self._publish()
-        if len(machine.held) != self._held_total:
-            self._held_total = len(machine.held)
-            self._gauges.held(self._held_total)
+        if machine.requests.held_by != self._held_by:
+            self._count_held(machine.requests.held_by)
         deadline = machine.next_deadline()
         if deadline != self._timer_at:
             self._arm(deadline)
@@ -191,14 +192,14 @@ class PoolDriver:
                 self._decide(self._tickets.get(rid), cmd, "admitted")
             case Reject(rid):
                 self._decide(self._tickets.pop(rid, None), cmd, cmd.code)
-            case Hold(rid=rid, deadline=deadline, coalesced=coalesced):
+            case Hold(rid=rid, member=member, deadline=deadline, coalesced=coalesced):
                 ticket = self._tickets[rid]
                 ticket.deadline = deadline
                 ticket.waiter = asyncio.get_running_loop().create_future()
                 if coalesced:
-                    self._gauges.coalesced()
-            case Dropped(held_for=held_for):
-                self._gauges.hold_seconds("disconnected", held_for)
+                    metrics.request_coalesced(*self._labels, member)
+            case Dropped(member=member, held_for=held_for):
+                metrics.hold_ended(*self._labels, member, "disconnected", held_for)
             case Scale(member, replicas):
                 self._scaler.want(member, replicas)
             case Trigger(member):
@@ -214,7 +215,7 @@ class PoolDriver:
         ticket.decision = decision
         waiter = ticket.waiter
         if waiter is not None:
-            self._gauges.hold_seconds(outcome, decision.held_for)
+            metrics.hold_ended(*self._labels, ticket.member, outcome, decision.held_for)
             if not waiter.done():
                 waiter.set_result(decision)
 
@@ -230,7 +231,7 @@ class PoolDriver:
                 self._decide(self._tickets.pop(ticket.rid),
                              self._unavailable(ticket.rid, now - since), "pool_unavailable")
         self._shut()
-        self._gauges.held(0)
+        self._count_held({})
 
     def _unavailable(self, rid: int, held_for: float) -> Reject:
         return Reject(rid, 503, "pool_unavailable", f"pool {self.key} is not available "
@@ -245,14 +246,21 @@ class PoolDriver:
             task.cancel()
         self._scaler.cancel()
 
+    def _count_held(self, held_by: dict[str, int]) -> None:
+        members = set(self._machine.spec.members) | set(self._held_by) | set(held_by)
+        metrics.held_counts(*self._labels, held_by, members)
+        self._held_by = dict(held_by)
+
     def _on_notice(self, notice: Notice) -> None:
+        ns, pool = self._labels
+        metrics.notice(ns, pool, notice.kind)
         if notice.kind in ("SwapCompleted", "SwapFailed"):
-            outcome = "completed" if notice.kind == "SwapCompleted" else "failed"
-            self._gauges.swap_finished(notice.source, notice.target, outcome, notice.duration)
+            metrics.swap_finished(ns, pool, notice.source, notice.target,
+                                  notice.kind == "SwapCompleted", notice.duration)
         elif notice.kind == "SwapDeferred":
-            self._gauges.deferred(notice.source)
+            metrics.swap_deferred(ns, pool, notice.source, self._machine.resident)
         elif notice.kind == "ActuationChanged" and notice.target == Actuation.HANDS_OFF.value:
-            self._gauges.conflict()
+            metrics.conflict(ns, pool)
         if notice.kind == "ActuationChanged" and notice.target == Actuation.HANDS_OFF.value:
             level = log.error  # someone fights over this pool: an operator must act
         elif notice.kind in ("SwapFailed", "MemberLost"):
@@ -267,7 +275,8 @@ class PoolDriver:
 
     def _publish(self) -> None:
         view = self._machine.view()
-        self._gauges.resident([m.name for m in view.members], view.resident)
+        metrics.pool_published(view, self._machine.spec.swap_budget, self._gauged_members)
+        self._gauged_members = {m.name for m in view.members}
         if self._machine.actuation is Actuation.OWN:
             self._platform.publish(view)  # in the other modes the status is someone else's
 

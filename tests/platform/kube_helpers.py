@@ -8,7 +8,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from devstack import stack_manifests as manifests
 from devstack.testkit import eventually  # noqa: F401  (re-exported for the tests)
@@ -17,6 +20,7 @@ from extproc.policy.model import MemberObservation, PoolKey, PoolSpec, StartHint
 from extproc.settings import Settings
 
 NS = "ml"
+CRDS = Path(__file__).resolve().parents[2] / "crds"
 
 
 class Recorder:
@@ -104,3 +108,19 @@ async def serving(route: str, handler: Callable[..., Any]) -> AsyncIterator[str]
         yield f"http://127.0.0.1:{port}"
     finally:
         await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def started_emulator(tmp_path: Path, crd_dirs: list[Path]) -> AsyncIterator[Any]:
+    """A started KubeEmulator with ``crd_dirs`` (namespaces ml and other), its kubeconfig set."""
+    kubeapi = pytest.importorskip("devstack.kubeapi", reason="the API emulator is not written yet")
+    if not (CRDS / "inference.llmkube.dev_modelpools.yaml").exists():
+        pytest.skip("crds/ has no ModelPool CRD yet")
+    emu = kubeapi.KubeEmulator(crd_dirs, namespaces=("default", NS, "other"),
+                               bookmark_interval=0.2)
+    await emu.start()
+    emu.kubeconfig = emu.write_kubeconfig(tmp_path / "kubeconfig", namespace=NS)
+    try:
+        yield emu
+    finally:
+        await emu.stop()

@@ -53,10 +53,11 @@ async def tls_service(tmp_path: Path, pki: Pki) -> AsyncIterator[ServiceFactory]
     pools.write_text(POOLS)
     started: list[Service] = []
 
-    async def start(mutual: bool = False) -> Service:
+    async def start(mutual: bool = False, health_listen: str = "") -> Service:
         service = Service(settings_for(pools, tls_cert=str(pki.server.cert),
                                        tls_key=str(pki.server.key),
-                                       tls_client_ca=str(pki.ca.cert) if mutual else ""))
+                                       tls_client_ca=str(pki.ca.cert) if mutual else "",
+                                       health_listen=health_listen))
         await service.start()
         started.append(service)
         return service
@@ -114,6 +115,21 @@ async def test_mutual_tls_requires_a_certificate_from_the_client_ca(
     assert await refused(service.grpc_port, credentials(pki))  # no client certificate
     assert await refused(service.grpc_port, credentials(pki, pki.rogue_client))
     assert await refused(service.grpc_port, None)
+
+
+async def test_with_mutual_tls_the_kubelet_probes_a_plaintext_health_port(
+        tls_service: ServiceFactory, pki: Pki) -> None:
+    # The kubelet's gRPC probe has no certificate and speaks no TLS: it gets the same health
+    # answers on a port of their own, and nothing else is served there.
+    service = await tls_service(mutual=True, health_listen="127.0.0.1:0")
+    assert service.health_port and service.health_port != service.grpc_port
+    assert await health(service.health_port, None) == SERVING
+    assert await refused(service.grpc_port, None)
+    with pytest.raises(grpc.aio.AioRpcError) as no_ext_proc:
+        await answers_a_good_request(service.health_port, None)
+    assert no_ext_proc.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    await service.stop()  # NOT_SERVING on the way down, then the port closes
+    assert await refused(service.health_port, None)
 
 
 def tls_template(directory: Path, pki: Pki, client: certs.Pair | None) -> Path:

@@ -17,6 +17,7 @@ from extproc.platform.kube.client import make_api_client
 from extproc.platform.kube.events import EventRecorder
 from extproc.platform.kube.idle import run_probe
 from extproc.platform.kube.rest import KubeClient
+from extproc.platform.kube.routecheck import RouteChecker
 from extproc.platform.kube.status import StatusPublisher, StatusWriter
 from extproc.platform.kube.watcher import ClusterWatcher
 from extproc.platform.contract import PoolListener
@@ -45,6 +46,8 @@ class KubePlatform:
         self._events = EventRecorder(api_client, uids=self.watcher.pool_uid)
         self._session: aiohttp.ClientSession | None = None
         self._event_tasks: set[asyncio.Task[None]] = set()
+        # the pools as last reported, for the (optional) route check
+        self._route_check: asyncio.Task[None] | None = None
 
     @classmethod
     async def create(cls, settings: Settings) -> KubePlatform:
@@ -58,10 +61,16 @@ class KubePlatform:
 
     async def run(self, listener: PoolListener) -> None:
         """Watch the cluster forever, reporting to ``listener`` (the runtime's hub)."""
+        if self._settings.route_check_interval > 0:
+            checker = RouteChecker(self._api_client, self._settings, self._events,
+                                   self.watcher.pools)
+            self._route_check = asyncio.get_running_loop().create_task(checker.run())
         await self.watcher.run(listener)
 
     async def stop(self) -> None:
         """Finish pending events, drop pending status writes and close connections."""
+        if self._route_check is not None:
+            self._route_check.cancel()
         if self._event_tasks:
             await asyncio.wait(self._event_tasks, timeout=2.0)
         await self._publisher.close()

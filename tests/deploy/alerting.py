@@ -1,0 +1,40 @@
+"""The alert rules as promtool sees them, and a runner for `promtool test rules`."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
+
+
+def promtool() -> str:
+    """promtool from Debian's `prometheus` package; skips saying how to get it."""
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.skip("promtool is not on PATH (`make ops-tools` installs Debian's prometheus)")
+    return path
+
+
+def rule_groups() -> dict[str, Any]:
+    """The PrometheusRule's spec: a Prometheus rules file."""
+    return yaml.safe_load((MONITORING / "prometheusrule.yaml").read_text())["spec"]
+
+
+def alerts() -> list[dict[str, Any]]:
+    """Every alerting rule."""
+    return [r for g in rule_groups()["groups"] for r in g["rules"] if "alert" in r]
+
+
+def run_promtool_tests(workdir: Path, tests: dict[str, Any] | str) -> subprocess.CompletedProcess:
+    """`promtool test rules` of ``tests`` (a test file's text or document) on our rules."""
+    (workdir / "alerts.rules.yaml").write_text(yaml.safe_dump(rule_groups()))
+    test_file = workdir / "alerts_test.yaml"
+    test_file.write_text(tests if isinstance(tests, str) else yaml.safe_dump(tests))
+    return subprocess.run([promtool(), "test", "rules", str(test_file)], capture_output=True,
+                          text=True, timeout=120)
