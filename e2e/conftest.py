@@ -18,6 +18,9 @@ from devstack.stack import LocalStack
 from e2e_support import client, extproc_calls, start_stack
 
 RBAC_RECORD_ENV = "MODELPOOL_E2E_RBAC_RECORD"
+# A module that sets BOTH_MODES = True runs twice: beside our own actuation, and as LLMKube's
+# activator beside the stand-in for its reconciler (devstack/reconciler.py).
+ACTUATIONS = ("own", "llmkube")
 # The ext_proc's API calls from every stack of the session (the record file is their union).
 _recorded: list[dict[str, Any]] = []
 
@@ -28,6 +31,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.e2e)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Run the modules that ask for it in both actuation modes (one stack per mode)."""
+    if "actuation" in metafunc.fixturenames and getattr(metafunc.module, "BOTH_MODES", False):
+        metafunc.parametrize("actuation", ACTUATIONS, scope="module")
+
+
+@pytest.fixture(scope="module")
+def actuation() -> str:
+    """The module's actuation mode: own, unless the module runs in BOTH_MODES."""
+    return "own"
 
 
 def save_rbac_record(stack: LocalStack) -> None:
@@ -42,11 +57,11 @@ def save_rbac_record(stack: LocalStack) -> None:
 
 
 @pytest.fixture(scope="module")
-def stack(request: pytest.FixtureRequest,
-          tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+          actuation: str) -> Iterator[LocalStack]:
     """The module's stack, built from its STACK_DOCS (and optional STACK_OPTIONS)."""
     docs = request.module.STACK_DOCS
-    options = getattr(request.module, "STACK_OPTIONS", {})
+    options = {"actuation": actuation, **getattr(request.module, "STACK_OPTIONS", {})}
     started = start_stack(tmp_path_factory.mktemp("stack"), docs, **options)
     try:
         yield started

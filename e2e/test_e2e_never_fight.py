@@ -1,0 +1,65 @@
+"""Never fight, in own mode: conditions other writers add survive our status writes; and beside
+LLMKube's reconciler (which owns replicas in its own right) the service sees the conflict, stops
+actuating the pool, says so, and no member's replicas flap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import aiohttp
+
+from devstack.stack import LocalStack
+from e2e_support import (NAMESPACE, chat, condition, eventually, notices, pools, start_stack,
+                          status, wait_resident)
+
+STACK_DOCS = pools(("guest", ["guest-a", "guest-b"], {"default": "guest-a"}))
+FOREIGN = {"type": "example.com/Audited", "status": "True", "reason": "Checked",
+           "message": "added by another tool", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+
+
+async def test_a_condition_of_another_writer_survives_our_writes(
+        stack: LocalStack, http: aiohttp.ClientSession) -> None:
+    await wait_resident(stack, "guest", "guest-a", timeout=30)
+    conditions = status(stack, "guest")["conditions"] + [FOREIGN]
+    stack.kubectl("patch", "mpool", "guest", "-n", NAMESPACE, "--subresource=status",
+                  "--type=merge", "-p", json.dumps({"status": {"conditions": conditions}}))
+    reply = await chat(http, stack, "guest-b")  # a swap: several status writes of ours
+    assert (reply.status, reply.served_by) == (200, "guest-b")
+    await wait_resident(stack, "guest", "guest-b")
+    assert condition(stack, "guest", FOREIGN["type"]) == FOREIGN
+    assert not notices(stack, "guest", "ActuationChanged")  # one added condition is no fight
+
+
+def member_writes(stack: LocalStack, member: str) -> int:
+    """Patches of ``member``'s InferenceService so far, by anyone (the emulator's record)."""
+    return len([c for c in stack.api_requests() if c["resource"] == "inferenceservices"
+                and c.get("name") == member and c["verb"] == "patch"
+                and c.get("subresource") is None])
+
+
+async def test_beside_llmkube_own_mode_stops_actuating_and_nothing_flaps(
+        tmp_path_factory, http: aiohttp.ClientSession) -> None:
+    fight = start_stack(tmp_path_factory.mktemp("fight"),
+                        pools(("fight", ["fight-a", "fight-b"], {"default": "fight-a"})),
+                        actuation="own", reconciler=True)
+    try:
+        await wait_resident(fight, "fight", "fight-a", timeout=30)
+        held = asyncio.create_task(chat(http, fight, "fight-b"))
+        await eventually(lambda: notices(fight, "fight", "ActuationChanged"), 30,
+                         "the service to hand the pool over")
+        [changed] = notices(fight, "fight", "ActuationChanged")
+        assert changed["target"] == "hands-off", changed
+        assert fight.metric("modelpool_extproc_conflicts_total", pool="fight") >= 1
+        reply = await held
+        assert reply.status in (200, 503), reply.body  # LLMKube's call, or an explicit 503
+        settled = {m: member_writes(fight, m) for m in ("fight-a", "fight-b")}
+        until = time.monotonic() + 6.0  # two reconciler requeues: nothing moves any more
+        while time.monotonic() < until:
+            await asyncio.sleep(0.5)
+        assert {m: member_writes(fight, m) for m in settled} == settled
+        assert status(fight, "fight")["phase"] in ("Ready", "Swapping")
+    finally:
+        fight.stop()
