@@ -66,10 +66,14 @@ class LocalStack:
 
     def __init__(self, workdir: Path | str, docs: list[dict[str, Any]], ports: Ports, *,
                  load_delay: float = 3.0, unload_delay: float = 1.0,
-                 extproc_args: Iterable[str] = (), actuation: str = "own") -> None:
+                 extproc_args: Iterable[str] = (), actuation: str = "own",
+                 reconciler: bool | None = None) -> None:
         if actuation not in ACTUATIONS:
             raise ValueError(f"actuation must be one of {', '.join(ACTUATIONS)}: {actuation!r}")
         self.actuation = actuation
+        # LLMKube's reconciler stand-in: always in llmkube mode; in own mode only to show what
+        # happens when both run (the conflict the service must detect)
+        self.reconciler = actuation == "llmkube" if reconciler is None else reconciler
         self.workdir = Path(workdir).resolve()
         self.docs = docs
         self.ports = ports
@@ -119,7 +123,7 @@ class LocalStack:
             self._start_kubeapi(timeout)
             self.apply(self.docs)
             self._start_simulator(timeout)
-            if self.actuation == "llmkube":
+            if self.reconciler:
                 self._start_reconciler(timeout)
             self.start_extproc(timeout)
             self.envoy = EnvoyProcess(
@@ -329,7 +333,7 @@ class LocalStack:
             args += ["--namespace", ns]
         for member, port in self.ports.members.items():
             args += ["--port", f"{member}={port}"]
-        if self.actuation == "llmkube":
+        if self.reconciler:
             args += ["--rollout-delay", f"{ROLLOUT_DELAY}s"]
         proc = self._launch("simulator", args)
         # Every member reports a phase once the simulator has reconciled it (Stopped at 0).

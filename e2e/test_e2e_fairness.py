@@ -26,6 +26,7 @@ CLIENTS = 2  # busy clients per member
 MAX_REQUESTS = 300  # per client: bounds each loop by count as well as by time
 TOKENS, TOKEN_MS = 4, 50  # each request streams ~0.2 s on its member
 MEMBERS = ("fair-a", "fair-b")
+BOTH_MODES = True  # own actuation, and LLMKube's activator beside its reconciler
 STACK_DOCS = pools(("fair", list(MEMBERS),
                     {"default": "fair-a", "fairness_window": f"{WINDOW:g}s"}))
 

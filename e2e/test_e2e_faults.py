@@ -14,6 +14,7 @@ from e2e_support import (SWAP_BOUND, chat, condition, eventually, kubectl_shows,
 
 SLOW = "3s"  # load delay of the members that must still be loading when something happens
 FAIL = "sim.llmkube.dev/fail"
+BOTH_MODES = True  # own actuation, and LLMKube's activator beside its reconciler
 STACK_DOCS = pools(
     ("budget", ["budget-a", "budget-slow"],
      {"default": "budget-a", "swap_budget": "1s",

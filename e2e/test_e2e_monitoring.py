@@ -31,7 +31,8 @@ TARGET = {"job": "modelpool-extproc", "instance": "10.0.0.7:9090"}
 SYNTHETIC = {"up"}
 # Families declared (HELP/TYPE) that get samples only on events this stack does not cause:
 # a deferral needs an idle probe reporting busy or unreachable; a watch restart, an API fault.
-EVENT_ONLY = {"llmkube_modelpool_busy_skips_total", "modelpool_extproc_swap_deferred_total",
+EVENT_ONLY = {"llmkube_modelpool_busy_skips_total", "modelpool_extproc_conflicts_total",
+              "modelpool_extproc_swap_deferred_total",
               "modelpool_extproc_watch_restarts_total"}
 _NAME = re.compile(r"\b((?:llmkube_modelpool|modelpool_extproc|process)_[a-z_]+|up)\b(?!\s*\()")
 

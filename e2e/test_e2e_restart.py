@@ -18,6 +18,7 @@ from e2e_support import (chat, eventually, kubectl_shows, notices, pools, status
 
 LOAD = "sim.llmkube.dev/load-delay"
 UNLOAD = "sim.llmkube.dev/unload-delay"
+BOTH_MODES = True  # own actuation, and LLMKube's activator beside its reconciler
 STACK_DOCS = pools(
     ("unloading", ["unl-a", "unl-b"],
      {"default": "unl-a", "member_annotations": {"unl-a": {UNLOAD: "3s"}}}),

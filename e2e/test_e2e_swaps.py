@@ -15,6 +15,7 @@ from devstack.stack import LocalStack
 from e2e_support import (LOAD_DELAY, SWAP_BOUND, chat, eventually, extproc_calls, kubectl_shows,
                          notices, pools, timeline, wait_resident)
 
+BOTH_MODES = True  # own actuation, and LLMKube's activator beside its reconciler
 STACK_DOCS = pools(
     ("cold", ["cold-a", "cold-b"], {"default": "cold-a"}),
     ("cross", ["cross-a", "cross-b"], {"default": "cross-a"}),

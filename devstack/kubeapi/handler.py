@@ -34,6 +34,16 @@ def json_response(body: Any, status: int = 200) -> web.Response:
     return web.Response(body=json.dumps(body).encode(), status=status, content_type="application/json")
 
 
+async def _written_body(request: web.BaseRequest) -> Any:
+    """The JSON a write sent (None if none or not JSON): kept so tests can read what a caller
+    wrote, e.g. that an activator's patch carried replicas 1 and a resourceVersion only."""
+    try:
+        raw = await request.read()  # aiohttp keeps it: the handler reads it again
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return None
+
+
 def status_response(exc: errors.ApiError) -> web.Response:
     """The Status answer for an API failure."""
     return json_response(exc.status(), exc.code)
@@ -61,7 +71,8 @@ class KubeHandler(kmock.KubernetesScaffold):
     record: list[RequestRecord] = attrs.field(factory=list, init=False)
     # (caller, request): the same requests with who sent them, so a suite can check one client's
     # calls (the ext_proc's) against its RBAC rules while others share the server
-    callers: list[tuple[str, RequestRecord]] = attrs.field(factory=list, init=False)
+    # (caller, request, JSON body of a write or None)
+    callers: list[tuple[str, RequestRecord, Any]] = attrs.field(factory=list, init=False)
     unavailable: bool = attrs.field(default=False, init=False)
     write_faults: dict[tuple[str, str], int] = attrs.field(factory=dict, init=False)
     _by_url: dict[tuple[str, str, str], ResourceType] = attrs.field(factory=dict, init=False)
@@ -131,7 +142,9 @@ class KubeHandler(kmock.KubernetesScaffold):
         if target is not None:
             entry = routes.record_of(verb, target)
             self.record.append(entry)
-            self.callers.append((routes.caller(request.headers.get("Authorization")), entry))
+            body = await _written_body(request) if verb in ("create", "update", "patch") else None
+            self.callers.append((routes.caller(request.headers.get("Authorization")), entry,
+                                 body))
             if len(self.record) > self.record_limit:
                 del self.record[: len(self.record) - self.record_limit]
             if len(self.callers) > self.record_limit:
@@ -250,7 +263,8 @@ class KubeHandler(kmock.KubernetesScaffold):
         if (method, action) == ("GET", "requests"):
             user = request.query.get("user")
             if user is not None:  # one client's requests (its kubeconfig token `<user>-token`)
-                return json_response([entry._asdict() for who, entry in self.callers if who == user])
+                return json_response([{**entry._asdict(), **({"body": body} if body else {})}
+                                      for who, entry, body in self.callers if who == user])
             return json_response([entry._asdict() for entry in self.record])
         if (method, action) == ("POST", "reset-record"):
             self.record.clear()

@@ -78,7 +78,7 @@ class KubeEmulator:
 
     def requests_of(self, user: str) -> list[RequestRecord]:
         """The resource requests sent with the kubeconfig written for `user` (token `<user>-token`)."""
-        return [entry for caller, entry in self.handler.callers if caller == user]
+        return [entry for caller, entry, _body in self.handler.callers if caller == user]
 
     def compact(self, *, expire_watches: bool = True) -> int:
         """Forget the event history so older resourceVersions answer 410; returns the oldest resumable version."""

@@ -104,6 +104,7 @@ class PoolMachine:
         self.spec = spec
         self.actuation = actuation
         self.auto = auto  # own until the status shows another controller, then llmkube
+        self.auto_said = False  # auto mode names its choice once per pool
         self.status = PoolStatus()  # the pool's .status as last observed
         # Own mode's fight detector (modes.note_scaled_up): members we asked down -> seen at 0
         # since; and when each was scaled up again behind our back.

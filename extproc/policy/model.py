@@ -70,9 +70,11 @@ class Actuation(str, Enum):
 class PoolStatus:
     """What the ModelPool's ``.status`` says, as far as routing cares.
 
-    ``foreign`` is True when this status was written by someone else than this service (the
-    platform tells: e.g. a resourceVersion that none of our writes produced, or a condition
-    type only LLMKube writes).
+    ``foreign``: the fields that say who owns the slot (phase, resident, pending) were changed
+    by someone else than this service (the platform compares them with our recent writes).
+    ``llmkube``: the status carries a condition type only LLMKube's reconciler writes
+    (``MetalSupported``), so that controller manages this pool. A condition some other tool
+    added is neither: it is simply kept.
     """
 
     resident: str = ""
@@ -80,6 +82,7 @@ class PoolStatus:
     deferred_reason: str = ""  # SwapDeferred's reason while it is True
     deferred_message: str = ""
     foreign: bool = False
+    llmkube: bool = False
 
 
 @dataclass(frozen=True, slots=True)

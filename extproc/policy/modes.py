@@ -31,13 +31,17 @@ CONFLICT_CODE = "pool_conflict"
 def observe_status(m: PoolMachine, status: PoolStatus, out: Out) -> None:
     """A new ``.status``: followed in llmkube mode, a conflict in own mode if foreign."""
     m.status = status
-    if status.foreign and m.actuation is Actuation.OWN:
-        if m.auto:
-            switch(m, Actuation.LLMKUBE, "another controller (LLMKube's reconciler) writes "
-                   "this pool's status", out)
-        else:
-            switch(m, Actuation.HANDS_OFF, "another controller writes this pool's status; "
-                   "run with --actuation llmkube (or auto) beside LLMKube", out)
+    if m.actuation is Actuation.OWN and m.auto and (status.foreign or status.llmkube):
+        switch(m, Actuation.LLMKUBE, "LLMKube's reconciler manages this pool (its status "
+               "carries LLMKube's conditions or fields we did not write)", out)
+    elif m.actuation is Actuation.OWN and status.foreign:
+        switch(m, Actuation.HANDS_OFF, "another controller rewrites this pool's status; run "
+               "with --actuation llmkube (or auto) beside LLMKube", out)
+    elif m.auto and not m.auto_said:
+        out.append(Notice("ActuationChanged", f"actuation auto: {m.actuation.value} (no other "
+                          "controller writes this pool's status)", source="auto",
+                          target=m.actuation.value))
+    m.auto_said = True
     if m.actuation is not Actuation.LLMKUBE:
         return
     resident = status.resident if status.resident in m.spec.members else ""
@@ -57,6 +61,7 @@ def switch(m: PoolMachine, actuation: Actuation, reason: str, out: Out) -> None:
     if actuation is m.actuation:
         return
     before, m.actuation = m.actuation, actuation
+    m.auto_said = True
     m.version += 1
     out.append(Notice("ActuationChanged", f"actuation {before.value} -> {actuation.value}: "
                       f"{reason}", source=before.value, target=actuation.value))

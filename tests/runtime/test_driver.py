@@ -73,13 +73,21 @@ def driver(platform: ScriptedPlatform, budget: float = 30.0, **settings) -> Pool
 
 
 def held_gauge() -> float:
-    return metrics.HELD.labels(KEY.namespace, KEY.name)._value.get()
+    """Held requests of the pool, summed over its members (our gauge and LLMKube's agree)."""
+    ours = sum(metrics.REGISTRY.get_sample_value(
+        "modelpool_extproc_held_requests", {"namespace": KEY.namespace, "pool": KEY.name,
+                                            "member": m}) or 0.0 for m in ("a", "b"))
+    theirs = sum(metrics.REGISTRY.get_sample_value(
+        "llmkube_modelpool_held_requests", {"router": "default", "pool": KEY.name,
+                                            "member": m}) or 0.0 for m in ("a", "b"))
+    assert ours == theirs
+    return ours
 
 
 def hold_count(outcome: str) -> float:
-    return metrics.REGISTRY.get_sample_value("llmkube_modelpool_hold_duration_seconds_count",
+    return metrics.REGISTRY.get_sample_value("modelpool_extproc_hold_duration_seconds_count",
                                              {"namespace": KEY.namespace, "pool": KEY.name,
-                                              "outcome": outcome}) or 0.0
+                                              "member": "b", "outcome": outcome}) or 0.0
 
 
 async def test_a_resident_hit_is_decided_at_once_without_a_future() -> None:

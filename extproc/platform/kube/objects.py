@@ -47,10 +47,14 @@ def pod_member(pod: dict[str, Any]) -> str:
 OWN_CONDITIONS = frozenset({"SlotAllocated", "MembersValid", "SwapDeferred", "SpecValid"})
 
 
-def foreign_conditions(status: dict[str, Any]) -> list[str]:
-    """Condition types in ``status`` that this service never writes (LLMKube's, ...)."""
-    return [str(c.get("type")) for c in status.get("conditions") or []
-            if isinstance(c, dict) and c.get("type") not in OWN_CONDITIONS]
+# Condition types only LLMKube's ModelPoolReconciler writes: where they are, it manages the pool.
+LLMKUBE_CONDITIONS = frozenset({"MetalSupported"})
+
+
+def llmkube_manages(status: dict[str, Any]) -> bool:
+    """Whether ``status`` carries a condition only LLMKube's reconciler writes."""
+    return any(isinstance(c, dict) and c.get("type") in LLMKUBE_CONDITIONS
+               for c in status.get("conditions") or [])
 
 
 def pool_status(status: dict[str, Any], foreign: bool) -> PoolStatus:
@@ -60,7 +64,8 @@ def pool_status(status: dict[str, Any], foreign: bool) -> PoolStatus:
     return PoolStatus(resident=str(status.get("residentMember") or ""),
                       pending=str(status.get("pendingMember") or ""),
                       deferred_reason=str(deferred.get("reason") or ""),
-                      deferred_message=str(deferred.get("message") or ""), foreign=foreign)
+                      deferred_message=str(deferred.get("message") or ""), foreign=foreign,
+                      llmkube=llmkube_manages(status))
 
 
 def service_state(isvc: dict[str, Any]) -> tuple[str, int]:

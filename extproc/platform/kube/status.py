@@ -161,7 +161,7 @@ class StatusWriter:
 
         Compared on the fields that say who owns the slot, not on every byte: a server may
         normalise a condition, and a foreign writer that changes only conditions shows
-        itself by a condition type of its own (``objects.foreign_conditions``).
+        itself by a condition type of its own (``objects.llmkube_manages``).
         """
         return any(all(status.get(k) == written.get(k) for k in _WHO_FIELDS)
                    for written in self._recent.get(key, ()))

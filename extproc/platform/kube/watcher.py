@@ -35,7 +35,6 @@ from extproc.platform.contract import PoolListener
 from extproc.platform.kube._calls import POOLS, SERVICES, custom_path, describe, status_code
 from extproc.platform.kube.idle import IdleProbe
 from extproc.platform.kube.objects import (
-    foreign_conditions,
     object_key,
     pod_member,
     pool_spec,
@@ -365,15 +364,12 @@ class ClusterWatcher:
     def _report_status(self, pool: _Pool, *, changed: bool) -> None:
         """Report the pool's status if what routing reads of it changed (after sync only).
 
-        Foreign: a condition type only others write (LLMKube's MetalSupported), or a change
-        that does not show what we last wrote.
+        Foreign: a change whose slot-owning fields do not show what we last wrote.
         """
         if not self.synced.is_set():
             return
         key = pool.spec.key
-        foreign = bool(foreign_conditions(pool.status)) or (
-            changed and not self._ours(key, pool.status))
-        status = pool_status(pool.status, foreign)
+        status = pool_status(pool.status, changed and not self._ours(key, pool.status))
         if self._statuses.get(key) != status:
             self._statuses[key] = status
             self._call("status_changed", key, status)
