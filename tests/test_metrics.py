@@ -93,13 +93,15 @@ def _sample(name: str, **labels: str) -> float | None:
 def test_runtime_calls_feed_both_families() -> None:
     metrics.configure("gpu-a")
     ns, pool = "t-both", "p"
-    metrics.request_held(ns, pool, "b", coalesced=True)
-    metrics.request_held(ns, pool, "b", coalesced=False)
+    metrics.held_counts(ns, pool, {"b": 2}, ("a", "b"))  # the request book's counts
+    metrics.request_coalesced(ns, pool, "b")
     assert _sample("llmkube_modelpool_held_requests", router="gpu-a", pool=pool, member="b") == 2
     assert _sample("modelpool_extproc_held_requests", namespace=ns, pool=pool, member="b") == 2
+    assert _sample("modelpool_extproc_held_requests", namespace=ns, pool=pool, member="a") == 0
     assert _sample("llmkube_modelpool_coalesced_total", router="gpu-a", pool=pool,
                    member="b") == 1
     metrics.hold_ended(ns, pool, "b", "swap_budget_exceeded", 3.0)
+    metrics.held_counts(ns, pool, {"b": 1}, ("a", "b"))
     assert _sample("llmkube_modelpool_held_requests", router="gpu-a", pool=pool, member="b") == 1
     assert _sample("modelpool_extproc_hold_duration_seconds_count", namespace=ns, pool=pool,
                    member="b", outcome="swap_budget_exceeded") == 1

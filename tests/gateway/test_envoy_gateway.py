@@ -64,7 +64,7 @@ def test_envoy_gateway_accepts_every_overlay_object(gateway_run: GatewayRun) -> 
     assert route["Accepted"] == "True" and route["ResolvedRefs"] == "True", route
     for kind_list, name in (("envoyExtensionPolicies", "modelpool-extproc"),
                             ("clientTrafficPolicies", "modelpool"),
-                            ("backendTrafficPolicies", "shared-gpu-members")):
+                            ("backendTrafficPolicies", "modelpool-members")):
         conditions = _conditions(translation.status_of(kind_list, name))
         assert conditions["Accepted"] == "True", (kind_list, conditions)
 
@@ -141,7 +141,7 @@ async def test_cross_model_request_is_parked_through_a_swap_and_served(
             assert sse.status == 200 and sse.headers["x-served-by"] == incumbent
             await sse.content.readline()
             crossing = asyncio.create_task(_chat(http, gateway, target))
-            await _until(lambda: metrics.HELD.labels(*labels)._value.get() == 1,
+            await _until(lambda: metrics.HELD.labels(*labels, target)._value.get() == 1,
                          "the cross-model request to be held")
             assert not crossing.done(), "served while the incumbent was still streaming"
             assert gateway.members[incumbent].stats.in_flight == 1
