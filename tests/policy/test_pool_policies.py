@@ -203,3 +203,14 @@ def test_an_unload_whose_pods_never_go_is_reported_stalled() -> None:
     d.request("b", at=0, abandon_after=5)
     d.run(until=31)
     assert "a still has 0 replica(s) and 1 pod(s)" in d.machine.view().stalled
+
+
+def test_the_idle_report_is_due_exactly_when_the_status_shows_it() -> None:
+    # 0.1 + 7.7 - 7.7 rounds below 0.1: a report time derived from the reclaim time came due
+    # before track_idle (which adds to the idle start itself) would show it, so its Tick never
+    # consumed the deadline (found by the property test).
+    d = make(warm="b", swap_policy="reclaim", reclaim_after=7.7, knobs=limits(idle_report=1.0))
+    d.request("b", at=0, duration=0.1)
+    d.run(until=5)  # the harness fails a deadline that stays at or before now
+    assert d.machine.idle_shown == 0.1 and d.machine.view().resident_idle_since == 0.1
+    assert d.machine.next_deadline() == 0.1 + 7.7
