@@ -73,14 +73,20 @@ def driver(platform: ScriptedPlatform, budget: float = 30.0, **settings) -> Pool
     return d
 
 
+def pool_sum(sample: str, **labels: str) -> float:
+    """The sum of ``sample`` over every series of this test's pool matching ``labels``
+    (the held gauge and the hold histogram are per member)."""
+    wanted = {"namespace": KEY.namespace, "pool": KEY.name, **labels}
+    return sum(s.value for family in metrics.REGISTRY.collect() for s in family.samples
+               if s.name == sample and all(s.labels.get(k) == v for k, v in wanted.items()))
+
+
 def held_gauge() -> float:
-    return metrics.HELD.labels(KEY.namespace, KEY.name)._value.get()
+    return pool_sum("modelpool_extproc_held_requests")
 
 
 def hold_count(outcome: str) -> float:
-    return metrics.REGISTRY.get_sample_value("llmkube_modelpool_hold_duration_seconds_count",
-                                             {"namespace": KEY.namespace, "pool": KEY.name,
-                                              "outcome": outcome}) or 0.0
+    return pool_sum("modelpool_extproc_hold_duration_seconds_count", outcome=outcome)
 
 
 async def test_a_resident_hit_is_decided_at_once_without_a_future() -> None:
