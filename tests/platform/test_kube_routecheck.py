@@ -15,7 +15,7 @@ from kube_helpers import CRDS, NS, Recorder, eventually, isvc, modelpool, starte
 from extproc.platform.kube.client import make_api_client
 from extproc.platform.kube.events import EventRecorder
 from extproc.platform.kube.routecheck import REASON, RouteChecker
-from extproc.platform.kube.wiring import KubePlatform
+from extproc.platform.kube.platform import KubePlatform
 from extproc.policy.model import PoolKey, PoolSpec
 from extproc.settings import Settings
 
