@@ -11,7 +11,7 @@ import math
 from dataclasses import replace
 
 from cluster_model import STUCK, Cluster, IdleGate
-from extproc.policy.events import MemberObserved, Scale, SpecChanged
+from extproc.policy.events import MemberObserved, Scale, SpecChanged, Tick, Trigger
 from extproc.policy.forecast import SwapHistory
 from harness import Driver, limits, spec
 
@@ -214,3 +214,48 @@ def test_the_idle_report_is_due_exactly_when_the_status_shows_it() -> None:
     d.run(until=5)  # the harness fails a deadline that stays at or before now
     assert d.machine.idle_shown == 0.1 and d.machine.view().resident_idle_since == 0.1
     assert d.machine.next_deadline() == 0.1 + 7.7
+
+
+# ---- reclaim is own mode's --------------------------------------------------------------------
+
+def _llmkube_pool_with_idle_b(now: float = 0.0):
+    """A machine in llmkube mode whose status names b (not the default a) resident."""
+    from extproc.policy.events import StatusObserved
+    from extproc.policy.machine import PoolMachine
+    from extproc.policy.model import Actuation, MemberObservation, PoolStatus
+
+    m = PoolMachine(spec(("a", "b"), default="a", swap_policy="reclaim", reclaim_after=60),
+                    limits(idle_report=1.0), now, actuation=Actuation.LLMKUBE)
+    out = m.handle(MemberObserved(MemberObservation("a", phase="Stopped")), now)
+    out += m.handle(MemberObserved(MemberObservation("b", phase="Ready", replicas=1, pods=1)),
+                    now)
+    out += m.handle(StatusObserved(PoolStatus(resident="b", foreign=True)), now)
+    return m, out
+
+
+def test_llmkube_mode_leaves_reclaim_to_llmkube() -> None:
+    m, out = _llmkube_pool_with_idle_b()
+    assert m.resident == "b"
+    # LLMKube reclaims (and writes residentIdleSince); we neither swap nor report
+    assert m.next_deadline() == math.inf
+    out += m.handle(Tick(), 1000.0)
+    assert m.swap is None and not [c for c in out if isinstance(c, (Scale, Trigger))]
+    assert m.view().resident_idle_since is None and m.view().unsupported_policy == ""
+
+
+def test_a_reclaim_under_way_is_dropped_when_the_pool_goes_to_llmkube() -> None:
+    from extproc.policy.events import ActuationChanged, Notice
+    from extproc.policy.model import Actuation
+
+    gate = IdleGate(delay=5.0)  # the probe keeps the reclaim in Probing
+    d = make(warm="b", swap_policy="reclaim", reclaim_after=60, gate=gate,
+             knobs=limits(idle_gate=True))
+    d.request("b", at=0, duration=2)
+    d.run(until=63)
+    assert d.machine.swap is not None and d.machine.swap.reclaim
+    out = d.machine.handle(ActuationChanged(Actuation.LLMKUBE, "test"), 63.0)
+    # the reclaim to a is gone (what follows is LLMKube's: with an empty status it sees b up
+    # and not resident, and follows that), and nothing was scaled or triggered for it
+    assert d.machine.swap is None or d.machine.swap.target != "a"
+    assert "SwapCancelled" in [c.kind for c in out if isinstance(c, Notice)]
+    assert not [c for c in out if isinstance(c, (Scale, Trigger))]
