@@ -84,13 +84,14 @@ class Reply:
 
 async def chat(session: aiohttp.ClientSession, base_url: str, model: str, *,
                stream: bool = False, tokens: int = 8, token_delay_ms: int = 0,
-               timeout: float = 60.0, **extra: Any) -> Reply:
-    """POST /v1/chat/completions to ``base_url`` and read the whole answer."""
+               timeout: float = 60.0, headers: dict[str, str] | None = None,
+               **extra: Any) -> Reply:
+    """POST /v1/chat/completions to ``base_url`` (with extra ``headers``) and read the answer."""
     # the fake upstream paces SSE tokens by ?delay_ms=
     url = f"{base_url}/v1/chat/completions?delay_ms={token_delay_ms}"
     began = time.monotonic()
     async with session.post(url, data=chat_body(model, stream=stream, tokens=tokens, **extra),
-                            headers={"content-type": "application/json"},
+                            headers={"content-type": "application/json", **(headers or {})},
                             timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
         headers = {k.lower(): v for k, v in resp.headers.items()}
         if not (stream and resp.status == 200):

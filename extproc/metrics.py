@@ -71,6 +71,17 @@ LLMKUBE_HELD, HELD = _twins(
 LLMKUBE_BUSY_SKIPS = Counter(
     "llmkube_modelpool_busy_skips_total", "Swap attempts put off because the incumbent was busy",
     ["router", "pool", "member"], registry=REGISTRY)
+RECLAIMS = Counter(
+    "llmkube_modelpool_reclaims_total", "Slots given back to spec.default by swapPolicy "
+    "reclaim after the resident idled for reclaimAfter", ["namespace", "pool", "from", "to"],
+    registry=REGISTRY)
+HELD_LIMIT = Gauge(
+    "modelpool_extproc_held_limit", "Held requests a pool takes at most (0 = no bound); "
+    "beyond it requests get 503 at once (outcome too_many_held)", ["namespace", "pool"],
+    registry=REGISTRY)
+SWAP_STALLED = Gauge(
+    "modelpool_extproc_swap_stalled", "1 while the pool's swap has made no progress for "
+    "--stall-after (condition SwapStalled), else 0", ["namespace", "pool"], registry=REGISTRY)
 SWAP_DEFERRED = Counter(
     "modelpool_extproc_swap_deferred_total", "Times a swap step was deferred, by reason",
     ["namespace", "pool", "reason"], registry=REGISTRY)
@@ -168,6 +179,11 @@ def swap_deferred(namespace: str, pool: str, reason: str, incumbent: str) -> Non
         LLMKUBE_BUSY_SKIPS.labels(_router, pool, incumbent).inc()
 
 
+def reclaimed(namespace: str, pool: str, source: str, target: str) -> None:
+    """swapPolicy reclaim gave the slot from ``source`` back to ``target`` (spec.default)."""
+    RECLAIMS.labels(namespace, pool, source, target).inc()
+
+
 def notice(namespace: str, pool: str, kind: str) -> None:
     """An operator notice (SwapStarted, SwapFailed, MemberLost ...) was raised."""
     NOTICES.labels(namespace, pool, kind).inc()
@@ -234,6 +250,8 @@ def pool_published(view: Any, swap_budget: float, members: Iterable[str]) -> Non
     elif not clock.get((namespace, pool)):
         clock[(namespace, pool)] = time.monotonic()
     SWAP_BUDGET.labels(namespace, pool).set(swap_budget)
+    HELD_LIMIT.labels(namespace, pool).set(view.max_held)
+    SWAP_STALLED.labels(namespace, pool).set(1 if view.stalled else 0)
 
 
 def pool_closed(namespace: str, pool: str, members: Iterable[str]) -> None:
@@ -244,7 +262,7 @@ def pool_closed(namespace: str, pool: str, members: Iterable[str]) -> None:
         _remove(LLMKUBE_HELD, _router, pool, member)
     for name in PHASES:
         _remove(POOL_PHASE, namespace, pool, name)
-    for gauge in (SWAP_IN_PROGRESS, SWAP_BUDGET):
+    for gauge in (SWAP_IN_PROGRESS, SWAP_BUDGET, HELD_LIMIT, SWAP_STALLED):
         _remove(gauge, namespace, pool)
     _SWAP_CLOCK.started.pop((namespace, pool), None)
 

@@ -169,6 +169,19 @@ class Settings:
                                      metavar="DURATION")
     probe_retry: float = _opt(1.0, "after an idle probe said busy or could not tell, ask again "
                               "after this long", group="swap", metavar="DURATION")
+    max_held: int = _opt(0, "requests a pool holds at most while it swaps; beyond, 503 + "
+                         "Retry-After at once (0 = no bound: Envoy's circuit breaker stays the "
+                         "only limit); per pool: annotation "
+                         "modelpool.inference.llmkube.dev/max-held", group="swap",
+                         metavar="COUNT")
+    stall_after: float = _opt(120.0, "a swap that unloads or loads with no change in its "
+                              "members' replicas, pods or phase for this long is reported "
+                              "SwapStalled (condition, Warning Event, gauge); it still fails "
+                              "only at --swap-timeout", group="swap", metavar="DURATION")
+    idle_report: float = _opt(30.0, "under swapPolicy reclaim, a non-default resident idle "
+                              "this long shows status.residentIdleSince (shorter idle spells "
+                              "are not written, so busy pools cost no status writes)",
+                              group="swap", metavar="DURATION")
     park_margin: float = _opt(5.0, "extra time asked of Envoy (override_message_timeout) beyond "
                               "a held request's budget, so our own 503 arrives before Envoy's",
                               group="swap", metavar="DURATION")
@@ -201,8 +214,8 @@ class Settings:
 
 _DURATION_FIELDS = {"shutdown_grace", "swap_budget", "fairness_window", "drain_linger",
                     "swap_timeout", "failure_backoff", "idle_probe_timeout", "probe_retry",
-                    "park_margin", "watch_timeout", "api_retry_initial", "api_retry_max",
-                    "route_check_interval"}
+                    "park_margin", "stall_after", "idle_report", "watch_timeout",
+                    "api_retry_initial", "api_retry_max", "route_check_interval"}
 
 
 def format_duration(seconds: float) -> str:

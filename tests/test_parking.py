@@ -88,11 +88,12 @@ async def make_stack(upstreams, envoy_factory):
     services: list[Service] = []
 
     async def build(default: str = "", swap_budget: float = 30.0, fairness: float = 30.0,
-                    **cluster_options):
+                    max_held: int = 0, **cluster_options):
         spec = PoolSpec(KEY, ("judge", "coder"), default=default, swap_budget=swap_budget,
                         fairness_window=fairness)
         cluster = FakeCluster([spec], **cluster_options)
-        service = Service(Settings(listen="127.0.0.1:0", metrics_listen=""), cluster)
+        service = Service(Settings(listen="127.0.0.1:0", metrics_listen="", max_held=max_held),
+                          cluster)
         await service.start()
         services.append(service)
         envoy = envoy_factory(service.grpc_port, {f"{n}.demo": h.port
@@ -222,3 +223,73 @@ async def test_failed_member_fails_held_requests_fast(make_stack, upstreams):
     assert json.loads(body)["error"]["code"] == "member_failed"
     assert ended - started < 5  # fast, long before the 30 s budget
     assert "SwapFailed" in cluster.notices
+
+
+async def _until_swaps_completed(cluster: FakeCluster, count: int) -> None:
+    for _ in range(100):  # bounded: 10 s at most
+        if cluster.notices.count("SwapCompleted") >= count:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{count} swaps not completed: {cluster.notices}")
+
+
+def _refused(outcome: str) -> float:
+    return metrics.REQUESTS.labels(KEY.namespace, KEY.name, outcome)._value.get()
+
+
+async def test_a_deadline_shorter_than_the_expected_wait_gets_503_and_the_swap_goes_on(
+        make_stack, upstreams):
+    envoy, cluster = await make_stack(default="judge", load=1.0)
+    patience = {"x-modelpool-max-wait": "200ms"}
+    async with aiohttp.ClientSession() as session:
+        await _chat(session, envoy.url, "judge")  # one swap of ~1 s is the pool's history
+        status, headers, body, _, _ = await _chat(session, envoy.url, "coder",
+                                                  headers=patience)
+        assert status == 503 and json.loads(body)["error"]["code"] == "max_wait_exceeded"
+        assert int(headers["retry-after"]) >= 1  # ~1 s expected: rounded up, at least 1
+        await _until_swaps_completed(cluster, 2)  # coder was loaded without a waiter
+        status, headers, _, _, _ = await _chat(session, envoy.url, "coder", headers=patience)
+    assert status == 200 and headers["x-served-by"] == "coder"
+    assert cluster.scale_ups("coder") == 1
+
+
+async def test_a_deadline_longer_than_the_expected_wait_is_held_as_usual(make_stack,
+                                                                          upstreams):
+    envoy, cluster = await make_stack(default="judge", load=0.3)
+    async with aiohttp.ClientSession() as session:
+        await _chat(session, envoy.url, "judge")
+        status, headers, _, _, _ = await _chat(session, envoy.url, "coder",
+                                               headers={"x-modelpool-max-wait": "1m"})
+    assert status == 200 and headers["x-served-by"] == "coder"
+
+
+@pytest.mark.parametrize("value", ["soon", "-5s", "10", "5 parsecs"])
+async def test_a_bad_deadline_header_is_a_400_and_moves_nothing(make_stack, upstreams, value):
+    envoy, cluster = await make_stack(default="judge")
+    async with aiohttp.ClientSession() as session:
+        await _chat(session, envoy.url, "judge")
+        status, _, body, _, _ = await _chat(session, envoy.url, "coder",
+                                            headers={"x-modelpool-max-wait": value})
+    if value == "10":  # a bare number is seconds, as in every duration setting
+        assert status == 200
+        return
+    error = json.loads(body)["error"]
+    assert status == 400 and error["code"] == "invalid_max_wait"
+    assert error["param"] == "x-modelpool-max-wait" and error["type"] == "invalid_request_error"
+    assert cluster.scale_ups("coder") == 0
+
+
+async def test_beyond_the_held_bound_requests_get_503_at_once(make_stack, upstreams):
+    envoy, cluster = await make_stack(default="judge", load=1.0, max_held=2)
+    before = _refused("too_many_held")
+    async with aiohttp.ClientSession() as session:
+        await _chat(session, envoy.url, "judge")
+        results = await asyncio.gather(*(_chat(session, envoy.url, "coder")
+                                         for _ in range(5)))
+    statuses = sorted(r[0] for r in results)
+    assert statuses == [200, 200, 503, 503, 503]
+    refused = [r for r in results if r[0] == 503]
+    assert all(json.loads(r[2])["error"]["code"] == "too_many_held" for r in refused)
+    assert all(int(r[1]["retry-after"]) >= 1 for r in refused)
+    assert _refused("too_many_held") - before == 3  # counted per pool
+    assert metrics.HELD_LIMIT.labels(KEY.namespace, KEY.name)._value.get() == 2

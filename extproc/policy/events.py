@@ -6,6 +6,7 @@ are opaque integers chosen by the caller and unique per pool while the request l
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .model import Actuation, MemberObservation, PoolSpec, PoolStatus
@@ -15,10 +16,11 @@ from .model import Actuation, MemberObservation, PoolSpec, PoolStatus
 
 @dataclass(frozen=True, slots=True)
 class RequestArrived:
-    """A request for ``member`` wants to pass."""
+    """A request for ``member`` wants to pass, waiting at most ``max_wait`` seconds for it."""
 
     rid: int
     member: str
+    max_wait: float = math.inf  # the client's own deadline (header x-modelpool-max-wait)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +159,8 @@ class Notice:
     """Something operators should hear about (an Event, a log line, a metric).
 
     kind is one of SwapStarted, SwapCompleted, SwapFailed, SwapDeferred, MemberLost,
-    ActuationChanged.
+    ActuationChanged, SwapCancelled, Reclaimed, UnsupportedSwapPolicy, SwapStalled,
+    SwapResumed.
     """
 
     kind: str
@@ -169,3 +172,6 @@ class Notice:
 
 
 Command = Admit | Hold | Reject | Dropped | Scale | Trigger | ProbeIdle | Notice
+
+# Notice kinds that mean something is wrong for the pool's users: Warning Events and logs.
+WARNING_NOTICES = ("SwapFailed", "MemberLost", "SwapStalled", "UnsupportedSwapPolicy")

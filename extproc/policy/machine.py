@@ -30,22 +30,8 @@ Theory of operation
 -------------------
 A request for the resident, Ready member is admitted at once (coalescing). Any other request
 is held, and if no swap is under way one starts, targeting the member of the oldest held
-request. A swap moves through stages (every edge, with its guard, is a row of
-``swap.TRANSITIONS``)::
-
-    Idle      --resident missing, a member Ready-->            Idle (adopt it)
-    Idle      --held request whose member is serving-->        Idle (admit it)
-    Idle      --a member is wanted-->                           Draining
-    Draining  --others idle and calm, idle gate on-->           Probing
-    Draining  --others idle and calm-->                         Unloading
-    Probing   --a request came in for another member-->         Draining
-    Probing   --a runtime said busy or could not tell-->        Draining (deferred)
-    Probing   --every runtime said idle-->                      Unloading
-    Unloading --another member still scaled up-->               Unloading (scale it to 0)
-    Unloading --every other member gone (pods too)-->           Loading (scale target to 1)
-    Loading   --target Ready-->                                 Idle (held requests admitted)
-    Loading   --target Failed / swap_timeout-->                 Idle (its held requests rejected)
-    any       --target left the spec-->                         Idle (cancelled)
+request. A swap moves through stages; every edge, with its guard, is a row of
+``swap.TRANSITIONS``, and the header of ``swap.py`` draws the graph.
 
 The swap is never cancelled because its waiters left: it completes so the now-warm member
 serves the next request. Edges are triggered by state (counts reaching zero, observations,
@@ -57,7 +43,8 @@ from __future__ import annotations
 
 import math
 
-from . import modes
+from . import modes, snapshot, watchdog
+from .admission import refuse_now
 from .events import (
     ActuationChanged,
     Admit,
@@ -81,12 +68,12 @@ from .forecast import SwapHistory
 from .model import (
     Actuation,
     MemberObservation,
-    PoolPhase,
     PoolSpec,
     PoolStatus,
     PoolView,
     StartHints,
 )
+from .reclaim import idle_deadline, report_policy, track_idle
 from .requests import RequestBook
 from .state import Limits, PolicyError, Stage, Swap
 from .steps_llmkube import incoming
@@ -126,6 +113,12 @@ class PoolMachine:
         self.owner_picked = False
         self.hints = hints  # consulted once each: the first adoption, the first start
         self.closing: tuple[str, str] | None = None  # (code, message) after a Close
+        # Members asked for by requests refused for their own deadline (admission.py): a
+        # swap starts for them as for a held request. Insertion order: oldest first.
+        self.wishes: dict[str, None] = {}
+        self.policy_reported = ""  # the unsupported swapPolicy last reported (reclaim.py)
+        self.resident_was, self.resident_since = "", now  # when the resident took the slot
+        self.idle_shown: float | None = None  # status.residentIdleSince (reclaim.track_idle)
         self.version = 0  # bumped whenever the status-relevant state changes
         self.now = now
         self._broken = ""
@@ -161,6 +154,7 @@ class PoolMachine:
         """The earliest time at which a Tick would change something (inf if none)."""
         times = [self.requests.next_deadline()]
         times.extend(self.failed_until.values())  # the status's failed member clears then
+        times.extend((idle_deadline(self), watchdog.deadline(self)))
         swap = self.swap
         if swap is not None:
             if swap.stage is Stage.DRAIN:
@@ -172,39 +166,25 @@ class PoolMachine:
 
     def view(self) -> PoolView:
         """A snapshot for the status writer, metrics and logs."""
-        missing = self.missing()
-        if missing:
-            phase = PoolPhase.DEGRADED
-        elif self.swap is not None:
-            phase = PoolPhase.SWAPPING
-        elif self.routable(self.resident):
-            phase = PoolPhase.READY
-        else:
-            phase = PoolPhase.PENDING
-        failed = next((m for m, t in self.failed_until.items() if t > self.now), "")
-        return PoolView(
-            key=self.spec.key, phase=phase, resident=self.resident,
-            pending=self.swap.target if self.swap else "",
-            members=tuple(self.obs.get(m, MemberObservation(m, exists=False, phase=""))
-                          for m in self.spec.members),
-            generation=self.spec.generation, missing_members=missing,
-            deferred_reason=self.deferred[0], deferred_message=self.deferred[1],
-            failed_member=failed, failed_message=self.failed_message if failed else "",
-            held=len(self.requests.held), in_flight=len(self.requests.in_flight))
+        return snapshot.view(self)
 
     def retry_after(self) -> int:
         """Seconds a client should wait before retrying: the expected rest of the swap."""
-        return self.history.retry_after(
-            self.now - self.swap.started if self.swap is not None else None)
+        swap = self.swap
+        if swap is None:
+            return self.history.retry_after(self.resident, self.spec.default)
+        return self.history.retry_after(swap.incumbent, swap.target, self.now - swap.started)
 
     # ---- events --------------------------------------------------------------------------
 
     def _handle(self, event: Event, now: float) -> list[Command]:
         self.now = now = max(now, self.now)  # clocks handed in are monotonic; tolerate ties
         out: list[Command] = []
+        for member in [w for w in self.wishes if self.routable(w)]:
+            del self.wishes[member]  # served already (adopted, or a swap a request drove)
         match event:
-            case RequestArrived(rid, member):
-                self._arrive(rid, member, now, out)
+            case RequestArrived(rid, member, max_wait):
+                self._arrive(rid, member, max_wait, now, out)
             case RequestEnded(rid):
                 held = self.requests.end(rid, now)
                 if held is not None:
@@ -233,14 +213,20 @@ class PoolMachine:
         advance(self, now, out)
         if modes.settle_fight(self, out):
             advance(self, now, out)
+        watchdog.watch(self, now, out)
+        track_idle(self, now)
+        report_policy(self, out)
         return out
 
-    def _arrive(self, rid: int, member: str, now: float, out: list[Command]) -> None:
+    def _arrive(self, rid: int, member: str, max_wait: float, now: float,
+                out: list[Command]) -> None:
         if member not in self.spec.members:
             raise PolicyError(f"{member!r} is not a member of pool {self.spec.key}")
         if self.requests.knows(rid):
             raise PolicyError(f"request {rid} arrived twice")
         self.owner_picked = True
+        # A return within the drain linger's cap is what makes an adaptive linger worth it.
+        self.requests.arrived(member, now, self.limits.drain_linger)
         if self.routable(member) and not self._fairness_holds(member, now):
             self.admit(rid, member, 0.0, out)
             return
@@ -261,6 +247,8 @@ class PoolMachine:
             return
         if self.actuation is Actuation.HANDS_OFF:
             out.append(modes.conflict_reject(self, rid, 0.0))
+            return
+        if refuse_now(self, rid, member, max_wait, out):
             return
         coalesced = self.swap is not None and self.swap.target == member
         deadline = now + self.spec.swap_budget
@@ -324,6 +312,7 @@ class PoolMachine:
                                   0, self.now - held.arrived))
         if self.resident and self.resident not in spec.members:
             self.resident = ""
+        self.wishes = {w: None for w in self.wishes if w in spec.members}
         # A swap whose target left is cancelled by its edge in swap.TRANSITIONS.
 
     def _probed(self, member: str, idle: bool | None) -> None:
@@ -375,12 +364,13 @@ class PoolMachine:
         return window > 0 and now - swap.started >= window
 
     def calm_at(self) -> float:
-        """When the members giving up the slot will have been idle for the drain linger."""
+        """When the members giving up the slot will have been idle for their drain linger."""
         swap = self.swap
         if swap is None or self.fairness_due(swap, self.now):
             return -math.inf
-        return max((self.requests.idle_since(m) for m in self.others()),
-                   default=-math.inf) + self.limits.drain_linger
+        book, cap = self.requests, self.limits.drain_linger
+        return max((book.idle_since(m) + book.linger(m, self.now, cap) for m in self.others()),
+                   default=-math.inf)
 
     def others(self) -> list[str]:
         """The members that must give up the slot for the swap under way."""

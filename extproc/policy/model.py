@@ -56,6 +56,8 @@ class PoolSpec:
     swap_policy: str = "sticky"
     # spec.reclaimAfter: idle seconds before a non-default resident gives the slot back
     reclaim_after: float = 300.0
+    # annotation modelpool.inference.llmkube.dev/max-held; None: the process's --max-held
+    max_held: int | None = None
 
 
 class Actuation(str, Enum):
@@ -142,3 +144,9 @@ class PoolView:
     failed_message: str = ""
     held: int = 0
     in_flight: int = 0
+    max_held: int = 0  # the bound on held requests in force (0: none)
+    # When the resident went idle, once it has stayed idle for Limits.idle_report (None
+    # otherwise): the machine's clock in the policy, Unix time once the runtime publishes it.
+    resident_idle_since: float | None = None
+    unsupported_policy: str = ""  # spec.swapPolicy when this version runs it as sticky
+    stalled: str = ""  # what a swap that stopped moving is missing ("" when none)

@@ -10,10 +10,20 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .state import PolicyError
+
+# Returns remembered per member: enough to see a pattern, few enough to forget an old one.
+RETURNS_KEPT = 8
+# The drain linger is twice the longest recent gap: a returning client's pauses jitter (its
+# own work, a loaded machine), and missing it costs two swaps where waiting costs milliseconds.
+LINGER_FACTOR = 2.0
+# Returns older than this many drain-linger caps (10 s at the default 0.5 s) are forgotten:
+# the clients that made them are likely gone.
+LINGER_MEMORY = 20.0
 
 
 @dataclass(slots=True)
@@ -34,6 +44,10 @@ class RequestBook:
         self.held_by: dict[str, int] = {}  # member -> requests held for it (gauges read it)
         self._busy: dict[str, int] = {}
         self._idle_since: dict[str, float] = {}  # when each member's last request ended
+        self._last_end: dict[str, float] = {}  # when any request of each member last ended
+        # member -> (when, gap) of recent arrivals that came soon after one of its requests
+        # ended: the sign of clients that send back to back (see return_gap).
+        self._returns: dict[str, deque[tuple[float, float]]] = {}
         # (deadline, rid) of held requests; entries of requests no longer held are skipped
         # lazily, so every event costs O(log n) even with thousands of requests parked.
         self._deadlines: list[tuple[float, int]] = []
@@ -52,6 +66,18 @@ class RequestBook:
         """When ``member``'s last request ended (-inf if it never served one)."""
         return self._idle_since.get(member, -math.inf)
 
+    def linger(self, member: str, now: float, cap: float) -> float:
+        """How long ``member`` should keep the slot after its last request, at most ``cap``.
+
+        Only clients seen coming back (a request arriving within ``cap`` after one ended, in
+        the last LINGER_MEMORY caps) earn a linger, and only LINGER_FACTOR times their longest
+        recent gap: an incumbent without returning clients gives the slot up at once.
+        """
+        since = now - LINGER_MEMORY * cap
+        gap = max((gap for when, gap in self._returns.get(member, ()) if when >= since),
+                  default=0.0)
+        return min(cap, LINGER_FACTOR * gap)
+
     def held_for(self, member: str) -> Iterator[tuple[int, Held]]:
         """The requests held for ``member``, oldest first (a snapshot: safe to change the book)."""
         return iter([(rid, h) for rid, h in self.held.items() if h.member == member])
@@ -64,6 +90,16 @@ class RequestBook:
         return heap[0][0] if heap else math.inf
 
     # ---- what the machine records -----------------------------------------------------------
+
+    def arrived(self, member: str, now: float, horizon: float) -> None:
+        """A request for ``member`` arrived: a return if one of its requests ended at most
+        ``horizon`` seconds ago (a longer pause is a new client, not one coming back)."""
+        gap = now - self._last_end.get(member, -math.inf)
+        if gap <= horizon:
+            returns = self._returns.get(member)
+            if returns is None:
+                returns = self._returns[member] = deque(maxlen=RETURNS_KEPT)
+            returns.append((now, gap))
 
     def hold(self, rid: int, member: str, now: float, deadline: float) -> None:
         """Park ``rid`` for ``member`` until ``deadline``."""
@@ -84,6 +120,7 @@ class RequestBook:
         """The request's stream closed: None if it was in flight, its Held if it was held."""
         member = self.in_flight.pop(rid, None)
         if member is not None:
+            self._last_end[member] = now
             self._busy[member] -= 1
             if not self._busy[member]:
                 self._idle_since[member] = now

@@ -40,6 +40,9 @@ class Limits:
     idle_gate: bool  # ask the incumbent's runtime before unloading it
     drain_linger: float  # wait until the incumbent has been idle this long
     probe_retry: float  # after a busy or failed idle probe, ask again after this long
+    max_held: int  # held requests per pool beyond which new ones get 503 at once (0: no bound)
+    stall_after: float  # a swap stage with no observed progress this long is SwapStalled
+    idle_report: float  # a resident idle this long shows status.residentIdleSince
 
 
 @dataclass(slots=True)
@@ -61,3 +64,9 @@ class Swap:
     refused: tuple[str, bool | None] | None = None
     probe_retry_at: float = -math.inf  # after a refused probe, DRAIN waits until then
     by_us: bool = True  # llmkube mode: False for a swap someone else started (seen in status)
+    reclaim: bool = False  # started by swapPolicy reclaim, not by a request
+    # The watchdog's record (watchdog.py): what the stage last looked like, since when, and
+    # what is missing once it stopped moving ("" while it moves).
+    progress_mark: tuple = ()
+    progress_at: float = 0.0
+    stalled: str = ""

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from .events import Command, Notice, ProbeIdle, Reject
 from .model import PHASE_FAILED, Actuation
+from .reclaim import reclaim_at
 from .state import PolicyError, Stage, Swap
 
 if TYPE_CHECKING:
@@ -67,6 +68,9 @@ def wanted(m: PoolMachine) -> str:
     for held in m.requests.held.values():  # oldest first: insertion order
         if not m.routable(held.member):
             return held.member
+    for member in m.wishes:  # requests refused for their own deadline (admission.py)
+        if not m.routable(member):
+            return member
     if m.actuation is not Actuation.OWN:
         return ""  # LLMKube's reconciler warms the default and keeps one member up
     scaled = [name for name in m.spec.members if m.obs[name].replicas > 0]
@@ -92,13 +96,48 @@ def drop_hint(m: PoolMachine, now: float, out: Out) -> None:
 
 
 def start(m: PoolMachine, now: float, out: Out) -> None:
-    target = wanted(m)
+    start_swap(m, wanted(m), now, "", out)
+
+
+def start_swap(m: PoolMachine, target: str, now: float, why: str, out: Out) -> None:
+    """Begin a swap to ``target``; ``why`` (said in the Notice) marks a reclaim."""
     drop_hint(m, now, out)
     m.owner_picked = True
-    m.swap = Swap(target=target, incumbent=m.resident, started=now)
+    m.wishes.pop(target, None)
+    m.swap = Swap(target=target, incumbent=m.resident, started=now, reclaim=bool(why))
     m.version += 1
-    out.append(Notice("SwapStarted", f"swap {m.resident or '(none)'} -> {target} started",
-                      source=m.resident, target=target))
+    out.append(Notice("SwapStarted", f"swap {m.resident or '(none)'} -> {target} started"
+                      f"{why}", source=m.resident, target=target))
+
+
+def reclaim_due(m: PoolMachine, now: float) -> bool:
+    # Reached only when nothing is wanted: no request held or wished for another member.
+    return now >= reclaim_at(m)
+
+
+def reclaim(m: PoolMachine, now: float, out: Out) -> None:
+    """swapPolicy reclaim: the idle resident gives the slot back to spec.default."""
+    start_swap(m, m.spec.default, now, f" (reclaim: {m.resident} idle for "
+               f"{m.spec.reclaim_after:g}s)", out)
+
+
+def reclaim_unwanted(m: PoolMachine, now: float) -> bool:
+    """A reclaim not yet unloading is moot once the resident serves, another member is
+    wanted, or the pool left own mode (reclaim is then LLMKube's job)."""
+    swap = swap_of(m)
+    return swap.reclaim and (m.actuation is not Actuation.OWN
+                             or m.requests.busy(swap.incumbent) > 0
+                             or wanted(m) not in ("", swap.target))
+
+
+def cancel_reclaim(m: PoolMachine, now: float, out: Out) -> None:
+    swap = swap_of(m)
+    m.swap = None
+    m.version += 1
+    m.clear_deferral()
+    out.append(Notice("SwapCancelled", f"reclaim {swap.incumbent} -> {swap.target} "
+                      "cancelled: the slot is wanted again", source=swap.incumbent,
+                      target=swap.target))
 
 
 # ---- Draining and Probing -----------------------------------------------------------------
@@ -233,7 +272,7 @@ def complete(m: PoolMachine, now: float, out: Out) -> None:
     m.resident = swap.target
     m.version += 1
     duration = now - swap.started
-    m.history.record(duration)
+    m.history.record(swap.incumbent, swap.target, duration)
     m.failed_until.pop(swap.target, None)
     released = 0
     for rid, held in m.requests.held_for(swap.target):
@@ -244,6 +283,10 @@ def complete(m: PoolMachine, now: float, out: Out) -> None:
                       f"{swap.target} completed in {duration:.1f}s, {released} released",
                       source=swap.incumbent, target=swap.target, duration=duration,
                       released=released))
+    if swap.reclaim:
+        out.append(Notice("Reclaimed", f"slot reclaimed for {swap.target} from idle "
+                          f"{swap.incumbent or '(none)'}", source=swap.incumbent,
+                          target=swap.target, duration=duration))
 
 
 def target_failed(m: PoolMachine, now: float) -> bool:

@@ -17,6 +17,30 @@ ALWAYS   the edge needs no observation: time and spec only (timeout, cancellatio
 SEEN     every member has been observed; the edge makes no replica change, so it also runs
          while the pool is Degraded (a Ready target still takes the slot).
 HEALTHY  every member observed and none missing: the edge may change replicas.
+
+The graph
+---------
+Own mode (this service drains, unloads and loads)::
+
+    Idle      --resident missing, a member Ready-->            Idle (adopt it)
+    Idle      --held request whose member is serving-->        Idle (admit it)
+    Idle      --a member is wanted-->                           Draining
+    Idle      --swapPolicy reclaim, resident idle long enough-->  Draining (back to default)
+    Draining  --a reclaim whose slot is wanted again-->         Idle (cancelled)
+    Draining  --others idle and calm, idle gate on-->           Probing
+    Draining  --others idle and calm-->                         Unloading
+    Probing   --a request came in for another member-->         Draining
+    Probing   --a runtime said busy or could not tell-->        Draining (deferred)
+    Probing   --every runtime said idle-->                      Unloading
+    Unloading --another member still scaled up-->               Unloading (scale it to 0)
+    Unloading --every other member gone (pods too)-->           Loading (scale target to 1)
+    Loading   --target Ready-->                                 Idle (held requests admitted)
+    Loading   --target Failed / swap_timeout-->                 Idle (its held requests rejected)
+    any       --target left the spec-->                         Idle (cancelled)
+
+llmkube mode drains the same way, then Draining --trigger--> Triggered, which ends Idle when
+LLMKube's status names the target resident (or fails like Loading); a swap LLMKube started
+is followed from Idle straight to Triggered.
 """
 
 from __future__ import annotations
@@ -105,7 +129,11 @@ TRANSITIONS: tuple[Edge, ...] = (
     Edge(_I, steps.adoptable, _I, steps.adopt, _H, ROUTING),
     Edge(_I, llm.someone_swaps, _T, llm.follow_swap, _H, LLMKUBE),
     Edge(_I, steps.wants_a_member, _D, steps.start, _H, OWN | LLMKUBE),
+    Edge(_I, steps.reclaim_due, _D, steps.reclaim, _H, OWN),
     Edge(_I, steps.hint_left, _I, steps.drop_hint, _H, ANY),
+    # a reclaim not yet unloading gives way to traffic (and to a change of hands)
+    Edge(_D, steps.reclaim_unwanted, _I, steps.cancel_reclaim, _H, OWN | LLMKUBE),
+    Edge(_P, steps.reclaim_unwanted, _I, steps.cancel_reclaim, _H, OWN),
     # Draining and Probing (own mode)
     Edge(_D, steps.drained_and_gated, _P, steps.probe, _H, OWN),
     Edge(_D, steps.drained, _U, steps.to_unload, _H, OWN),

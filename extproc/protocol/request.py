@@ -7,10 +7,15 @@ OpenAI-style error code the client will see.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
+
+from ..settings import parse_duration
 
 # Longest model name accepted; OpenAI and Kubernetes names are far shorter.
 MAX_MODEL_LENGTH = 256
+# The client's own deadline: how long it is willing to wait for its member (e.g. "20s").
+MAX_WAIT_HEADER = "x-modelpool-max-wait"
 
 
 class BadRequest(Exception):
@@ -35,6 +40,7 @@ class RequestHead:
     content_type: str = ""
     content_encoding: str = ""
     request_id: str = ""
+    max_wait: str = ""  # the raw x-modelpool-max-wait value ("" when absent)
 
 
 def read_head(header_map: object) -> RequestHead:
@@ -52,7 +58,21 @@ def read_head(header_map: object) -> RequestHead:
             head.content_encoding = h.raw_value.decode("latin-1").strip().lower()
         elif key == "x-request-id":
             head.request_id = h.raw_value.decode("latin-1")
+        elif key == MAX_WAIT_HEADER:
+            head.max_wait = h.raw_value.decode("latin-1")
     return head
+
+
+def max_wait(head: RequestHead) -> float:
+    """Seconds the client will wait for its member (inf without the header), or BadRequest."""
+    if not head.max_wait:
+        return math.inf
+    try:
+        return parse_duration(head.max_wait)
+    except ValueError:
+        raise BadRequest(400, "invalid_max_wait", f"header {MAX_WAIT_HEADER} "
+                         f"{head.max_wait[:64]!r} is not a duration (use e.g. 20s, 1m30s, "
+                         "500ms)", MAX_WAIT_HEADER) from None
 
 
 def model_from_body(head: RequestHead, body: bytes, max_bytes: int) -> str:

@@ -18,7 +18,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .. import metrics
@@ -43,6 +43,7 @@ from ..policy.events import (
     StatusObserved,
     Tick,
     Trigger,
+    WARNING_NOTICES,
 )
 from ..policy.machine import Limits, PolicyError, PoolMachine
 from ..policy.model import (
@@ -116,14 +117,15 @@ class PoolDriver:
 
     # ---- requests --------------------------------------------------------------------------
 
-    def arrive(self, member: str) -> Ticket:
-        """Register a request for ``member``; the ticket is decided now or holds a future."""
+    def arrive(self, member: str, max_wait: float = math.inf) -> Ticket:
+        """Register a request for ``member`` that waits at most ``max_wait`` seconds (the
+        client's x-modelpool-max-wait); the ticket is decided now or holds a future."""
         ticket = Ticket(next(_request_ids), member)
         if self._broken or self._closed:
             ticket.decision = self._unavailable(ticket.rid, 0.0)
             return ticket
         self._tickets[ticket.rid] = ticket
-        self._feed(RequestArrived(ticket.rid, member))
+        self._feed(RequestArrived(ticket.rid, member, max_wait))
         return ticket
 
     def end(self, ticket: Ticket) -> None:
@@ -261,9 +263,11 @@ class PoolDriver:
             metrics.swap_deferred(ns, pool, notice.source, self._machine.resident)
         elif notice.kind == "ActuationChanged" and notice.target == Actuation.HANDS_OFF.value:
             metrics.conflict(ns, pool)
+        elif notice.kind == "Reclaimed":
+            metrics.reclaimed(ns, pool, notice.source, notice.target)
         if notice.kind == "ActuationChanged" and notice.target == Actuation.HANDS_OFF.value:
             level = log.error  # someone fights over this pool: an operator must act
-        elif notice.kind in ("SwapFailed", "MemberLost"):
+        elif notice.kind in WARNING_NOTICES:
             level = log.warning
         else:
             level = log.info
@@ -277,8 +281,13 @@ class PoolDriver:
         view = self._machine.view()
         metrics.pool_published(view, self._machine.spec.swap_budget, self._gauged_members)
         self._gauged_members = {m.name for m in view.members}
-        if self._machine.actuation is Actuation.OWN:
-            self._platform.publish(view)  # in the other modes the status is someone else's
+        if self._machine.actuation is not Actuation.OWN:
+            return  # in the other modes the status is someone else's
+        if view.resident_idle_since is not None:
+            # The machine's clock is monotonic; the status wants a wall-clock time.
+            idle_for = self._clock() - view.resident_idle_since
+            view = replace(view, resident_idle_since=time.time() - idle_for)
+        self._platform.publish(view)
 
     def _arm(self, deadline: float) -> None:
         if self._timer:

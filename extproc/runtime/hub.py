@@ -50,7 +50,9 @@ def limits_from(settings: Settings) -> Limits:
     return Limits(swap_timeout=settings.swap_timeout, failure_backoff=settings.failure_backoff,
                   retry_after_default=settings.retry_after_default,
                   retry_after_max=settings.retry_after_max, idle_gate=settings.idle_gate,
-                  drain_linger=settings.drain_linger, probe_retry=settings.probe_retry)
+                  drain_linger=settings.drain_linger, probe_retry=settings.probe_retry,
+                  max_held=settings.max_held, stall_after=settings.stall_after,
+                  idle_report=settings.idle_report)
 
 
 class Hub:

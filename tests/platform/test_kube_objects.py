@@ -121,3 +121,15 @@ def test_bad_reclaim_after_and_policy_type_fall_back_and_are_noted() -> None:
     spec, problems = pool_spec(pool({"members": members("a"), "swapPolicy": 3}), SETTINGS)
     assert spec.swap_policy == "sticky"
     assert len(problems) == 1 and "spec.swapPolicy 3" in problems[0]
+
+
+def test_max_held_annotation_is_read_and_a_bad_one_falls_back_to_the_setting() -> None:
+    annotation = "modelpool.inference.llmkube.dev/max-held"
+    spec, problems = pool_spec(pool({"members": members("a")}, {annotation: "250"}), SETTINGS)
+    assert (spec.max_held, problems) == (250, ())
+    spec, _ = pool_spec(pool({"members": members("a")}), SETTINGS)
+    assert spec.max_held is None  # the process's --max-held applies
+    for raw in ("lots", "-3", "1.5"):
+        spec, problems = pool_spec(pool({"members": members("a")}, {annotation: raw}), SETTINGS)
+        assert spec.max_held is None
+        assert len(problems) == 1 and annotation in problems[0] and repr(raw) in problems[0]

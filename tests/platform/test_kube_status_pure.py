@@ -39,7 +39,10 @@ def test_cold_pool_is_pending_with_no_resident() -> None:
     assert status["members"] == [{"name": "a", "phase": "Stopped", "resident": False},
                                  {"name": "b", "phase": "Stopped", "resident": False}]
     conds = conditions(status)
-    assert set(conds) == {"SlotAllocated", "MembersValid", "SwapDeferred", "SpecValid"}
+    assert set(conds) == {"SlotAllocated", "MembersValid", "SwapDeferred", "SpecValid",
+                          "SwapStalled"}
+    # None: the merge patch deletes a time left from an earlier idle spell
+    assert status["residentIdleSince"] is None
     assert conds["SlotAllocated"]["status"] == "False"
     assert conds["SlotAllocated"]["reason"] == "NoResident"
     assert conds["MembersValid"]["status"] == "True"
@@ -167,3 +170,30 @@ def test_offset_times_are_written_in_utc() -> None:
     plus2 = T0.astimezone(timezone(timedelta(hours=2)))
     status = desired_status(view(), {}, plus2)
     assert status["conditions"][0]["lastTransitionTime"] == STAMP0
+
+
+def test_an_unsupported_swap_policy_makes_spec_valid_false_with_its_own_reason() -> None:
+    status = desired_status(view(unsupported_policy="priority"), {}, T0,
+                            spec_problems=("spec.swapBudget 'x' is not a valid duration",))
+    spec_valid = conditions(status)["SpecValid"]
+    assert (spec_valid["status"], spec_valid["reason"]) == ("False", "UnsupportedSwapPolicy")
+    assert "priority" in spec_valid["message"] and "sticky" in spec_valid["message"]
+    assert "spec.swapBudget" in spec_valid["message"]  # the other problems are still told
+
+
+def test_a_stalled_swap_sets_swap_stalled_with_what_is_missing_until_it_moves() -> None:
+    stalled = desired_status(view(phase=PoolPhase.SWAPPING, pending="b",
+                                  stalled="target b has no pod after 120s"), {}, T0)
+    cond = conditions(stalled)["SwapStalled"]
+    assert (cond["status"], cond["reason"], cond["message"]) == \
+        ("True", "NoProgress", "target b has no pod after 120s")
+    moving = desired_status(view(phase=PoolPhase.SWAPPING, pending="b"), stalled, T1)
+    cond = conditions(moving)["SwapStalled"]
+    assert (cond["status"], cond["lastTransitionTime"]) == ("False", STAMP1)
+
+
+def test_resident_idle_since_is_written_as_utc_time() -> None:
+    status = desired_status(view(phase=PoolPhase.READY, resident="a",
+                                 members=(READY_A, STOPPED_B),
+                                 resident_idle_since=T0.timestamp()), {}, T1)
+    assert status["residentIdleSince"] == STAMP0

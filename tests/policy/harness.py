@@ -54,6 +54,7 @@ class Request:
     arrived: float
     duration: float
     abandon_at: float = math.inf
+    max_wait: float = math.inf  # the client's own deadline (x-modelpool-max-wait)
     state: str = "new"  # new | held | admitted | rejected | abandoned | done
     deadline: float = math.inf
     held: bool = False
@@ -110,11 +111,11 @@ class Driver:
         heapq.heappush(self._queue, (when, next(self._seq), action))
 
     def request(self, member: str, at: float | None = None, duration: float = 2.0,
-                abandon_after: float = math.inf) -> int:
+                abandon_after: float = math.inf, max_wait: float = math.inf) -> int:
         """Schedule a request for ``member``; returns its rid."""
         when = self.now if at is None else at
         rid = next(self._rids)
-        req = Request(rid, member, when, duration, when + abandon_after)
+        req = Request(rid, member, when, duration, when + abandon_after, max_wait)
         self.requests[rid] = req
         self.at(when, lambda: self._arrive(req))
         if abandon_after != math.inf:
@@ -265,7 +266,7 @@ class Driver:
             wire = next(i for i in itertools.count(1) if i not in self._live)
         req.wire = wire
         self._live[wire] = req.rid
-        self.feed(RequestArrived(wire, req.member))
+        self.feed(RequestArrived(wire, req.member, req.max_wait))
 
     def _ended(self, req: Request) -> None:
         if req.state == "admitted":

@@ -189,26 +189,53 @@ def test_retry_after_expects_the_slowest_swap_seen_once_past_the_mean() -> None:
     d.cluster.load_delay = 100
     slow = d.request("b", at=300)
     d.run()
-    # usual (18 + 43) / 2 = 30.5 s; 20 s gone is below it: 10.5 s expected remaining
-    assert d.requests[slow].reject.retry_after == 11
+    # Per pair: a -> b took 18 s (the 43 s swap was b -> a). 20 s gone is past even the
+    # slowest a -> b seen, so another half of a usual one: 9 s. The pool's history
+    # ((18 + 43) / 2 = 30.5 s) would have said 11 s.
+    assert d.requests[slow].reject.retry_after == 9
 
 
 def test_drain_linger_batches_back_to_back_requests_for_the_incumbent() -> None:
     d = make(warm="a", swap_budget=200, fairness_window=30,
              limits=limits(drain_linger=0.5))
-    first = d.request("a", at=0, duration=2)
-    cross = d.request("b", at=1)
-    # a client sending to the incumbent back to back: each request 2 s, 0.1 s apart
-    follow = [d.request("a", at=2.1 + 2.1 * i, duration=2) for i in range(20)]
+    # a client sending to the incumbent back to back: each request 2 s, 0.1 s apart; it
+    # has come back once (at 2.1 s) when the cross-model request arrives at 3 s
+    follow = [d.request("a", at=2.1 * i, duration=2) for i in range(20)]
+    cross = d.request("b", at=3)
     d.run()
-    assert admitted_at(d, first) == 0
     served_at_once = [r for r in follow if not d.requests[r].held]
-    # The incumbent kept the slot through the 0.1 s gaps until the 30 s window ended ...
-    assert len(served_at_once) == 14  # arrivals at 2.1 ... 29.4 s
-    assert all(d.requests[r].arrived < 31 for r in served_at_once)
+    # The incumbent kept the slot through the 0.1 s gaps (its linger is 2 x 0.1 s) until
+    # the window, 30 s after the swap started, ended ...
+    assert len(served_at_once) == 16  # arrivals at 0 ... 31.5 s
+    assert all(d.requests[r].arrived < 33 for r in served_at_once)
     # ... then drained, and the waiting request got the slot right after.
     last_done = max(d.requests[r].arrived for r in served_at_once) + 2
     assert admitted_at(d, cross) == last_done + SWAP
+
+
+def test_an_incumbent_without_returning_clients_gives_the_slot_up_at_once() -> None:
+    d = make(warm="a", swap_budget=200, fairness_window=30,
+             limits=limits(drain_linger=0.5))
+    first = d.request("a", at=0, duration=2)
+    cross = d.request("b", at=1)
+    d.run()
+    # No request for "a" ever came back after one ended: no linger, unload at its end.
+    assert (2.0, Scale("a", 0)) in scales(d)
+    assert admitted_at(d, first) == 0 and admitted_at(d, cross) == 2 + SWAP
+
+
+def test_the_linger_follows_the_gaps_and_never_exceeds_its_cap() -> None:
+    d = make(warm="a", swap_budget=200, fairness_window=30,
+             limits=limits(drain_linger=0.5))
+    # returns 0.2 s and then 0.4 s after an end: lingers of 0.4 s, then the 0.5 s cap
+    for at in (0, 2.2, 4.6):
+        d.request("a", at=at, duration=2)
+    d.run(until=7)
+    book = d.machine.requests
+    assert book.linger("a", 7, 0.5) == 0.5
+    assert book.linger("a", 7, 1.0) == pytest.approx(0.8)
+    assert book.linger("b", 7, 0.5) == 0.0  # never served: no returns
+    assert book.linger("a", 4.6 + 20 * 0.5 + 0.1, 0.5) == 0.0  # forgotten after 20 caps
 
 
 # ---- failures ------------------------------------------------------------------------------
@@ -483,7 +510,8 @@ def test_incumbent_scaled_up_behind_our_back_during_unload_is_scaled_down_again(
 
 
 def test_a_reused_request_id_is_held_for_its_own_full_budget() -> None:
-    d = make(warm="a", swap_budget=100)
+    # The cluster is not driven here, so the unload never moves: keep the watchdog out.
+    d = make(warm="a", swap_budget=100, limits=limits(stall_after=1000))
     m = d.machine
     # Ids are unique only while a request lives: the runtime may reuse one once it ended.
     assert isinstance(m.handle(RequestArrived(7, "b"), 0.0)[0], Hold)

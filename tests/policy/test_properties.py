@@ -54,7 +54,10 @@ def scenarios(draw: st.DrawFn, faults: bool) -> Scenario:
     pool = spec(members, default=draw(st.sampled_from(("",) + members)),
                 swap_budget=draw(st.floats(5, 300)),
                 fairness_window=draw(st.sampled_from([0.0, 30.0]) | st.floats(1, 60))
-                if faults else draw(st.floats(1, 60)))
+                if faults else draw(st.floats(1, 60)),
+                swap_policy=draw(st.sampled_from(("sticky", "reclaim", "priority"))),
+                reclaim_after=draw(st.floats(1, 100)),
+                max_held=draw(st.none() | st.integers(1, 5)) if faults else None)
     outcomes = st.sampled_from([LOADS, LOADS, LOADS, FAILS, STUCK]) if faults \
         else st.just(LOADS)
     cluster = Cluster(members, load_delay=draw(st.floats(0.5, 40)),
@@ -80,10 +83,11 @@ def scenarios(draw: st.DrawFn, faults: bool) -> Scenario:
     d.start()
     max_duration = draw(st.floats(1, 20))
     requests = st.tuples(times, some_member, st.floats(0.1, max_duration),
-                         st.none() | st.floats(0, 100) if faults else st.none())
-    for at, member, duration, abandon in draw(st.lists(requests, max_size=40)):
+                         st.none() | st.floats(0, 100) if faults else st.none(),
+                         st.just(math.inf) | st.floats(0, 60) if faults else st.just(math.inf))
+    for at, member, duration, abandon, max_wait in draw(st.lists(requests, max_size=40)):
         d.request(member, at=at, duration=duration,
-                  abandon_after=math.inf if abandon is None else abandon)
+                  abandon_after=math.inf if abandon is None else abandon, max_wait=max_wait)
     # Busy clients: back-to-back overlapping requests keep a member in flight for a while,
     # which is what the fairness window exists for.
     for member, start, length in draw(st.lists(st.tuples(some_member, times,

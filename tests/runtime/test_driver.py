@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import pytest
 
@@ -201,4 +202,34 @@ async def test_released_or_failed_swaps_resolve_every_waiter(phase: str) -> None
     wanted = Admit if phase == "Ready" else Reject
     assert all(isinstance(x, wanted) for x in decisions)
     assert held_gauge() == 0
+    d.close()
+
+
+async def test_resident_idle_since_is_published_in_wall_clock_time() -> None:
+    platform = ScriptedPlatform()
+    d = driver(platform, idle_report=0.2)
+    d.respec(PoolSpec(KEY, ("a", "b"), default="b", swap_policy="reclaim", reclaim_after=600))
+    d.end(d.arrive("a"))  # a, not the default, served one request, then idles
+    before = time.time()
+    await eventually(lambda: platform.views and platform.views[-1].resident_idle_since)
+    shown = platform.views[-1].resident_idle_since
+    # The machine's clock is monotonic; what is published is Unix time, when a went idle.
+    assert before - 5 < shown <= before
+    d.close()
+
+
+async def test_a_stalled_swap_and_the_held_bound_show_in_the_gauges() -> None:
+    platform = ScriptedPlatform()
+    d = driver(platform, stall_after=0.2, max_held=3)
+    ticket = d.arrive("b")
+    d.observe(MemberObservation("a", **STOPPED))  # a unloaded; b is asked up but never moves
+    labels = {"namespace": KEY.namespace, "pool": KEY.name}
+    assert metrics.REGISTRY.get_sample_value("modelpool_extproc_held_limit", labels) == 3
+    await eventually(lambda: metrics.REGISTRY.get_sample_value(
+        "modelpool_extproc_swap_stalled", labels) == 1)
+    assert "b" in d.view().stalled
+    assert [n.kind for n in platform.notices].count("SwapStalled") == 1
+    d.observe(MemberObservation("b", phase="Creating", replicas=1, pods=1))
+    assert metrics.REGISTRY.get_sample_value("modelpool_extproc_swap_stalled", labels) == 0
+    d.end(ticket)
     d.close()

@@ -15,6 +15,7 @@ SERVICE_LABEL = "inference.llmkube.dev/service"
 APP_LABEL = "app"
 ALIASES_ANNOTATION = "modelpool.inference.llmkube.dev/aliases"
 FAIRNESS_ANNOTATION = "modelpool.inference.llmkube.dev/fairness-window"
+MAX_HELD_ANNOTATION = "modelpool.inference.llmkube.dev/max-held"
 # The CRD's defaults (LLMKube's too), for objects stored before a default existed.
 DEFAULT_SWAP_POLICY = "sticky"
 DEFAULT_RECLAIM_AFTER = 300.0
@@ -44,7 +45,8 @@ def pod_member(pod: dict[str, Any]) -> str:
 
 
 # The condition types this service writes; every other type belongs to someone else.
-OWN_CONDITIONS = frozenset({"SlotAllocated", "MembersValid", "SwapDeferred", "SpecValid"})
+OWN_CONDITIONS = frozenset({"SlotAllocated", "MembersValid", "SwapDeferred", "SpecValid",
+                            "SwapStalled"})
 
 
 # Condition types only LLMKube's ModelPoolReconciler writes: where they are, it manages the pool.
@@ -117,11 +119,14 @@ def pool_spec(pool: dict[str, Any], settings: Settings) -> tuple[PoolSpec, tuple
     reclaim_after = _duration(spec.get("reclaimAfter"), DEFAULT_RECLAIM_AFTER,
                               "spec.reclaimAfter", problems, allow_zero=False)
 
+    max_held = _count(annotations.get(MAX_HELD_ANNOTATION),
+                      f"annotation {MAX_HELD_ANNOTATION}", problems)
+
     key = PoolKey(meta.get("namespace", ""), meta.get("name", ""))
     return PoolSpec(key=key, members=tuple(members), default=default, swap_budget=swap_budget,
                     fairness_window=fairness, generation=int(meta.get("generation") or 0),
                     aliases=aliases, swap_policy=swap_policy,
-                    reclaim_after=reclaim_after), tuple(problems)
+                    reclaim_after=reclaim_after, max_held=max_held), tuple(problems)
 
 
 def _swap_policy(raw: Any, problems: list[str]) -> str:
@@ -137,6 +142,21 @@ def _swap_policy(raw: Any, problems: list[str]) -> str:
         problems.append(f"spec.swapPolicy {raw!r} is not a string; using {DEFAULT_SWAP_POLICY}")
         return DEFAULT_SWAP_POLICY
     return raw
+
+
+def _count(raw: Any, what: str, problems: list[str]) -> int | None:
+    """An optional non-negative integer (0 = no bound); None when absent or invalid."""
+    if raw is None or str(raw).strip() == "":
+        return None
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        value = -1
+    if value < 0:
+        problems.append(f"{what} {raw!r} is not a count (0 or more); using the process "
+                        "default (--max-held)")
+        return None
+    return value
 
 
 def _duration(raw: Any, fallback: float, what: str, problems: list[str], *,

@@ -33,10 +33,10 @@ def desired_status(view: PoolView, current_status: dict, now: datetime, *,
     conditions = [_condition(kind, status, reason, message, gen, old.get(kind), stamp)
                   for kind, status, reason, message in (
                       _slot_allocated(view), _members_valid(view), _swap_deferred(view),
-                      _spec_valid(spec_problems))]
+                      _spec_valid(view, spec_problems), _swap_stalled(view))]
     # Conditions of other writers (LLMKube's MetalSupported, ...) are theirs: kept as they are.
     conditions += [c for kind, c in old.items() if kind not in OWN_CONDITIONS]
-    return {
+    status = {
         "phase": PoolPhase(view.phase).value,
         "residentMember": view.resident,
         "pendingMember": view.pending,
@@ -45,6 +45,12 @@ def desired_status(view: PoolView, current_status: dict, now: datetime, *,
         "observedGeneration": gen,
         "conditions": conditions,
     }
+    # Unix time, set by the runtime; None (a merge patch's delete) once the resident is busy
+    # again or the policy is not reclaim, so a stale time never outlives its idle spell.
+    idle = view.resident_idle_since
+    status["residentIdleSince"] = None if idle is None else datetime.fromtimestamp(
+        idle, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return status
 
 
 def owned_part(status: dict, desired: dict) -> dict:
@@ -103,11 +109,22 @@ def _swap_deferred(view: PoolView) -> tuple[str, str, str, str]:
     return "SwapDeferred", "False", "NotDeferred", ""
 
 
-def _spec_valid(problems: tuple[str, ...]) -> tuple[str, str, str, str]:
-    """SpecValid: False when spec values were invalid and replaced by defaults."""
+def _spec_valid(view: PoolView, problems: tuple[str, ...]) -> tuple[str, str, str, str]:
+    """SpecValid: False when spec values were invalid and replaced by defaults, or when the
+    swapPolicy is one this version runs as sticky."""
+    if view.unsupported_policy:
+        text = f"swapPolicy {view.unsupported_policy} is not supported; the pool runs as sticky"
+        return "SpecValid", "False", "UnsupportedSwapPolicy", "; ".join((text, *problems))
     if problems:
         return "SpecValid", "False", "InvalidSpec", "; ".join(problems)
     return "SpecValid", "True", "SpecAccepted", ""
+
+
+def _swap_stalled(view: PoolView) -> tuple[str, str, str, str]:
+    """SwapStalled: True, saying what is missing, while a swap makes no progress."""
+    if view.stalled:
+        return "SwapStalled", "True", "NoProgress", view.stalled
+    return "SwapStalled", "False", "Progressing", ""
 
 
 _WHO_FIELDS = ("phase", "residentMember", "pendingMember")
@@ -133,7 +150,7 @@ class StatusWriter:
         if desired == owned_part(current_status, desired):
             return False
         # A merge patch leaves the keys it does not mention: fields other writers own
-        # (residentIdleSince, ...) survive; the conditions list is replaced whole, so desired
+        # survive; the conditions list is replaced whole, so desired
         # carries the others' conditions along (desired_status).
         # Remembered before the call: the watch may show our write before the call returns,
         # and ``matches`` must already call it ours then.

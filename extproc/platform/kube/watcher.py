@@ -34,14 +34,8 @@ from extproc.metrics import KUBE_REQUESTS, WATCH_RESTARTS
 from extproc.platform.contract import PoolListener
 from extproc.platform.kube._calls import POOLS, SERVICES, custom_path, describe, status_code
 from extproc.platform.kube.idle import IdleProbe
-from extproc.platform.kube.objects import (
-    object_key,
-    pod_member,
-    pool_spec,
-    pool_status,
-    service_probe,
-    service_state,
-)
+from extproc.platform.kube.objects import (object_key, pod_member, pool_spec, pool_status,
+                                            service_probe, service_state)
 from extproc.platform.kube.rest import ApiError, KubeClient
 from extproc.policy.model import MemberObservation, PoolKey, PoolSpec, PoolStatus, StartHints
 from extproc.settings import Settings

@@ -1,0 +1,98 @@
+"""swapPolicy: which values this version runs, and when an idle resident gives the slot back.
+
+``sticky`` keeps the resident until a request needs another member. ``reclaim`` (LLMKube's
+newer API) also swaps back to ``spec.default`` once the resident has had nothing in flight or
+held for ``spec.reclaimAfter``; the edge itself is a row of ``swap.TRANSITIONS`` (its guard and
+action in ``steps.py``). Any other value (``priority`` on an LLMKube branch, whatever comes
+next) runs as sticky and is reported, so a newer spec never breaks a pool.
+
+All of it is own mode's: in llmkube mode reclaim is LLMKube's reconciler's job (this service
+follows ``status.residentMember``), and the status, with its SpecValid, is LLMKube's to write.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from .events import Command, Notice
+from .model import Actuation
+
+if TYPE_CHECKING:
+    from .machine import PoolMachine
+
+STICKY, RECLAIM = "sticky", "reclaim"
+SUPPORTED_POLICIES = (STICKY, RECLAIM)
+
+
+def unsupported(m: PoolMachine) -> str:
+    """The pool's swapPolicy if this version does not implement it, else "" (and "" outside
+    own mode: there LLMKube runs the policy)."""
+    if m.actuation is not Actuation.OWN or m.spec.swap_policy in SUPPORTED_POLICIES:
+        return ""
+    return m.spec.swap_policy
+
+
+def report_policy(m: PoolMachine, out: list[Command]) -> None:
+    """Tell operators once per value that the pool's swapPolicy runs as sticky."""
+    policy = unsupported(m)
+    if policy == m.policy_reported:
+        return
+    m.policy_reported = policy
+    m.version += 1  # SpecValid follows it
+    if policy:
+        out.append(Notice("UnsupportedSwapPolicy", f"swapPolicy {policy!r} is not supported "
+                          f"by this version (it runs {', '.join(SUPPORTED_POLICIES)}); the "
+                          "pool runs as sticky", source=policy))
+
+
+def resident_idle_since(m: PoolMachine) -> float | None:
+    """Since when the serving resident has had nothing in flight or held (None: it has, or
+    a swap is under way: the slot is moving anyway)."""
+    resident = m.resident
+    if m.swap is not None or not m.routable(resident) or m.requests.busy(resident) \
+            or m.requests.held_by.get(resident):
+        return None
+    return max(m.requests.idle_since(resident), m.resident_since)
+
+
+def reclaim_at(m: PoolMachine) -> float:
+    """When an idle non-default resident is due to give the slot back (inf: not due ever)."""
+    spec = m.spec
+    if spec.swap_policy != RECLAIM or m.actuation is not Actuation.OWN or not spec.default \
+            or m.resident == spec.default \
+            or spec.default in m.failed_until:  # a default failing to load waits its backoff
+        return math.inf
+    since = resident_idle_since(m)
+    return math.inf if since is None else since + spec.reclaim_after
+
+
+def track_idle(m: PoolMachine, now: float) -> None:
+    """Update the resident's start and status.residentIdleSince (with a version bump).
+
+    As LLMKube's CRD defines it: only for a non-default resident under ``reclaim``, the
+    clock its reclaim runs on; shown once idle for ``Limits.idle_report``.
+    """
+    if m.resident != m.resident_was:
+        m.resident_was, m.resident_since = m.resident, now
+    since = resident_idle_since(m)
+    shown = since if since is not None and reclaim_at(m) < math.inf \
+        and now >= since + m.limits.idle_report else None
+    if shown != m.idle_shown:
+        m.idle_shown = shown
+        m.version += 1
+
+
+def idle_deadline(m: PoolMachine) -> float:
+    """The next time idleness changes something: the status report or a reclaim."""
+    reclaim = reclaim_at(m)
+    since = resident_idle_since(m)
+    if reclaim == math.inf or since is None:
+        return math.inf
+    # ``since`` itself, not ``reclaim - reclaimAfter``: the float difference can round below
+    # ``since``, giving a report time at which track_idle (which adds to ``since``) does not
+    # report yet, and a deadline that a Tick never consumes.
+    report = since + m.limits.idle_report if m.idle_shown is None else math.inf
+    # A reclaim already due waits for the pool to be whole again (a Degraded pool makes no
+    # replica changes); the observation that heals it re-runs the edges, not a timer.
+    return min(report, reclaim if reclaim > m.now else math.inf)

@@ -1,0 +1,73 @@
+"""The watchdog for swaps that stopped moving: what operators of every peer miss most.
+
+While a swap unloads or loads, every change in what the cluster reports about the members
+involved is progress. When none comes for ``Limits.stall_after``, the swap is marked stalled
+with what is missing (a SwapStalled condition, a Warning Event, a gauge); the next change
+clears it. The watchdog never changes the swap's stage: ``swap_timeout`` still decides
+failure, this only makes a wedge visible long before that.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from .events import Command, Notice
+from .state import Stage
+
+if TYPE_CHECKING:
+    from .machine import PoolMachine
+
+_WATCHED = (Stage.UNLOAD, Stage.LOAD)
+
+
+def watch(m: PoolMachine, now: float, out: list[Command]) -> None:
+    """Record progress of the swap under way, and mark or clear it as stalled."""
+    swap = m.swap
+    if swap is None or swap.stage not in _WATCHED:
+        return
+    mark = (swap.stage, tuple(m.obs.get(name) for name in _involved(m)))
+    if mark != swap.progress_mark:
+        swap.progress_mark, swap.progress_at = mark, now
+        if swap.stalled:
+            swap.stalled = ""
+            m.version += 1
+            out.append(Notice("SwapResumed", f"swap to {swap.target} is moving again",
+                              source=swap.incumbent, target=swap.target))
+    elif not swap.stalled and now >= swap.progress_at + m.limits.stall_after:
+        swap.stalled = missing(m, now - swap.progress_at)
+        m.version += 1
+        out.append(Notice("SwapStalled", f"swap to {swap.target} has made no progress: "
+                          f"{swap.stalled}", source=swap.incumbent, target=swap.target))
+
+
+def deadline(m: PoolMachine) -> float:
+    """When the swap under way would count as stalled (inf: not watched, or already is)."""
+    swap = m.swap
+    if swap is None or swap.stage not in _WATCHED or swap.stalled:
+        return math.inf
+    return swap.progress_at + m.limits.stall_after
+
+
+def missing(m: PoolMachine, quiet: float) -> str:
+    """What the stage waits for, in words, after ``quiet`` seconds without a change."""
+    swap = m.swap
+    assert swap is not None
+    if swap.stage is Stage.UNLOAD:
+        left = [m.obs[name] for name in m.others() if name in m.obs and not m.obs[name].unloaded]
+        return "; ".join(f"{o.name} still has {o.replicas} replica(s) and {o.pods} pod(s) "
+                         f"(phase {o.phase or 'unknown'}) after {quiet:.0f}s" for o in left) \
+            or "waiting for the unloaded members to be observed"
+    target = m.obs[swap.target]
+    if target.replicas < 1:
+        return f"target {target.name} is not scaled up yet (replicas 0)"
+    if target.pods == 0:
+        return f"target {target.name} has no pod after {quiet:.0f}s"
+    return (f"target {target.name}'s {target.pods} pod(s) are not getting ready (phase "
+            f"{target.phase or 'unknown'} unchanged for {quiet:.0f}s)")
+
+
+def _involved(m: PoolMachine) -> list[str]:
+    swap = m.swap
+    assert swap is not None
+    return m.others() if swap.stage is Stage.UNLOAD else [swap.target]
