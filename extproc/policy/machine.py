@@ -6,9 +6,8 @@ Rules of this package
   in ``extproc/policy``. Nothing here awaits, sleeps, reads a clock, or talks to gRPC or
   Kubernetes: callers feed events (with the current time) in and carry the returned
   commands out.
-* This file handles events and owns the state; ``swap.py`` holds the transition table, the
-  only place where a pool moves from one stage to another; ``requests.py`` keeps the held
-  and in-flight requests and every count derived from them.
+* This file handles events and owns the state; ``swap.py`` holds the transition table (the
+  only place a stage changes); ``requests.py`` keeps every request's state and counts.
 * An event that cannot happen in the current state (an unknown request id, a member that is
   not in the pool) is a caller bug and raises ``PolicyError``. The machine is then *broken*:
   every later call raises too, so no caller can go on with a half-changed machine whose
@@ -91,7 +90,7 @@ class PoolMachine:
         self.spec = spec
         self.actuation = actuation
         self.auto = auto  # own until the status shows another controller, then llmkube
-        self.auto_said = False  # auto mode names its choice once per pool
+        self.auto_said = False  # (auto mode names its choice once per pool)
         self.status = PoolStatus()  # the pool's .status as last observed
         # Own mode's fight detector (modes.note_scaled_up): members we asked down -> seen at 0
         # since; and when each was scaled up again behind our back.
