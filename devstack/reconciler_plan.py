@@ -155,7 +155,9 @@ def _plan_replicas(view: PoolView, owner: str, idle: dict[str, bool | None],
                                   else "its idleness could not be checked"))
             continue
         result.replicas[name] = 0
-    others_present = any(count for name, count in view.pods.items() if name != owner)
+    # Only this pool's members: another pool's pods in the same namespace hold another GPU.
+    others_present = any(count for name, count in view.pods.items()
+                         if name != owner and name in view.members)
     owner_replicas = desired_replicas(view.members[owner])
     resident = view.status.get("residentMember") or None
     if others_present:

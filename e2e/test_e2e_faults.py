@@ -84,6 +84,12 @@ async def test_member_that_fails_to_start_gets_fast_503s_and_a_failed_status(
     assert reply.took < SWAP_BOUND  # told as soon as the load failed, not after the 60 s budget
     assert notices(stack, "broken", "SwapFailed")
 
+    if stack.actuation == "llmkube":
+        # LLMKube's reconciler owns the status and the failed member's replicas; the fast
+        # answers above and the SwapFailed notice are ours. The pool stays usable:
+        back = await chat(http, stack, "broken-a")
+        assert (back.status, back.served_by) == (200, "broken-a")
+        return
     # The status says why nothing is resident (members[] shows Failed only for a moment: the
     # failed member is scaled back to zero at once, freeing the slot, and then reads Stopped).
     slot = await eventually(

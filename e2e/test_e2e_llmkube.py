@@ -31,7 +31,7 @@ async def test_the_activator_only_triggers_non_resident_members(
     for member in ("rec-b", "rec-a", "rec-b"):
         reply = await chat(http, stack, member)
         assert (reply.status, reply.served_by) == (200, member), reply.body
-    calls = [c for c in extproc_calls(stack) if c.get("name", "").startswith("rec")
+    calls = [c for c in extproc_calls(stack) if (c.get("name") or "").startswith("rec")
              or c["resource"] == "modelpools"]
     writes = [c for c in calls if c["verb"] in ("patch", "update", "create", "delete")]
     assert not [c for c in writes if c["resource"] == "modelpools"], writes  # no status write

@@ -276,14 +276,14 @@ class PoolMachine:
         if swap is not None and obs.name == swap.target \
                 and swap.stage in (Stage.LOAD, Stage.TRIGGERED) and obs.phase != swap.phase_at_load:
             swap.saw_progress = True
-        if self.actuation is Actuation.LLMKUBE:
-            return  # residency is what LLMKube's status says; a dead resident is not routable
         if obs.name == self.resident and not obs.ready and before is not None \
                 and before.ready and (swap is None or swap.target != obs.name):
             # Self-heal: the resident died out of band (OOM, node drain, spec edit). Stop
-            # routing to it now; the next request for it drives a swap back.
-            self.resident = ""
-            self.version += 1
+            # routing to it now; the next request for it drives a swap back. (In llmkube mode
+            # residency is what LLMKube's status says; a dead resident is not routable.)
+            if self.actuation is not Actuation.LLMKUBE:
+                self.resident = ""
+                self.version += 1
             out.append(Notice("MemberLost", f"resident member {obs.name} left Ready "
                               f"(phase {obs.phase or 'unknown'}, pods {obs.pods})",
                               source=obs.name))
@@ -351,9 +351,9 @@ class PoolMachine:
         out.append(Scale(member, replicas))
 
     def routable(self, member: str) -> bool:
-        """Whether requests for ``member`` may pass now: it is the resident and Ready (and, in
-        llmkube mode, no other member is coming in: LLMKube may be about to unload it)."""
-        if not member or member != self.resident or not self.obs[member].ready:
+        """May requests for ``member`` pass now? Resident and Ready, and (llmkube) none incoming."""
+        obs = self.obs.get(member)  # (llmkube mode: the status may name it before it is seen)
+        if not member or member != self.resident or obs is None or not obs.ready:
             return False
         return self.actuation is not Actuation.LLMKUBE or incoming(self) in ("", member)
 

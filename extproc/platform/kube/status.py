@@ -154,7 +154,9 @@ class StatusWriter:
         # carries the others' conditions along (desired_status).
         # Remembered before the call: the watch may show our write before the call returns,
         # and ``matches`` must already call it ours then.
-        before, self._written[view.key] = self._written.get(view.key), desired
+        # (as the server will store it: a null in a merge patch removes the field)
+        stored = {k: v for k, v in desired.items() if v is not None}
+        before, self._written[view.key] = self._written.get(view.key), stored
         # A few recent writes, not only the last: the watch may show an earlier one of ours
         # after a later one was sent.
         self._recent.setdefault(view.key, deque(maxlen=8)).append(desired)
