@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
-SWAP_EVENTS = ("SwapStarted", "SwapCompleted", "SwapFailed", "SwapDeferred", "MemberLost")
+SWAP_EVENTS = ("SwapStarted", "SwapCompleted", "SwapFailed", "SwapDeferred", "MemberLost",
+               "ActuationChanged")
 
 
 def parse_line(line: str) -> dict[str, Any] | None:

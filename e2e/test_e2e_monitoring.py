@@ -32,6 +32,7 @@ SYNTHETIC = {"up"}
 # Families declared (HELP/TYPE) that get samples only on events this stack does not cause:
 # a deferral needs an idle probe reporting busy or unreachable; a watch restart, an API fault.
 EVENT_ONLY = {"llmkube_modelpool_busy_skips_total", "modelpool_extproc_conflicts_total",
+              "llmkube_modelpool_reclaims_total",
               "modelpool_extproc_swap_deferred_total",
               "modelpool_extproc_watch_restarts_total"}
 _NAME = re.compile(r"\b((?:llmkube_modelpool|modelpool_extproc|process)_[a-z_]+|up)\b(?!\s*\()")

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .events import Command, Notice, Trigger
+from .model import PHASE_FAILED
 from .state import Stage, Swap
 from .steps import drained, swap_of
 
@@ -32,11 +33,16 @@ def incoming(m: PoolMachine) -> str:
     swap = m.swap
     if swap is not None and swap.stage is Stage.TRIGGERED:
         return swap.target
-    pending = m.status.pending
-    if pending and pending != m.resident and pending in m.spec.members:
-        return pending
-    return next((name for name in m.spec.members if name != m.resident
-                 and name in m.obs and m.obs[name].replicas > 0), "")
+    # A member whose load just failed is not coming in (LLMKube gives way to the next request).
+    def coming(name: str) -> bool:
+        obs = m.obs.get(name)
+        return name in m.spec.members and name != m.resident and name not in m.failed_until \
+            and (obs is None or obs.phase != PHASE_FAILED)
+
+    if m.status.pending and coming(m.status.pending):
+        return m.status.pending
+    return next((name for name in m.spec.members if coming(name) and name in m.obs
+                 and m.obs[name].replicas > 0), "")
 
 
 def someone_swaps(m: PoolMachine, now: float) -> bool:
