@@ -1,5 +1,6 @@
-"""The one home of test support shared by tests/, e2e/, bench/ and devstack/: polling and an
-OpenAI chat client through Envoy. Kubernetes objects are built by ``stack_manifests``.
+"""The one home of test support shared by tests/, e2e/, bench/ and devstack/: polling, an
+OpenAI chat client through Envoy and the static demo pool. Kubernetes objects are built by
+``stack_manifests``.
 
 Nothing here is product code; it lives in ``devstack`` because that is the package all four
 can import.
@@ -16,6 +17,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+
+
+# The static pools file of the in-process stacks: members judge and coder share one slot.
+DEMO_POOLS = """
+pools:
+  - namespace: demo
+    name: shared-gpu
+    members: [judge, coder]
+    default: judge
+"""
 
 
 class TimedOut(AssertionError):
