@@ -246,6 +246,8 @@ class EnvoyProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.listen_port = listen_port or free_port()
         self.admin_port = admin_port or free_port()
+        self.url = f"http://{LOCALHOST}:{self.listen_port}"  # the demo listener
+        self.admin_url = f"http://{LOCALHOST}:{self.admin_port}"  # the admin interface
         self.access_log_path = self.workdir / "access.log"
 
     def _prepare(self, config: dict[str, Any], concurrency: int, log_level: str) -> None:
@@ -265,16 +267,6 @@ class EnvoyProcess:
             ],
             self.workdir / "envoy.log",
         )
-
-    @property
-    def url(self) -> str:
-        """Base URL of the demo listener."""
-        return f"http://{LOCALHOST}:{self.listen_port}"
-
-    @property
-    def admin_url(self) -> str:
-        """Base URL of the admin interface."""
-        return f"http://{LOCALHOST}:{self.admin_port}"
 
     def start(self, timeout: float = 20.0) -> "EnvoyProcess":
         """Start Envoy and wait until admin /ready answers 200."""

@@ -77,6 +77,12 @@ class LocalStack:
         self.workdir = Path(workdir).resolve()
         self.docs = docs
         self.ports = ports
+        # The addresses, fixed by the ports: Envoy's listener is the OpenAI-compatible endpoint;
+        # the ext_proc's metrics port serves Prometheus and a JSON view of its pools.
+        self.url = f"http://{LOCALHOST}:{ports.envoy}"
+        self.metrics_url = f"http://{LOCALHOST}:{ports.metrics}/metrics"
+        self.debug_url = f"http://{LOCALHOST}:{ports.metrics}/debug/pools"
+        self.kubeapi_url = f"http://{LOCALHOST}:{ports.kubeapi}"  # the API emulator
         self.load_delay, self.unload_delay = load_delay, unload_delay
         self.extproc_args = list(extproc_args)
         self.namespaces = manifests.namespaces_of(docs)
@@ -87,28 +93,6 @@ class LocalStack:
         self.timeline_path = self.workdir / "timeline.jsonl"
         self._procs: dict[str, ManagedProcess] = {}
         self.envoy: EnvoyProcess | None = None
-
-    # ---- addresses -------------------------------------------------------------------------
-
-    @property
-    def url(self) -> str:
-        """The OpenAI-compatible endpoint (Envoy's listener)."""
-        return f"http://{LOCALHOST}:{self.ports.envoy}"
-
-    @property
-    def metrics_url(self) -> str:
-        """The ext_proc's Prometheus endpoint."""
-        return f"http://{LOCALHOST}:{self.ports.metrics}/metrics"
-
-    @property
-    def debug_url(self) -> str:
-        """The ext_proc's JSON view of its pools."""
-        return f"http://{LOCALHOST}:{self.ports.metrics}/debug/pools"
-
-    @property
-    def kubeapi_url(self) -> str:
-        """The API emulator."""
-        return f"http://{LOCALHOST}:{self.ports.kubeapi}"
 
     def log_path(self, name: str) -> Path:
         """Log file of one piece: kubeapi, simulator, extproc (Envoy logs under envoy/)."""

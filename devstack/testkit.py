@@ -1,5 +1,6 @@
-"""The one home of test support shared by tests/, e2e/, bench/ and devstack/: polling and an
-OpenAI chat client through Envoy. Kubernetes objects are built by ``stack_manifests``.
+"""The one home of test support shared by tests/, e2e/, bench/ and devstack/: polling, an
+OpenAI chat client through Envoy, a one-shot POST and the static demo pool. Kubernetes
+objects are built by ``stack_manifests``.
 
 Nothing here is product code; it lives in ``devstack`` because that is the package all four
 can import.
@@ -8,14 +9,25 @@ can import.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+
+
+# The static pools file of the in-process stacks: members judge and coder share one slot.
+DEMO_POOLS = """
+pools:
+  - namespace: demo
+    name: shared-gpu
+    members: [judge, coder]
+    default: judge
+"""
 
 
 class TimedOut(AssertionError):
@@ -54,6 +66,14 @@ def chat_body(model: str, *, stream: bool = False, tokens: int = 8, **extra: Any
     """A small /v1/chat/completions request naming ``model``."""
     return json.dumps({"model": model, "messages": [{"role": "user", "content": "hello"}],
                        "stream": stream, "max_tokens": tokens, **extra}).encode()
+
+
+@contextlib.asynccontextmanager
+async def posted(url: str, **request: Any) -> AsyncIterator[aiohttp.ClientResponse]:
+    """POST ``url`` from a client session of its own; yields the open response."""
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url, **request) as resp:
+            yield resp
 
 
 @dataclass

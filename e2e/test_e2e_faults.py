@@ -9,6 +9,7 @@ import asyncio
 import aiohttp
 
 from devstack.stack import LocalStack
+from devstack.testkit import Reply
 from e2e_support import (SWAP_BOUND, chat, condition, eventually, kubectl_shows, notices, pools,
                          status, timeline, wait_resident)
 
@@ -34,12 +35,19 @@ def error_code(reply) -> str:  # type: ignore[no-untyped-def]
     return reply.json()["error"]["code"]
 
 
+async def refused(http: aiohttp.ClientSession, stack: LocalStack, model: str, code: str) -> Reply:
+    """Ask for ``model``; the answer must be a 503 with error ``code`` and a Retry-After."""
+    reply = await chat(http, stack, model)
+    assert reply.status == 503, reply.body
+    assert error_code(reply) == code
+    assert "retry-after" in reply.headers
+    return reply
+
+
 async def test_budget_exceeded_answers_503_and_the_swap_still_completes(
         stack: LocalStack, http: aiohttp.ClientSession) -> None:
     await wait_resident(stack, "budget", "budget-a")
-    reply = await chat(http, stack, "budget-slow")
-    assert reply.status == 503, reply.body
-    assert error_code(reply) == "swap_budget_exceeded"
+    reply = await refused(http, stack, "budget-slow", "swap_budget_exceeded")
     assert int(reply.headers["retry-after"]) >= 1
     assert reply.headers["content-type"].startswith("application/json")
     assert 1.0 <= reply.took < 3.0  # held for the 1 s budget, not for the whole 3 s load
@@ -77,10 +85,7 @@ async def test_client_leaving_while_held_is_dropped_and_the_swap_goes_on(
 async def test_member_that_fails_to_start_gets_fast_503s_and_a_failed_status(
         stack: LocalStack, http: aiohttp.ClientSession) -> None:
     await wait_resident(stack, "broken", "broken-a")
-    reply = await chat(http, stack, "broken-bad")
-    assert reply.status == 503, reply.body
-    assert error_code(reply) == "member_failed"
-    assert "retry-after" in reply.headers
+    reply = await refused(http, stack, "broken-bad", "member_failed")
     assert reply.took < SWAP_BOUND  # told as soon as the load failed, not after the 60 s budget
     assert notices(stack, "broken", "SwapFailed")
 

@@ -9,6 +9,7 @@ pendingMember says where the slot was going) and while the target loads.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import aiohttp
 
@@ -33,6 +34,15 @@ def pods_of(stack: LocalStack, member: str) -> list[str]:
     listing = stack.get(f"/api/v1/namespaces/{stack.namespace_of(member)}/pods"
                         f"?labelSelector=inference.llmkube.dev/service%3D{member}")
     return [p["metadata"]["name"] for p in listing["items"]]
+
+
+async def swap_held_until(stack: LocalStack, http: aiohttp.ClientSession, pool: str, old: str,
+                          new: str, moment: Callable[[], object], what: str) -> asyncio.Task:
+    """With ``old`` resident, hold a request for ``new``; return it once ``moment()`` holds."""
+    await wait_resident(stack, pool, old)
+    held = asyncio.create_task(chat(http, stack, new))
+    await eventually(moment, what=what)
+    return held
 
 
 async def crash_and_restart(stack: LocalStack, held: asyncio.Task) -> None:
@@ -68,10 +78,9 @@ async def finished_and_serving(stack: LocalStack, http: aiohttp.ClientSession, p
 
 async def test_killed_while_the_incumbent_unloads(stack: LocalStack,
                                                   http: aiohttp.ClientSession) -> None:
-    await wait_resident(stack, "unloading", "unl-a")
-    held = asyncio.create_task(chat(http, stack, "unl-b"))
-    await eventually(lambda: timeline(stack, "unl-a", "pod_terminating"),
-                     what="unl-a to start unloading")
+    held = await swap_held_until(stack, http, "unloading", "unl-a", "unl-b",
+                                 lambda: timeline(stack, "unl-a", "pod_terminating"),
+                                 "unl-a to start unloading")
     await eventually(lambda: status(stack, "unloading").get("pendingMember") == "unl-b",
                      what="the pool status to name the pending member")
     await crash_and_restart(stack, held)
@@ -80,10 +89,9 @@ async def test_killed_while_the_incumbent_unloads(stack: LocalStack,
 
 async def test_killed_while_the_target_loads(stack: LocalStack,
                                              http: aiohttp.ClientSession) -> None:
-    await wait_resident(stack, "loading", "lod-a")
-    held = asyncio.create_task(chat(http, stack, "lod-b"))
-    await eventually(lambda: timeline(stack, "lod-b", "pod_created"),
-                     what="lod-b to start loading")
+    held = await swap_held_until(stack, http, "loading", "lod-a", "lod-b",
+                                 lambda: timeline(stack, "lod-b", "pod_created"),
+                                 "lod-b to start loading")
     await crash_and_restart(stack, held)
     await finished_and_serving(stack, http, "loading", "lod-a", "lod-b")
     assert len(timeline(stack, "lod-b", "pod_created")) == 1  # the load was not restarted

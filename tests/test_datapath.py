@@ -13,20 +13,14 @@ import aiohttp
 from multidict import CIMultiDict
 import pytest
 
+from devstack.testkit import DEMO_POOLS
 from extproc import metrics
 from extproc.app import Service
 from extproc.settings import Settings
 
 pytestmark = pytest.mark.envoy
 
-POOLS = """
-pools:
-  - namespace: demo
-    name: shared-gpu
-    members: [judge, coder]
-    default: judge
-    aliases: {gpt-4o-mini: judge}
-"""
+POOLS = DEMO_POOLS + "    aliases: {gpt-4o-mini: judge}\n"
 
 
 @pytest.fixture

@@ -6,10 +6,10 @@ import json
 import subprocess
 from pathlib import Path
 
-import aiohttp
 import pytest
 
 from devstack import envoyconf, procs
+from devstack.testkit import posted
 from devstack.upstream import UpstreamHandle
 
 pytestmark = pytest.mark.envoy
@@ -77,14 +77,13 @@ async def test_routes_to_decided_member_despite_spoofed_header(
 ) -> None:
     members = {f"{n}.demo": h.port for n, h in upstreams.items()}
     envoy = envoy_factory(stub_extproc.port, members)
-    async with aiohttp.ClientSession() as http:
-        async with http.post(
-            f"{envoy.url}/v1/chat/completions",
-            json={"model": "coder", "messages": [{"role": "user", "content": "x"}]},
-            headers={"x-modelpool-member": "judge.demo", "x-request-id": "req-1"},
-        ) as resp:
-            assert resp.status == 200
-            assert resp.headers["x-served-by"] == "coder"
+    async with posted(
+        f"{envoy.url}/v1/chat/completions",
+        json={"model": "coder", "messages": [{"role": "user", "content": "x"}]},
+        headers={"x-modelpool-member": "judge.demo", "x-request-id": "req-1"},
+    ) as resp:
+        assert resp.status == 200
+        assert resp.headers["x-served-by"] == "coder"
     assert upstreams["judge"].stats.served == 0 and upstreams["coder"].stats.served == 1
     entry = envoy.wait_access_log(1)[-1]
     assert entry["upstream_cluster"] == "coder.demo" and entry["member"] == "coder.demo"
@@ -97,14 +96,13 @@ async def test_sse_passes_through_complete(
     envoy_factory, stub_extproc, upstreams: dict[str, UpstreamHandle]
 ) -> None:
     envoy = envoy_factory(stub_extproc.port, {"judge.demo": upstreams["judge"].port})
-    async with aiohttp.ClientSession() as http:
-        async with http.post(
-            f"{envoy.url}/v1/chat/completions?delay_ms=5",
-            json={"model": "judge", "stream": True, "max_tokens": 50, "messages": []},
-        ) as resp:
-            assert resp.status == 200
-            assert resp.headers["content-type"].startswith("text/event-stream")
-            lines = [raw.decode().strip() async for raw in resp.content]
+    async with posted(
+        f"{envoy.url}/v1/chat/completions?delay_ms=5",
+        json={"model": "judge", "stream": True, "max_tokens": 50, "messages": []},
+    ) as resp:
+        assert resp.status == 200
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        lines = [raw.decode().strip() async for raw in resp.content]
     events = [line for line in lines if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]" and len(events) == 50 + 2
 
@@ -117,23 +115,21 @@ async def test_immediate_responses_are_not_rewritten(
     body = b'{"error":{"message":"held too long","type":"service_unavailable","code":"swap_budget"}}'
     stub_extproc.immediate = (status, body, {"retry-after": "7", "content-type": "application/json"})
     envoy = envoy_factory(stub_extproc.port, {"judge.demo": upstreams["judge"].port})
-    async with aiohttp.ClientSession() as http:
-        async with http.post(f"{envoy.url}/v1/chat/completions", json={"model": "judge"}) as resp:
-            assert resp.status == status
-            assert resp.headers["retry-after"] == "7"
-            assert resp.headers["content-type"] == "application/json"
-            assert await resp.read() == body
+    async with posted(f"{envoy.url}/v1/chat/completions", json={"model": "judge"}) as resp:
+        assert resp.status == status
+        assert resp.headers["retry-after"] == "7"
+        assert resp.headers["content-type"] == "application/json"
+        assert await resp.read() == body
     assert upstreams["judge"].stats.served == 0
     assert envoy.wait_access_log(1)[-1]["details"] == "stub_immediate"
 
 
 async def test_member_down_is_json_503(envoy_factory, stub_extproc) -> None:
     envoy = envoy_factory(stub_extproc.port, {"judge.demo": procs.free_port()})
-    async with aiohttp.ClientSession() as http:
-        async with http.post(f"{envoy.url}/v1/chat/completions", json={"model": "judge"}) as resp:
-            assert resp.status == 503
-            assert resp.headers["content-type"] == "application/json"
-            body = await resp.json()
+    async with posted(f"{envoy.url}/v1/chat/completions", json={"model": "judge"}) as resp:
+        assert resp.status == 503
+        assert resp.headers["content-type"] == "application/json"
+        body = await resp.json()
     assert body["error"]["type"] == "server_error"
     assert body["error"]["code"].startswith("upstream_reset_before_response_started")
     assert envoy.wait_access_log(1)[-1]["flags"] == "UF"
@@ -143,12 +139,11 @@ async def test_oversized_body_is_json_413(
     envoy_factory, stub_extproc, upstreams: dict[str, UpstreamHandle]
 ) -> None:
     envoy = envoy_factory(stub_extproc.port, {"judge.demo": upstreams["judge"].port})
-    async with aiohttp.ClientSession() as http:
-        async with http.post(
-            f"{envoy.url}/v1/audio/transcriptions", data=b"a" * (33 * 1024 * 1024)
-        ) as resp:
-            assert resp.status == 413
-            assert resp.headers["content-type"] == "application/json"
-            body = await resp.json()
+    async with posted(
+        f"{envoy.url}/v1/audio/transcriptions", data=b"a" * (33 * 1024 * 1024)
+    ) as resp:
+        assert resp.status == 413
+        assert resp.headers["content-type"] == "application/json"
+        body = await resp.json()
     assert body["error"]["code"] == "payload_too_large"
     assert upstreams["judge"].stats.served == 0

@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 
 from devstack import procs
+from devstack.testkit import posted
 from devstack.upstream import UpstreamHandle
 
 pytestmark = pytest.mark.envoy
@@ -60,13 +61,12 @@ async def test_spoofed_routing_header_gets_fallback(
     envoy_factory, upstreams: dict[str, UpstreamHandle], spoof: dict[str, str]
 ) -> None:
     envoy = envoy_factory(procs.free_port(), members_of(upstreams))  # nothing listens there
-    async with aiohttp.ClientSession() as http:
-        async with http.post(
-            f"{envoy.url}/v1/chat/completions",
-            json={"model": "judge", "messages": [{"role": "user", "content": "hi"}]},
-            headers=spoof,
-        ) as resp:
-            await assert_fallback(resp)
+    async with posted(
+        f"{envoy.url}/v1/chat/completions",
+        json={"model": "judge", "messages": [{"role": "user", "content": "hi"}]},
+        headers=spoof,
+    ) as resp:
+        await assert_fallback(resp)
     assert_untouched(upstreams)
     entry = envoy.wait_access_log(1)[-1]
     # The early header mutation stripped the client's value before routing (and logging).
@@ -93,15 +93,14 @@ async def test_oversized_body_with_extproc_down(
     # Envoy usually learns the ext_proc is down before the body is buffered (503 fallback);
     # either way the answer is a JSON error and no member sees the request.
     envoy = envoy_factory(procs.free_port(), members_of(upstreams))
-    async with aiohttp.ClientSession() as http:
-        async with http.post(
-            f"{envoy.url}/v1/audio/transcriptions",
-            data=b"a" * (33 * 1024 * 1024),
-            headers={"x-modelpool-member": "judge.demo"},
-        ) as resp:
-            assert resp.status in (413, 503)
-            assert resp.headers["content-type"] == "application/json"
-            assert "error" in await resp.json()
+    async with posted(
+        f"{envoy.url}/v1/audio/transcriptions",
+        data=b"a" * (33 * 1024 * 1024),
+        headers={"x-modelpool-member": "judge.demo"},
+    ) as resp:
+        assert resp.status in (413, 503)
+        assert resp.headers["content-type"] == "application/json"
+        assert "error" in await resp.json()
     assert_untouched(upstreams)
 
 
@@ -109,15 +108,14 @@ async def test_oversized_body_with_extproc_hung_is_json_413(
     envoy_factory, upstreams: dict[str, UpstreamHandle], blackhole: int
 ) -> None:
     envoy = envoy_factory(blackhole, members_of(upstreams))
-    async with aiohttp.ClientSession() as http:
-        async with http.post(
-            f"{envoy.url}/v1/audio/transcriptions",
-            data=b"a" * (33 * 1024 * 1024),
-            headers={"x-modelpool-member": "judge.demo"},
-        ) as resp:
-            assert resp.status == 413
-            assert resp.headers["content-type"] == "application/json"
-            body = await resp.json()
+    async with posted(
+        f"{envoy.url}/v1/audio/transcriptions",
+        data=b"a" * (33 * 1024 * 1024),
+        headers={"x-modelpool-member": "judge.demo"},
+    ) as resp:
+        assert resp.status == 413
+        assert resp.headers["content-type"] == "application/json"
+        body = await resp.json()
     assert body["error"] == {
         "message": "request body too large (limit 32 MiB)",
         "type": "invalid_request_error",
@@ -132,14 +130,13 @@ async def test_hung_extproc_fails_open_after_message_timeout(
 ) -> None:
     envoy = envoy_factory(blackhole, members_of(upstreams))
     started = time.monotonic()
-    async with aiohttp.ClientSession() as http:
-        async with http.post(
-            f"{envoy.url}/v1/chat/completions",
-            json={"model": "judge"},
-            headers={"x-modelpool-member": "judge.demo"},
-            timeout=aiohttp.ClientTimeout(total=15),
-        ) as resp:
-            await assert_fallback(resp)
+    async with posted(
+        f"{envoy.url}/v1/chat/completions",
+        json={"model": "judge"},
+        headers={"x-modelpool-member": "judge.demo"},
+        timeout=aiohttp.ClientTimeout(total=15),
+    ) as resp:
+        await assert_fallback(resp)
     elapsed = time.monotonic() - started
     assert 1.8 <= elapsed < 6, elapsed  # message_timeout is 2 s
     assert_untouched(upstreams)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass, field
 
 import aiohttp
 import pytest
@@ -18,39 +17,29 @@ import pytest
 from devstack import testkit
 from extproc import metrics
 from extproc.app import Service
-from extproc.policy.model import MemberObservation, PoolKey, PoolSpec, StartHints
+from extproc.platform.static import StaticPlatform
+from extproc.policy.model import MemberObservation, PoolKey, PoolSpec
 from extproc.settings import Settings
 
 pytestmark = pytest.mark.envoy
 KEY = PoolKey("demo", "shared-gpu")
 
 
-@dataclass
-class FakeCluster:
-    """A Platform whose members take ``load``/``unload`` seconds; records what happened."""
+class FakeCluster(StaticPlatform):
+    """The static Platform, but members take ``load``/``unload`` seconds; records what happened."""
 
-    specs: list[PoolSpec]
-    load: float = 0.4
-    unload: float = 0.1
-    fail: set[str] = field(default_factory=set)
-    record: list[tuple[float, str, str]] = field(default_factory=list)
-    notices: list[str] = field(default_factory=list)
-    synced: asyncio.Event = field(default_factory=asyncio.Event)
-    listener: object = None
-
-    async def run(self, listener) -> None:
-        """Announce the pools with every member cold."""
-        self.listener = listener
-        for spec in self.specs:
-            listener.pool_changed(spec, StartHints())
-            for member in spec.members:
-                listener.member_changed(spec.key, MemberObservation(member, phase="Stopped"))
-        self.synced.set()
+    def __init__(self, specs: list[PoolSpec], *, load: float = 0.4, unload: float = 0.1,
+                 fail: set[str] | None = None) -> None:
+        super().__init__(specs)
+        self.load, self.unload = load, unload
+        self.fail = fail or set()
+        self.record: list[tuple[float, str, str]] = []
+        self.notices: list[str] = []
 
     def _see(self, key, member, phase, replicas, pods) -> None:
         self.record.append((time.monotonic(), member, phase))
-        self.listener.member_changed(key, MemberObservation(member, phase=phase,
-                                                            replicas=replicas, pods=pods))
+        self._listener.member_changed(key, MemberObservation(member, phase=phase,
+                                                             replicas=replicas, pods=pods))
 
     async def scale(self, key, member, replicas) -> None:
         """Load or unload after a delay, like a real controller would."""
@@ -62,16 +51,6 @@ class FakeCluster:
             self._see(key, member, "Progressing", 0, 1)
             await asyncio.sleep(self.unload)
             self._see(key, member, "Stopped", 0, 0)
-
-    async def stop(self) -> None:
-        """Nothing runs in the background."""
-
-    async def probe_idle(self, key, member):
-        """Members are idle whenever asked."""
-        return True
-
-    def publish(self, view) -> None:
-        """Status is not under test here."""
 
     def notify(self, key, notice) -> None:
         """Keep the notices for assertions."""

@@ -157,11 +157,18 @@ def apply_defaults(schema: dict[str, Any] | None, value: Any) -> None:
     if not schema:
         return
     if isinstance(value, dict):
-        for prop, sub in (schema.get("properties") or {}).items():
+        declared = schema.get("properties") or {}
+        for prop, sub in declared.items():
             if prop not in value and "default" in sub:
                 value[prop] = copy.deepcopy(sub["default"])
             if prop in value:
                 apply_defaults(sub, value[prop])
+        # map values (additionalProperties) are defaulted too, like the API server does
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for prop, item in value.items():
+                if prop not in declared:
+                    apply_defaults(extra, item)
     elif isinstance(value, list) and isinstance(schema.get("items"), dict):
         for item in value:
             apply_defaults(schema["items"], item)

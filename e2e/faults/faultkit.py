@@ -11,7 +11,8 @@ import aiohttp
 
 from devstack.stack import LocalStack
 from e2e_support import chat, eventually
-from invariants import (ApiEvent, Outcome, exclusive_slot, misroutes, upstream_failures)
+from invariants import (ApiEvent, ApiRecorder, Outcome, exclusive_slot, misroutes,
+                        upstream_failures)
 
 
 def emulator(stack: LocalStack, action: str, body: dict[str, Any] | None = None) -> Any:
@@ -66,6 +67,13 @@ def violations(stack: LocalStack, events: list[ApiEvent], outcomes: list[Outcome
         upstream_failures(stack.envoy.access_log(), excused) + \
         misroutes(outcomes, allow_broken)
 
+
+
+async def violations_at_rest(stack: LocalStack, recorder: ApiRecorder, outcomes: list[Outcome],
+                             **options: Any) -> list[str]:
+    """``violations`` once the stack is at rest, so the history is complete when it is read."""
+    await at_rest(stack)
+    return violations(stack, recorder.ordered(), outcomes, **options)
 
 async def trickle(stack: LocalStack, model: str, *, pause: float, pieces: int = 10,
                   stall: bool = False) -> Outcome:

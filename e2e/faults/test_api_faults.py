@@ -8,7 +8,7 @@ import asyncio
 import time
 
 import aiohttp
-from faultkit import at_rest, attempt, emulator, violations
+from faultkit import attempt, emulator, violations_at_rest
 from invariants import ApiRecorder
 
 from devstack.stack import LocalStack
@@ -69,8 +69,7 @@ async def test_api_unreachable_mid_swap(stack: LocalStack, http: aiohttp.ClientS
     await wait_resident(stack, "outage", "outage-b", timeout=40)
     warm = await attempt(http, stack, "outage-b")
     assert (warm.status, warm.served_by) == (200, "outage-b"), warm
-    await at_rest(stack)
-    assert violations(stack, recorder.ordered(), [outcome, warm]) == []
+    assert await violations_at_rest(stack, recorder, [outcome, warm]) == []
 
 
 async def test_watches_cut_with_410_gone(stack: LocalStack, http: aiohttp.ClientSession,
@@ -87,8 +86,7 @@ async def test_watches_cut_with_410_gone(stack: LocalStack, http: aiohttp.Client
     await wait_resident(stack, "compacted", "compacted-b")
     back = await attempt(http, stack, "compacted-a")
     assert (back.status, back.served_by) == (200, "compacted-a"), back
-    await at_rest(stack)
-    assert violations(stack, recorder.ordered(), [outcome, back]) == []
+    assert await violations_at_rest(stack, recorder, [outcome, back]) == []
 
 
 async def test_prompt_recovery_after_outage_and_compaction(
@@ -110,8 +108,7 @@ async def test_prompt_recovery_after_outage_and_compaction(
     emulator(stack, "compact")
     outcome = await request  # the client gives up after SWAP_BOUND
     assert (outcome.status, outcome.served_by) == (200, "relisted-b"), outcome
-    await at_rest(stack)
-    assert violations(stack, recorder.ordered(), [outcome]) == []
+    assert await violations_at_rest(stack, recorder, [outcome]) == []
 
 
 async def test_conflicts_on_first_writes(stack: LocalStack, http: aiohttp.ClientSession,
@@ -124,8 +121,7 @@ async def test_conflicts_on_first_writes(stack: LocalStack, http: aiohttp.Client
     assert (outcome.status, outcome.served_by) == (200, "conflict-b"), outcome
     assert stack.metric("modelpool_extproc_kube_requests_total", code="409") > conflicts
     await wait_resident(stack, "conflict", "conflict-b")
-    await at_rest(stack)
-    assert violations(stack, recorder.ordered(), [outcome]) == []
+    assert await violations_at_rest(stack, recorder, [outcome]) == []
 
 
 async def test_member_in_another_namespace_is_refused(stack: LocalStack,
@@ -144,5 +140,4 @@ async def test_member_in_another_namespace_is_refused(stack: LocalStack,
     assert writes == []
     assert timeline(stack, "stranger", "pod_created") == []
     assert stack.isvc("stranger", ELSEWHERE)["spec"]["replicas"] == 0
-    await at_rest(stack)
-    assert violations(stack, recorder.ordered(), outcomes) == []
+    assert await violations_at_rest(stack, recorder, outcomes) == []

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
-from faultkit import at_rest, attempt, trickle, violations
+from faultkit import attempt, trickle, violations_at_rest
 from invariants import ApiRecorder
 
 from devstack.stack import LocalStack
@@ -40,8 +40,7 @@ async def test_member_stuck_in_creating_does_not_wedge_the_pool(
     # which the exclusive-slot check below verifies from the API history).
     back = await attempt(http, stack, "stuck-a", timeout=SWAP_BOUND + SWAP_TIMEOUT)
     assert (back.status, back.served_by) == (200, "stuck-a"), back
-    await at_rest(stack)
-    assert violations(stack, recorder.ordered(), [stuck, back]) == []
+    assert await violations_at_rest(stack, recorder, [stuck, back]) == []
 
 
 async def test_extproc_killed_mid_swap_and_restarted(
@@ -60,8 +59,7 @@ async def test_extproc_killed_mid_swap_and_restarted(
     assert (after.status, after.served_by) == (200, "crash-b"), after
     back = await attempt(http, stack, "crash-a", timeout=SWAP_BOUND * 2)
     assert (back.status, back.served_by) == (200, "crash-a"), back
-    await at_rest(stack)
-    assert violations(stack, recorder.ordered(), [lost, after, back]) == []
+    assert await violations_at_rest(stack, recorder, [lost, after, back]) == []
 
 
 async def test_envoy_restarted_under_held_requests(
@@ -82,8 +80,7 @@ async def test_envoy_restarted_under_held_requests(
     async with aiohttp.ClientSession() as fresh:  # the old pool's connections are dead
         after = await attempt(fresh, stack, "restart-b")
     assert (after.status, after.served_by) == (200, "restart-b"), after
-    await at_rest(stack)
-    assert violations(stack, recorder.ordered(), [*cut, after], allow_broken=True) == []
+    assert await violations_at_rest(stack, recorder, [*cut, after], allow_broken=True) == []
 
 
 async def test_slow_clients_trickling_or_stalling(
@@ -98,8 +95,7 @@ async def test_slow_clients_trickling_or_stalling(
     assert [q.status for q in quick] == [200] * 5, quick
     outcomes = await asyncio.gather(*slow, *stalled)
     assert all(o.status == 200 for o in outcomes if not o.gave_up), outcomes
-    await at_rest(stack)
-    assert violations(stack, recorder.ordered(), [*quick, *outcomes]) == []
+    assert await violations_at_rest(stack, recorder, [*quick, *outcomes]) == []
 
 
 async def test_swap_right_after_the_resident_pod_dies(
@@ -110,5 +106,4 @@ async def test_swap_right_after_the_resident_pod_dies(
         await wait_resident(stack, "race", resident, timeout=30)
         await asyncio.to_thread(stack.annotate, resident, "sim.llmkube.dev/kill-pod", str(n))
         outcomes.append(await attempt(http, stack, other, timeout=SWAP_BOUND * 2))
-    await at_rest(stack)
-    assert violations(stack, recorder.ordered(), outcomes) == []
+    assert await violations_at_rest(stack, recorder, outcomes) == []

@@ -17,6 +17,8 @@ import jsonschema
 import kubernetes_validate
 import yaml
 
+from devstack.kubeapi.resources import apply_defaults as fill_defaults
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SHARED_CRDS = PROJECT_ROOT.parent / "shared" / "reference" / "crds"
 OUR_CRDS = PROJECT_ROOT / "crds"
@@ -82,25 +84,8 @@ def to_jsonschema(node: Any, strict: bool = False) -> Any:
 def apply_defaults(schema: dict[str, Any], obj: Any) -> Any:
     """Return a copy of ``obj`` with the schema's defaults filled in (API-server style)."""
     obj = copy.deepcopy(obj)
-    _default(schema, obj)
+    fill_defaults(schema, obj)
     return obj
-
-
-def _default(schema: dict[str, Any], obj: Any) -> None:
-    if isinstance(obj, dict):
-        for name, sub in (schema.get("properties") or {}).items():
-            if name not in obj and "default" in sub:
-                obj[name] = copy.deepcopy(sub["default"])
-            if name in obj:
-                _default(sub, obj[name])
-        extra = schema.get("additionalProperties")
-        if isinstance(extra, dict):
-            for name, value in obj.items():
-                if name not in (schema.get("properties") or {}):
-                    _default(extra, value)
-    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
-        for item in obj:
-            _default(schema["items"], item)
 
 
 def load_crds(path: Path) -> dict[tuple[str, str, str], dict[str, Any]]:

@@ -86,3 +86,13 @@ def test_json_path_and_schema_defaults():
     spec = {"spec": {"items": [{}, {"w": 5}]}}
     apply_defaults(schema, spec)
     assert spec == {"spec": {"budget": "300s", "items": [{"w": 1}, {"w": 5}]}}
+
+
+def test_schema_defaults_reach_map_values_but_not_declared_fields_twice():
+    schema = {"properties": {"tags": {"type": "object", "properties": {"fixed": {
+        "properties": {"kind": {"default": "fixed"}}}},
+        "additionalProperties": {"properties": {"kind": {"default": "literal"}}}}}}
+    obj = {"tags": {"fixed": {}, "env": {}, "user": {"kind": "header"}}}
+    apply_defaults(schema, obj)
+    assert obj == {"tags": {"fixed": {"kind": "fixed"}, "env": {"kind": "literal"},
+                            "user": {"kind": "header"}}}

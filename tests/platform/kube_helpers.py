@@ -111,6 +111,20 @@ async def serving(route: str, handler: Callable[..., Any]) -> AsyncIterator[str]
 
 
 @contextlib.asynccontextmanager
+async def serving_answers(route: str, answers: dict[str, tuple[int, str]],
+                          content_type: str) -> AsyncIterator[str]:
+    """Serve ``answers[case]`` (status, body) at ``route``, which names ``{case}``; yields the URL."""
+    from aiohttp import web  # noqa: PLC0415 - only the HTTP-serving tests need it
+
+    async def handler(request: web.Request) -> web.Response:
+        status, body = answers[request.match_info["case"]]
+        return web.Response(status=status, text=body or None, content_type=content_type)
+
+    async with serving(route, handler) as base:
+        yield base
+
+
+@contextlib.asynccontextmanager
 async def started_emulator(tmp_path: Path, crd_dirs: list[Path]) -> AsyncIterator[Any]:
     """A started KubeEmulator with ``crd_dirs`` (namespaces ml and other), its kubeconfig set."""
     kubeapi = pytest.importorskip("devstack.kubeapi", reason="the API emulator is not written yet")

@@ -7,8 +7,7 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
-from aiohttp import web
-from kube_helpers import serving
+from kube_helpers import serving_answers
 
 from extproc.platform.kube.idle import probe_idle
 
@@ -25,11 +24,7 @@ ANSWERS: dict[str, tuple[int, str]] = {
 @pytest.fixture
 async def slots_server() -> AsyncIterator[str]:
     """Serve /<case>/slots on a free loopback port; yields the base URL."""
-    async def handler(request: web.Request) -> web.Response:
-        status, body = ANSWERS[request.match_info["case"]]
-        return web.Response(status=status, text=body, content_type="application/json")
-
-    async with serving("/{case}/slots", handler) as base:
+    async with serving_answers("/{case}/slots", ANSWERS, "application/json") as base:
         yield base
 
 

@@ -7,8 +7,7 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
-from aiohttp import web
-from kube_helpers import serving
+from kube_helpers import serving_answers
 
 from extproc.platform.kube.idle import IdleProbe, choose_probe, run_probe
 from extproc.platform.kube.idle.prometheus import metric_sum
@@ -62,12 +61,8 @@ PAGES: dict[str, tuple[int, str]] = {
 @pytest.fixture
 async def runtime_server() -> AsyncIterator[str]:
     """Serve each page at /<case>/<anything> on a free loopback port; yields the base URL."""
-    async def handler(request: web.Request) -> web.Response:
-        status, body = PAGES[request.match_info["case"]]
-        return web.Response(status=status, text=body or None,
-                            content_type="text/plain; version=0.0.4")
-
-    async with serving("/{case}/{tail:.*}", handler) as base:
+    async with serving_answers("/{case}/{tail:.*}", PAGES,
+                               "text/plain; version=0.0.4") as base:
         yield base
 
 

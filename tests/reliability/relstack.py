@@ -10,18 +10,13 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from devstack import procs
+from devstack.testkit import DEMO_POOLS
 from devstack.upstream import UpstreamHandle
 from extproc import metrics
 from extproc.app import Service
 from extproc.settings import Settings
 
-POOLS = """
-pools:
-  - namespace: demo
-    name: shared-gpu
-    members: [judge, coder]
-    default: judge
-"""
+POOLS = DEMO_POOLS
 BODY_LIMIT = 1024 * 1024
 
 

@@ -35,14 +35,7 @@ class Actuator:
 
     async def scale(self, namespace: str, member: str, replicas: int) -> None:
         """Set the member's replicas once; ``MemberMissing`` on 404, the API error otherwise."""
-        body = {"spec": {"replicas": replicas}}
-        try:
-            await counted("patch", SERVICES, self._api.call(
-                "PATCH", custom_path(namespace, SERVICES, member), body=body))
-        except ApiError as exc:
-            if exc.status == 404:
-                raise MemberMissing(namespace, member) from None
-            raise
+        await self._patch(namespace, member, {"spec": {"replicas": replicas}})
         log.info("member scaled", namespace=namespace, member=member, replicas=replicas)
 
     async def trigger(self, namespace: str, member: str, resource_version: str) -> None:
@@ -55,6 +48,12 @@ class Actuator:
         body: dict = {"spec": {"replicas": 1}}
         if resource_version:
             body["metadata"] = {"resourceVersion": resource_version}
+        await self._patch(namespace, member, body)
+        log.info("swap triggered", namespace=namespace, member=member,
+                 resource_version=resource_version)
+
+    async def _patch(self, namespace: str, member: str, body: dict) -> None:
+        """PATCH the member's InferenceService; a 404 becomes ``MemberMissing``."""
         try:
             await counted("patch", SERVICES, self._api.call(
                 "PATCH", custom_path(namespace, SERVICES, member), body=body))
@@ -62,5 +61,3 @@ class Actuator:
             if exc.status == 404:
                 raise MemberMissing(namespace, member) from None
             raise
-        log.info("swap triggered", namespace=namespace, member=member,
-                 resource_version=resource_version)
