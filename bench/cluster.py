@@ -100,9 +100,10 @@ class ClusterStack:
                             encoding="utf-8")
         self.kubectl("apply", "-f", str(manifest))
         sim = [sys.executable, "-m", "devstack.simulator",
-               "--kubeconfig", str(self.user_kubeconfigs[SIMULATOR_USER]), "--namespace", NAMESPACE, "--load-delay", f"{self.load_delay}s",
-               "--unload-delay", f"{self.unload_delay}s", "--log-dir",
-               str(self.workdir / "members"), "--timeline", str(self.workdir / "timeline.jsonl")]
+               "--kubeconfig", str(self.user_kubeconfigs[SIMULATOR_USER]), "--namespace", NAMESPACE,
+               "--load-delay", f"{self.load_delay}s", "--unload-delay", f"{self.unload_delay}s",
+               "--log-dir", str(self.workdir / "members"),
+               "--timeline", str(self.workdir / "timeline.jsonl")]
         for member, port in self.sim_ports.items():
             sim += ["--port", f"{member}={port}"]
         if self.actuation == "llmkube":
