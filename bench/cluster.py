@@ -3,6 +3,12 @@
 API emulator with a commit log (``bench.apiserver``), the member simulator
 (``devstack.simulator``), the ext_proc watching the emulator, and Envoy with the bench config.
 Pool ``bench/pool`` has members ``a`` (the default, warmed at start) and ``b``.
+
+With ``actuation="llmkube"`` the stand-in for LLMKube's ModelPool reconciler
+(``devstack.reconciler``) runs too and the ext_proc runs ``--actuation llmkube``, as
+``devstack.stack.LocalStack`` does (the simulator then plays a Deployment's rollout hops). Each
+client has its own API user (``modelpool-extproc``, ``llmkube-controller``, ``simulator``), so
+the commit log and the emulator's request record tell their writes apart.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ import yaml
 
 from devstack.procs import LOCALHOST, PROJECT_ROOT, EnvoyProcess, ManagedProcess, free_port, \
     wait_for_http
+from devstack.reconciler import USER as RECONCILER_USER
+from devstack.stack import ACTUATIONS, ROLLOUT_DELAY
 from devstack.stack_manifests import pool_with_members
 from devstack.testkit import chat_body, wait_until
 
@@ -26,6 +34,8 @@ from . import envoycfg, services
 NAMESPACE = "bench"
 POOL = "pool"
 MEMBERS = ("a", "b")
+EXTPROC_USER = "modelpool-extproc"
+SIMULATOR_USER = "simulator"
 
 
 def _objects(load_delay: float, unload_delay: float) -> list[dict[str, Any]]:
@@ -39,19 +49,25 @@ class ClusterStack:
     """Start with ``start()``, always ``stop()``; ``url`` is Envoy's chat endpoint."""
 
     def __init__(self, workdir: Path, load_delay: float, unload_delay: float,
-                 sink_for: str | None = None) -> None:
+                 sink_for: str | None = None, actuation: str = "own") -> None:
+        if actuation not in ACTUATIONS:
+            raise ValueError(f"actuation must be one of {', '.join(ACTUATIONS)}: {actuation!r}")
         self.workdir = workdir
         self.load_delay, self.unload_delay = load_delay, unload_delay
+        self.actuation = actuation
         self.kubeconfig = workdir / "kubeconfig"
+        self.user_kubeconfigs = {user: workdir / f"{user}.kubeconfig" for user in (
+            EXTPROC_USER, SIMULATOR_USER, RECONCILER_USER)}
         self.commits_path = workdir / "commits.jsonl"
         self.api_port = free_port()
         self.sim_ports = {m: free_port() for m in MEMBERS}
         # Envoy sends this member's traffic to a bare Envoy answering 200 over h2 instead of
         # the simulator's Python server (the scale test measures release, not that server).
         self.sink_for = sink_for
+        mode = ("--actuation", actuation) if actuation != "own" else ()
         self.extproc = services.ExtProc(workdir, "extproc", services.EXTPROC,
-                                        "--kubeconfig", str(self.kubeconfig),
-                                        "--namespace", NAMESPACE)
+                                        "--kubeconfig", str(self.user_kubeconfigs[EXTPROC_USER]),
+                                        "--namespace", NAMESPACE, *mode)
         self._procs: list[Any] = []
         self.envoy: EnvoyProcess | None = None
 
@@ -71,23 +87,32 @@ class ClusterStack:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.commits_path.unlink(missing_ok=True)
         self.kubeconfig.unlink(missing_ok=True)
+        per_user = [arg for user, path in self.user_kubeconfigs.items()
+                    for arg in ("--kubeconfig-for", f"{user}={path}")]
         self._procs.append(self._launch("apiserver", [
             sys.executable, "-m", "bench.apiserver", "--port", str(self.api_port),
             "--crds", str(PROJECT_ROOT / "crds"), "--kubeconfig-out", str(self.kubeconfig),
-            "--commits", str(self.commits_path), "--namespace", NAMESPACE]))
+            "--commits", str(self.commits_path), "--namespace", NAMESPACE, *per_user]))
         wait_for_http(f"{self.api_url}/version", timeout=30)
         wait_until(self.kubeconfig.exists, 10, "kubeconfig")
         manifest = self.workdir / "objects.yaml"
         manifest.write_text(yaml.safe_dump_all(_objects(self.load_delay, self.unload_delay)),
                             encoding="utf-8")
         self.kubectl("apply", "-f", str(manifest))
-        sim = [sys.executable, "-m", "devstack.simulator", "--kubeconfig", str(self.kubeconfig),
-               "--namespace", NAMESPACE, "--load-delay", f"{self.load_delay}s",
-               "--unload-delay", f"{self.unload_delay}s", "--log-dir",
-               str(self.workdir / "members"), "--timeline", str(self.workdir / "timeline.jsonl")]
+        sim = [sys.executable, "-m", "devstack.simulator",
+               "--kubeconfig", str(self.user_kubeconfigs[SIMULATOR_USER]), "--namespace", NAMESPACE,
+               "--load-delay", f"{self.load_delay}s", "--unload-delay", f"{self.unload_delay}s",
+               "--log-dir", str(self.workdir / "members"),
+               "--timeline", str(self.workdir / "timeline.jsonl")]
         for member, port in self.sim_ports.items():
             sim += ["--port", f"{member}={port}"]
+        if self.actuation == "llmkube":
+            sim += ["--rollout-delay", f"{ROLLOUT_DELAY}s"]
         self._procs.append(self._launch("simulator", sim))
+        if self.actuation == "llmkube":  # it warms the default member; routed below once Ready
+            self._procs.append(self._launch("reconciler", [
+                sys.executable, "-m", "devstack.reconciler", "--namespace", NAMESPACE,
+                "--kubeconfig", str(self.user_kubeconfigs[RECONCILER_USER])]))
         self._procs.append(self.extproc.start())
         members = {f"{m}.{NAMESPACE}": port for m, port in self.sim_ports.items()}
         h2_members: tuple[str, ...] = ()
@@ -123,9 +148,12 @@ class ClusterStack:
         text = self.commits_path.read_text(encoding="utf-8")
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
-    def api_requests(self) -> list[dict[str, Any]]:
-        """The emulator's request record since the last reset."""
-        with urllib.request.urlopen(f"{self.api_url}/_emulator/requests", timeout=10) as resp:
+    def api_requests(self, user: str | None = None) -> list[dict[str, Any]]:
+        """The emulator's request record since the last reset; only `user`'s (with the bodies
+        of their writes) when given."""
+        query = f"?user={user}" if user is not None else ""
+        with urllib.request.urlopen(f"{self.api_url}/_emulator/requests{query}",
+                                    timeout=10) as resp:
             return json.loads(resp.read())
 
     def reset_api_record(self) -> None:

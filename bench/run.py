@@ -1,12 +1,16 @@
 """``make bench``: run the four parts in one go and write the results down.
 
 Every figure is a ratio or a difference between two things measured in this same run. The
-whole run is bounded (fixed durations and counts, timeouts on every wait): about 3 minutes
-on this machine.
+whole run is bounded (fixed durations and counts, timeouts on every wait): about 5 minutes
+on this machine. Part 2 runs the same swaps in both actuation modes, own and llmkube.
+``python -m bench.run --only llmkube`` runs just part 2's llmkube half and merges it into the
+last run's bench/results.json (the other parts keep their figures).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import shutil
 import tempfile
 import time
@@ -22,17 +26,47 @@ SWAPS, HELD_PER_SWAP, LOAD_DELAY, UNLOAD_DELAY, SWAP_BUDGET = 60, 3, 0.2, 0.1, 1
 STREAMS, RAMP_CONNECTIONS_PER_S = 100, 5
 
 
-def main() -> None:
-    """Run everything in a scratch directory (kept on failure for its logs)."""
+def _llmkube_swaps(work: Path, versions: dict[str, str]) -> dict[str, object]:
+    """Part 2 in llmkube mode, stamped with its own date and commit (it can run alone)."""
+    began = time.monotonic()
+    result = swap.run(work / "swap-llmkube", SWAPS, HELD_PER_SWAP, LOAD_DELAY, UNLOAD_DELAY,
+                      SWAP_BUDGET, actuation="llmkube")
+    facts = machine.facts(versions)
+    result["measured"] = {"date": facts["date"], "git_commit": facts["git_commit"],
+                          "elapsed_s": round(time.monotonic() - began, 1)}
+    return result
+
+
+def _finish(results: dict, work: Path) -> None:
+    report.write(results)
+    for target, measured, limit, met in report.targets(results):
+        print(f"  {'met   ' if met else 'MISSED'} {target}: {measured} (target {limit})")
+    print(f"bench: wrote {report.RESULTS} and {report.DOC}")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run everything (or ``--only llmkube``) in a scratch directory (kept on failure)."""
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
+    parser.add_argument("--only", choices=("llmkube",),
+                        help="run only this part and merge it into bench/results.json")
+    only = parser.parse_args(argv).only
     began = time.monotonic()
     versions = tools.ensure_tools()
     work = Path(tempfile.mkdtemp(prefix="modelpool-bench-"))
     print(f"bench: working in {work}", flush=True)
+    if only == "llmkube":
+        results = json.loads(report.RESULTS.read_text(encoding="utf-8"))
+        print("bench: 2/4 swap trigger and release latency, llmkube mode only", flush=True)
+        results["llmkube"] = _llmkube_swaps(work, versions)
+        _finish(results, work)
+        return
     print("bench: 1/4 resident-hit overhead", flush=True)
     results = {"overhead": overhead.run(work / "overhead", WRK_SECONDS, WRK_WARMUP)}
-    print("bench: 2/4 swap release latency", flush=True)
+    print("bench: 2/4 swap release latency, own and llmkube mode", flush=True)
     results["swap"] = swap.run(work / "swap", SWAPS, HELD_PER_SWAP, LOAD_DELAY, UNLOAD_DELAY,
                                SWAP_BUDGET)
+    results["llmkube"] = _llmkube_swaps(work, versions)
     print("bench: 3/4 held at scale", flush=True)
     # Ramped arrivals measure holding; the burst shows what an all-at-once arrival does.
     runs = held.run(work / "held-ramp", (2000, 10_000), STREAMS, RAMP_CONNECTIONS_PER_S)
@@ -45,11 +79,7 @@ def main() -> None:
     results["hotpath"] = hotpath.run(work / "hotpath")
     results["machine"] = machine.facts(versions)
     results["elapsed_s"] = round(time.monotonic() - began, 1)
-    report.write(results)
-    for target, measured, limit, met in report.targets(results):
-        print(f"  {'met   ' if met else 'MISSED'} {target}: {measured} (target {limit})")
-    print(f"bench: wrote {report.RESULTS} and {report.DOC} in {results['elapsed_s']:.0f} s")
-    shutil.rmtree(work, ignore_errors=True)
+    _finish(results, work)
 
 
 if __name__ == "__main__":
