@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 
+import aiohttp
 import pytest
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
@@ -97,3 +98,17 @@ async def test_kubectl_get_leases_prints_holder_and_age(kubectl, emulator):
     assert described == "replica-a"
     resources = await kubectl("api-resources", "--api-group=coordination.k8s.io")
     assert "leases" in resources and "Lease" in resources
+
+
+async def test_throttle_fault_answers_429_to_the_next_writes(leases, emulator):
+    await asyncio.to_thread(leases.create_namespaced_lease, "default", _lease("t", "replica-a"))
+    async with aiohttp.ClientSession(emulator.url) as http:
+        async with http.post("/_emulator/faults/throttle", json={"resource": "leases", "count": 1}) as response:
+            assert await response.json() == {"group": "coordination.k8s.io", "resource": "leases", "remaining": 1}
+    await asyncio.to_thread(leases.read_namespaced_lease, "t", "default")  # reads are untouched
+    with pytest.raises(ApiException) as throttled:
+        await asyncio.to_thread(leases.patch_namespaced_lease, "t", "default", {"spec": {"holderIdentity": "b"}})
+    assert throttled.value.status == 429 and "TooManyRequests" in throttled.value.body
+    patched = await asyncio.to_thread(leases.patch_namespaced_lease, "t", "default",
+                                      {"spec": {"holderIdentity": "b"}})
+    assert patched.spec.holder_identity == "b"
