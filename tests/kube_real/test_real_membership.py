@@ -14,6 +14,7 @@ from control_plane import ControlPlane
 from lease_scenarios import (
     leader_moves_after_a_full_duration,
     memberships_see_each_other,
+    silent_peer_is_lost_with_unknown_counts,
     stale_renew_conflicts,
 )
 from platform_entry import api_client
@@ -34,6 +35,10 @@ async def test_stale_renew_conflicts(service: Any, namespace: str) -> None:
 
 async def test_memberships_see_each_other(service: Any, namespace: str) -> None:
     await memberships_see_each_other(service, namespace)
+
+
+async def test_silent_peer_is_lost_with_unknown_counts(service: Any, namespace: str) -> None:
+    await silent_peer_is_lost_with_unknown_counts(service, namespace)
 
 
 async def test_leader_moves_after_a_full_duration(service: Any, namespace: str) -> None:

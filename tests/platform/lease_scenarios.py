@@ -13,7 +13,7 @@ import pytest
 from devstack.testkit import eventually
 from extproc.platform.kube.leader import LeaderLease
 from extproc.platform.kube.leases import LeaseClient, LeaseConflict
-from extproc.platform.kube.membership import Load, Membership
+from extproc.platform.kube.membership import MEMBER_ROLE, ROLE_LABEL, Load, Membership
 from extproc.settings import Settings
 
 # short Leases so the loops turn quickly; the ratios are the defaults' (renew << duration - margin)
@@ -96,6 +96,23 @@ async def memberships_see_each_other(api: Any, namespace: str) -> None:
             assert await LeaseClient(api, namespace).get(b.name) is not None
         assert await LeaseClient(api, namespace).get("modelpool-extproc-replica-b") is None
         await eventually(lambda: not a.peers(), 10, "a drops the replica that left")
+
+
+async def silent_peer_is_lost_with_unknown_counts(api: Any, namespace: str) -> None:
+    """A peer Lease that stops changing (a SIGSTOPped or cut-off replica) is lost after its
+    duration + margin on our clock: its counts are then unknown, not zero, and its Lease stays."""
+    leases = LeaseClient(api, namespace)
+    published = Load({"ml/coder": 1}, {})
+    silent = await leases.create("modelpool-extproc-replica-b", holder="replica-b",
+                                 duration_seconds=int(QUICK.membership_lease_duration),
+                                 labels={ROLE_LABEL: MEMBER_ROLE}, payload=published.to_payload())
+    async with member(api, namespace, "replica-a", Counts()) as a:
+        [peer] = a.peers()
+        assert (peer.identity, peer.lost, peer.load) == ("replica-b", False, published)
+        [lost] = await eventually(lambda: [p for p in a.peers() if p.lost], 15, "b lost")
+        assert lost.identity == "replica-b" and lost.load is None
+        assert lost.silent_for > QUICK.membership_lease_duration + QUICK.lease_margin
+    assert await leases.get(silent.name) is not None  # only a clean leave deletes a Lease
 
 
 async def leader_moves_after_a_full_duration(api: Any, namespace: str) -> None:

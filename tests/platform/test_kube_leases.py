@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import aiohttp
+
 from kube_helpers import NS, eventually
 from lease_scenarios import (
     QUICK,
@@ -13,6 +15,7 @@ from lease_scenarios import (
     leader_moves_after_a_full_duration,
     member,
     memberships_see_each_other,
+    silent_peer_is_lost_with_unknown_counts,
     stale_renew_conflicts,
 )
 
@@ -35,27 +38,17 @@ async def test_unrenewable_replica_reports_itself_invalid(emulator: Any, api: An
         await eventually(lambda: a.failed_renews == 0 and len(_renews(emulator)) >= 2, 10,
                          "two renews landed")
         cut_at = time.monotonic()
-        emulator.set_unavailable(True)
+        await _switch_unavailable(emulator, True)
         # every renew now fails: validity stops where the last one that landed put it
         await eventually(lambda: a.failed_renews >= 2, 10, "renews failing")
         assert a.valid_until <= cut_at + QUICK.membership_lease_duration - QUICK.lease_margin
         await eventually(lambda: not a.is_valid(), 10, "a stops counting itself valid")
-        emulator.set_unavailable(False)
+        await _switch_unavailable(emulator, False)
         await eventually(a.is_valid, 10, "a valid again once a renew lands")
 
 
 async def test_silent_peer_is_lost_with_unknown_counts(emulator: Any, api: Any) -> None:
-    b_counts = Counts()
-    b_counts.in_flight["ml/coder"] = 1
-    async with member(api, NS, "replica-a", Counts()) as a, \
-            member(api, NS, "replica-b", b_counts) as b:
-        await eventually(lambda: [p.load for p in a.peers()] == [b_counts()], 10, "a sees b")
-        assert b._task is not None
-        b._task.cancel()  # b goes silent without leaving, like a SIGSTOPped or cut-off replica
-        [lost] = await eventually(lambda: [p for p in a.peers() if p.lost], 10, "b lost")
-        assert lost.identity == "replica-b" and lost.load is None  # unknown, not zero
-        assert lost.silent_for > QUICK.membership_lease_duration + QUICK.lease_margin
-        assert emulator.get("leases", b.name, NS) is not None  # still there: not a clean leave
+    await silent_peer_is_lost_with_unknown_counts(api, NS)
 
 
 async def test_renew_answered_429_is_a_failed_renew(emulator: Any, api: Any) -> None:
@@ -69,3 +62,10 @@ async def test_renew_answered_429_is_a_failed_renew(emulator: Any, api: Any) -> 
 
 def _renews(emulator: Any) -> list[Any]:
     return [r for r in emulator.requests if r.resource == "leases" and r.verb == "update"]
+
+
+async def _switch_unavailable(emulator: Any, on: bool) -> None:
+    """The emulator's outage switch, over HTTP as the e2e fault suite flips it."""
+    async with aiohttp.ClientSession(emulator.url) as http:
+        async with http.post("/_emulator/unavailable", json={"on": on}) as response:
+            assert await response.json() == {"on": on}
