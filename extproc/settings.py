@@ -200,6 +200,42 @@ class Settings:
     api_retry_max: float = _opt(30.0, "longest delay between retries of a failed API call",
                                 group="kubernetes", metavar="DURATION")
 
+    # --- replicas (issue 14): membership and leader Leases ------------------------------------
+    # Membership follows HA.md (a ~10 s Lease renewed every ~2 s): it gates admission, so a cut
+    # off replica must fail closed soon; client-go's 15 s lease is for leaders, which act rarely.
+    membership_lease_duration: float = _opt(10.0, "leaseDurationSeconds of each replica's "
+                                            "membership Lease (whole seconds; client-go's "
+                                            "leader default is 15s, shorter here so a cut-off "
+                                            "replica stops admitting sooner)", group="replicas",
+                                            metavar="DURATION")
+    membership_renew: float = _opt(2.0, "renew the membership Lease (with the in-flight and "
+                                   "held counts) this often; client-go's retry period",
+                                   group="replicas", metavar="DURATION")
+    lease_margin: float = _opt(2.0, "safety margin on every Lease: a replica stops admitting "
+                               "duration - margin after its last successful renew was sent, "
+                               "peers count it lost after duration + margin of silence (covers "
+                               "clock rate and scheduling delays)", group="replicas",
+                               metavar="DURATION")
+    membership_write_interval: float = _opt(0.25, "extra membership writes asked for between "
+                                            "renews (held 0 -> >0, a drained member) are "
+                                            "coalesced to at most one per this long",
+                                            group="replicas", metavar="DURATION")
+    leader_lease_duration: float = _opt(15.0, "leaseDurationSeconds of a pool's leader Lease; "
+                                        "client-go's LeaseDuration", group="replicas",
+                                        metavar="DURATION")
+    leader_renew_deadline: float = _opt(10.0, "a leader that has not renewed for this long "
+                                        "stops acting as leader; client-go's RenewDeadline",
+                                        group="replicas", metavar="DURATION")
+    leader_retry: float = _opt(2.0, "leader candidates try to acquire, and the leader renews, "
+                               "this often; client-go's RetryPeriod", group="replicas",
+                               metavar="DURATION")
+    membership_lease_name: str = _opt("modelpool-extproc-{replica}", "name of a replica's "
+                                      "membership Lease; placeholder {replica}",
+                                      group="replicas", metavar="TEMPLATE")
+    leader_lease_name: str = _opt("modelpool-extproc-{pool}-leader", "name of a pool's leader "
+                                  "Lease (in the pool's namespace); placeholder {pool}",
+                                  group="replicas", metavar="TEMPLATE")
+
     # --- observability -------------------------------------------------------------------------
     log_level: str = _opt("info", "debug, info, warning or error", group="observability",
                           metavar="LEVEL")
@@ -215,7 +251,10 @@ class Settings:
 _DURATION_FIELDS = {"shutdown_grace", "swap_budget", "fairness_window", "drain_linger",
                     "swap_timeout", "failure_backoff", "idle_probe_timeout", "probe_retry",
                     "park_margin", "stall_after", "idle_report", "watch_timeout",
-                    "api_retry_initial", "api_retry_max", "route_check_interval"}
+                    "api_retry_initial", "api_retry_max", "route_check_interval",
+                    *("membership_lease_duration", "membership_renew", "lease_margin",
+                      "membership_write_interval", "leader_lease_duration",
+                      "leader_renew_deadline", "leader_retry")}
 
 
 def format_duration(seconds: float) -> str:
@@ -311,4 +350,17 @@ def validate(settings: Settings) -> str:
         return "--actuation llmkube needs Kubernetes (LLMKube's reconciler), not --pools-file"
     if settings.watch_timeout < 1:
         return "--watch-timeout must be at least 1s"
+    return _lease_problem(settings)
+
+
+def _lease_problem(settings: Settings) -> str:
+    """What is wrong with the Lease timings (issue 14), or ""."""
+    for name in ("membership_lease_duration", "leader_lease_duration"):
+        value = getattr(settings, name)
+        if value < 1 or value != int(value):  # leaseDurationSeconds is an integer
+            return f"--{name.replace('_', '-')} must be whole seconds, at least 1s"
+    if not 0 < settings.membership_renew < settings.membership_lease_duration - settings.lease_margin:
+        return "--membership-renew must be above 0 and below the membership duration - margin"
+    if not 0 < settings.leader_retry < settings.leader_renew_deadline < settings.leader_lease_duration:
+        return "need 0 < --leader-retry < --leader-renew-deadline < --leader-lease-duration"
     return ""

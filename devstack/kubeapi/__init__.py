@@ -7,13 +7,15 @@ In process::
     emu.write_kubeconfig(".demo/kubeconfig", user="extproc")   # token "extproc-token"
     emu.create("mpool", {...}); emu.patch("isvc", "a", {"status": {...}}, subresource="status")
     emu.requests          # [RequestRecord(verb, group, resource, subresource, namespace, name), ...]
-    emu.requests_of("extproc"); emu.compact(); emu.fail_writes("isvc", 2); emu.set_unavailable(True)
+    emu.requests_of("extproc"); emu.compact(); emu.fail_writes("isvc", 2)
+    emu.throttle_writes("leases", 2); emu.set_unavailable(True)
     await emu.stop()
 
 Out of process: `python -m devstack.kubeapi --port 0 --crds crds/ --kubeconfig-out K` prints the
 URL and serves until SIGINT/SIGTERM. Debug endpoints (never recorded, never unavailable):
 GET /_emulator/requests[?user=U], POST /_emulator/reset-record, POST /_emulator/compact
-[?expireWatches=false], POST /_emulator/faults/conflict {"resource": "isvc", "count": N},
+[?expireWatches=false], POST /_emulator/faults/conflict {"resource": "isvc", "count": N}
+(409s), POST /_emulator/faults/throttle {"resource": "leases", "count": N} (429s),
 GET|POST /_emulator/unavailable {"on": true|false}.
 
 Not emulated: protobuf request bodies (`kubectl create <core kind>`; use apply), pagination

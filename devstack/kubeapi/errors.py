@@ -87,3 +87,9 @@ def method_not_allowed(verb: str) -> ApiError:
 def unavailable() -> ApiError:
     """503 while the emulator plays an unreachable API server."""
     return ApiError(503, "ServiceUnavailable", "the API server is unavailable (emulated outage)")
+
+
+def too_many_requests() -> ApiError:
+    """429 as API Priority and Fairness answers a request its priority level has no seat for."""
+    return ApiError(429, "TooManyRequests", "Too many requests, please try again later.",
+                    {"retryAfterSeconds": 1})

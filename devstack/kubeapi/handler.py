@@ -75,6 +75,7 @@ class KubeHandler(kmock.KubernetesScaffold):
     callers: list[tuple[str, RequestRecord, Any]] = attrs.field(factory=list, init=False)
     unavailable: bool = attrs.field(default=False, init=False)
     write_faults: dict[tuple[str, str], int] = attrs.field(factory=dict, init=False)
+    throttled: dict[tuple[str, str], int] = attrs.field(factory=dict, init=False)
     _by_url: dict[tuple[str, str, str], ResourceType] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -168,7 +169,14 @@ class KubeHandler(kmock.KubernetesScaffold):
             raise errors.no_such_path()
         return rt
 
+    def throttle_writes(self, rt: ResourceType, count: int) -> None:
+        """Answer the next `count` writes to `rt` with 429 TooManyRequests (API Priority and Fairness)."""
+        self.throttled[rt.storage_key] = count
+
     def _inject_fault(self, rt: ResourceType, verb: str, target: Target) -> None:
+        if verb in WRITE_VERBS and self.throttled.get(rt.storage_key, 0) > 0:
+            self.throttled[rt.storage_key] -= 1
+            raise errors.too_many_requests()
         remaining = self.write_faults.get(rt.storage_key, 0)
         if verb in WRITE_VERBS and remaining > 0:
             self.write_faults[rt.storage_key] = remaining - 1
@@ -273,14 +281,17 @@ class KubeHandler(kmock.KubernetesScaffold):
         if (method, action) == ("POST", "compact"):
             expire = request.query.get("expireWatches", "true") not in ("0", "false", "False")
             return json_response({"oldestResumable": store.compact(expire_watches=expire)})
-        if (method, action) == ("POST", "faults/conflict"):
+        faults = {"faults/conflict": (self.fail_writes, self.write_faults),
+                  "faults/throttle": (self.throttle_writes, self.throttled)}
+        if method == "POST" and action in faults:
+            inject, remaining = faults[action]
             try:
                 rt = self.find_type(str(body.get("resource", "")))
             except KeyError as exc:
                 return json_response({"error": str(exc)}, 404)
-            self.fail_writes(rt, int(body.get("count", 1)))
+            inject(rt, int(body.get("count", 1)))
             return json_response({"group": rt.group, "resource": rt.plural,
-                                  "remaining": self.write_faults[rt.storage_key]})
+                                  "remaining": remaining[rt.storage_key]})
         if action == "unavailable" and method in ("GET", "POST"):
             if method == "POST":
                 self.set_unavailable(bool(body.get("on", True)))

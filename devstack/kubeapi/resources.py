@@ -13,6 +13,9 @@ import yaml
 
 AGE = "Age"
 _CREATED = ".metadata.creationTimestamp"
+_HOLDER_DOC = ("holderIdentity contains the identity of the holder of a current lease. If Coordinated "
+               "Leader Election is used, the holder identity must be equal to the elected "
+               "LeaseCandidate.metadata.name field.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +28,7 @@ class Column:
     description: str = ""
     format: str = ""
     priority: int = 0
+    missing: str | None = None  # the cell when the path is unset (built-in printers say "", CRDs null)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +104,10 @@ def builtin_types() -> list[ResourceType]:
                        Column("Object", "string", ".involvedObject.name"),
                        Column("Message", "string", ".message"))),
         ResourceType("events.k8s.io", "v1", "events", "Event", "event", short_names=("ev",)),
-        ResourceType("coordination.k8s.io", "v1", "leases", "Lease", "lease"),
+        # kube-apiserver's own Lease printer: HOLDER is "" when nobody holds the Lease
+        ResourceType("coordination.k8s.io", "v1", "leases", "Lease", "lease",
+                     columns=(Column("Holder", "string", ".spec.holderIdentity", _HOLDER_DOC, missing=""),
+                              Column(AGE, "date", _CREATED))),
     ]
 
 

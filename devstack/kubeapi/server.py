@@ -88,6 +88,10 @@ class KubeEmulator:
         """Answer the next `count` writes to `resource` with 409 Conflict."""
         self.handler.fail_writes(self.resource_type(resource), count)
 
+    def throttle_writes(self, resource: str, count: int = 1) -> None:
+        """Answer the next `count` writes to `resource` with 429 TooManyRequests."""
+        self.handler.throttle_writes(self.resource_type(resource), count)
+
     def set_unavailable(self, on: bool = True) -> None:
         """Play an unreachable API server (503 to everything but /_emulator/) until switched off."""
         self.handler.set_unavailable(on)

@@ -63,7 +63,7 @@ def human_duration(seconds: float) -> str:
 def _cell(column: Column, obj: dict[str, Any]) -> Any:
     value = json_path(obj, column.json_path)
     if value is None:
-        return None
+        return column.missing
     if column.type == "date" and isinstance(value, str):
         try:
             then = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))

@@ -180,11 +180,12 @@ class ControlPlane:
         return ssl.create_default_context(cafile=str(self.pki.ca_cert))
 
     def request(self, method: str, url_or_path: str, body: Any = None, *,
-                token: str | None = "", content_type: str = "application/json") -> Any:
+                token: str | None = "", content_type: str = "application/json",
+                accept: str = "application/json") -> Any:
         """One HTTP call to the API server (as the admin unless ``token`` is given; None sends
         no credentials) or to etcd (never any); parsed JSON, or text."""
         url = url_or_path if "://" in url_or_path else self.url + url_or_path
-        headers = {"Content-Type": content_type, "Accept": "application/json"}
+        headers = {"Content-Type": content_type, "Accept": accept}
         if token is not None and not url.startswith(self.etcd_url):
             headers["Authorization"] = f"Bearer {token or self.token_of(ADMIN)}"
         data = None if body is None else json.dumps(body).encode()

@@ -1,0 +1,209 @@
+"""A replica's membership Lease: proof to itself that it may admit, and its counts for the others.
+
+Theory of operation (HA.md, "Membership"):
+- `start()` creates the replica's own Lease before anything reads pool state, so no peer can
+  miss a replica that is already admitting.
+- The loop renews every `membership_renew` seconds with the current `Load` (in-flight and held
+  counts per member) in the Lease's annotation, and writes at once when `request_write()` asks,
+  coalesced to one write per `membership_write_interval`.
+- `valid_until` is measured on this process's monotonic clock from when the last successful
+  renew was *sent*, minus the margin: the API server may have stamped the renew later, never
+  earlier, so a peer's view of the Lease expires no sooner than ours. Any failed renew (503,
+  429 throttling, a transport error, a conflict) leaves it where it was.
+- Peers are read after each renew. A peer whose Lease has not changed for its duration + margin,
+  measured on our clock from when we saw it change, is lost: its counts are unknown, never zero.
+  A deleted Lease is a clean leave and drops the peer at once.
+- `stop()` deletes the Lease so the others stop waiting for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from extproc.logs import get_logger
+from extproc.platform.kube._calls import TRANSPORT_ERRORS, describe
+from extproc.platform.kube.leases import Lease, LeaseClient, LeaseConflict
+from extproc.platform.kube.rest import ApiError, KubeClient
+from extproc.settings import Settings
+
+log = get_logger(__name__)
+
+ROLE_LABEL = "modelpool.inference.llmkube.dev/lease-role"
+MEMBER_ROLE = "member"
+FAILURES = (ApiError, LeaseConflict, *TRANSPORT_ERRORS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Load:
+    """What a replica publishes, per member key (e.g. `<namespace>/<member>`): in flight and held."""
+
+    in_flight: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    held: Mapping[str, int] = dataclasses.field(default_factory=dict)
+
+    def to_payload(self) -> dict[str, Any]:
+        """The JSON carried in the Lease annotation."""
+        return {"inFlight": dict(self.in_flight), "held": dict(self.held)}
+
+    @classmethod
+    def from_payload(cls, payload: Any) -> Load | None:
+        """The Load in a peer's annotation, or None when it is missing or malformed (unknown)."""
+        if not isinstance(payload, dict):
+            return None
+        counts = [payload.get("inFlight"), payload.get("held")]
+        if not all(isinstance(c, dict) and all(isinstance(v, int) and v >= 0 for v in c.values())
+                   for c in counts):
+            return None
+        return cls(in_flight=counts[0], held=counts[1])
+
+
+@dataclasses.dataclass(frozen=True)
+class Peer:
+    """Another replica as last read: `load` is None when it is lost or its payload unreadable."""
+
+    identity: str
+    lease_name: str
+    lost: bool
+    silent_for: float
+    load: Load | None
+
+
+@dataclasses.dataclass
+class _Sighting:
+    lease: Lease
+    changed_at: float  # our monotonic clock when its resourceVersion was first seen
+
+
+class Membership:
+    """One replica's membership Lease, its renew loop and its view of the peers."""
+
+    def __init__(self, client: KubeClient, namespace: str, identity: str, load: Callable[[], Load],
+                 settings: Settings, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.leases = LeaseClient(client, namespace)
+        self.identity = identity
+        self.name = settings.membership_lease_name.format(replica=identity)
+        self.duration = int(settings.membership_lease_duration)
+        self.renew_every = settings.membership_renew
+        self.margin = settings.lease_margin
+        self.write_interval = settings.membership_write_interval
+        self.valid_until = -math.inf
+        self.failed_renews = 0
+        self._load = load
+        self._clock = clock
+        self._lease: Lease | None = None
+        self._seen: dict[str, _Sighting] = {}
+        self._wake = asyncio.Event()
+        self._last_attempt = -math.inf
+        self._task: asyncio.Task[None] | None = None
+
+    def is_valid(self) -> bool:
+        """Whether this replica may admit: its last successful renew is recent enough."""
+        return self._clock() < self.valid_until
+
+    async def start(self) -> None:
+        """Create (or take back) this replica's Lease, retrying until it is written, then renew on."""
+        while not await self._renew():
+            await asyncio.sleep(self.renew_every)
+        await self._refresh_peers()
+        self._task = asyncio.create_task(self._run(), name=f"membership {self.name}")
+
+    def request_write(self) -> None:
+        """Publish the current Load soon (coalesced), not only at the next renew."""
+        self._wake.set()
+
+    def peers(self) -> list[Peer]:
+        """The other replicas' Leases as last listed, aged on our clock now."""
+        now = self._clock()
+        result = []
+        for name, seen in sorted(self._seen.items()):
+            silent = now - seen.changed_at
+            lost = silent > seen.lease.duration_seconds + self.margin
+            load = None if lost else Load.from_payload(seen.lease.payload)
+            result.append(Peer(seen.lease.holder, name, lost, silent, load))
+        return result
+
+    async def stop(self) -> None:
+        """Stop renewing and delete the Lease (a failure is logged: the Lease then expires)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self.valid_until = -math.inf
+        lease = self._lease
+        try:
+            with contextlib.suppress(LeaseConflict):
+                if lease is not None:
+                    await self.leases.delete(lease)
+                    return
+            # written since we last read it (a lost answer), or never read: delete what is there
+            current = await self.leases.get(self.name)
+            if current is not None and current.holder == self.identity:
+                await self.leases.delete(current)
+        except FAILURES as exc:
+            log.warning("membership lease not deleted", lease=self.name, error=describe(exc))
+
+    async def _run(self) -> None:
+        while True:
+            wait = self._last_attempt + self.renew_every - self._clock()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), max(0.0, wait))
+            if self._wake.is_set():  # asked for an early write: at most one per write_interval
+                await asyncio.sleep(max(0.0, self._last_attempt + self.write_interval - self._clock()))
+            self._wake.clear()
+            await self._renew()
+            await self._refresh_peers()
+
+    async def _renew(self) -> bool:
+        """One write of the Lease with the current Load; True when it landed."""
+        sent = self._last_attempt = self._clock()
+        payload = self._load().to_payload()
+        try:
+            if self._lease is None:
+                self._lease = await self._create_or_take_back(payload)
+            else:
+                self._lease = await self.leases.renew(
+                    self._lease, holder=self.identity, duration_seconds=self.duration, payload=payload)
+        except FAILURES as exc:
+            self.failed_renews += 1
+            if isinstance(exc, LeaseConflict) or (isinstance(exc, ApiError) and exc.status == 404):
+                self._lease = None  # re-read (or re-create) it on the next attempt
+            log.warning("membership renew failed", lease=self.name, error=describe(exc),
+                        valid_for=round(self.valid_until - self._clock(), 3))
+            return False
+        self.valid_until = max(self.valid_until, sent + self.duration - self.margin)
+        return True
+
+    async def _create_or_take_back(self, payload: dict[str, Any]) -> Lease:
+        try:
+            return await self.leases.create(self.name, holder=self.identity,
+                                            duration_seconds=self.duration,
+                                            labels={ROLE_LABEL: MEMBER_ROLE}, payload=payload)
+        except LeaseConflict:
+            # ours from a previous run of this pod, or a renew whose answer was lost
+            current = await self.leases.get(self.name)
+            if current is None:
+                raise
+            return await self.leases.renew(current, holder=self.identity,
+                                           duration_seconds=self.duration, payload=payload)
+
+    async def _refresh_peers(self) -> None:
+        try:
+            listed = await self.leases.list(f"{ROLE_LABEL}={MEMBER_ROLE}")
+        except FAILURES as exc:
+            # keep the last sightings: they age into "lost", which is the safe reading
+            log.warning("membership peers not listed", error=describe(exc))
+            return
+        now, current = self._clock(), {}
+        for lease in listed:
+            if lease.name == self.name:
+                continue
+            seen = self._seen.get(lease.name)
+            changed = seen is None or seen.lease.resource_version != lease.resource_version
+            current[lease.name] = _Sighting(lease, now if changed else seen.changed_at)
+        self._seen = current
