@@ -4,7 +4,6 @@ settings (header, ports, timeouts); the standalone Envoy config passes `envoy --
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from pathlib import Path

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kube_helpers import CRDS, NS, started_emulator
+from kube_helpers import CRDS, started_emulator
 
 from extproc.platform.kube.client import make_api_client
 from extproc.settings import Settings
