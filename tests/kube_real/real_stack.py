@@ -33,11 +33,7 @@ class RealApiStack(LocalStack):
         super().__init__(workdir, docs, Ports.free(members), **kwargs)
         self.plane = plane
         self.extproc_token = extproc_token
-
-    @property
-    def kubeapi_url(self) -> str:
-        """The real API server."""
-        return self.plane.url
+        self.kubeapi_url = plane.url  # the real API server, not an emulator
 
     def _start_kubeapi(self, timeout: float) -> None:
         """Nothing to start: write the `stack` user's kubeconfig and create the namespaces."""
