@@ -149,16 +149,14 @@ class StatusWriter:
                                  spec_problems=spec_problems)
         if desired == owned_part(current_status, desired):
             return False
-        # A merge patch leaves the keys it does not mention: fields other writers own
-        # survive; the conditions list is replaced whole, so desired
-        # carries the others' conditions along (desired_status).
-        # Remembered before the call: the watch may show our write before the call returns,
-        # and ``matches`` must already call it ours then.
-        # (as the server will store it: a null in a merge patch removes the field)
+        # A merge patch leaves the keys it does not mention, so fields other writers own
+        # survive; the conditions list is replaced whole, so desired carries the others'
+        # conditions along (desired_status). What we write is remembered before the call (the
+        # watch may show it before the call returns, and ``matches`` must call it ours then),
+        # as the server stores it (a null in a merge patch removes the field), and a few
+        # writes back (the watch may show an earlier one of ours after a later one was sent).
         stored = {k: v for k, v in desired.items() if v is not None}
         before, self._written[view.key] = self._written.get(view.key), stored
-        # A few recent writes, not only the last: the watch may show an earlier one of ours
-        # after a later one was sent.
         self._recent.setdefault(view.key, deque(maxlen=8)).append(desired)
         try:
             await counted("patch", f"{POOLS}/status", self._api.call(
