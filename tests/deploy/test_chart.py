@@ -31,8 +31,6 @@ from tools import tool_binary
 # reference CRDs; checked in test_manifests.
 OPERATOR_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 UNCHECKED_KINDS = OPERATOR_KINDS | {"HTTPRouteFilter"}
-# Settings the chart may pass before the service has them (the lead's `--actuation`).
-PENDING_SETTINGS = {"MODELPOOL_ACTUATION"}
 
 
 def _gvk(obj: dict[str, Any]) -> tuple[str, str, str]:
@@ -112,11 +110,10 @@ def _container(objs: list[dict[str, Any]]) -> dict[str, Any]:
 def _settings(container: dict[str, Any]) -> Settings:
     env = {e["name"]: e["value"] for e in container.get("env", [])}
     for name in env:
-        known = hasattr(Settings(), name.removeprefix("MODELPOOL_").lower())
-        assert known or name in PENDING_SETTINGS, f"{name} is not a service setting"
-    usable = {k: v for k, v in env.items() if hasattr(Settings(), k[10:].lower())}
+        assert hasattr(Settings(), name.removeprefix("MODELPOOL_").lower()), \
+            f"{name} is not a service setting"
     # the real command line: a flag it does not know fails here, not in the pod
-    return from_sources(build_parser().parse_args(container["args"]), environ=usable)
+    return from_sources(build_parser().parse_args(container["args"]), environ=env)
 
 
 @pytest.mark.parametrize("combination", COMBINATIONS)
