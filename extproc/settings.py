@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ENV_PREFIX = "MODELPOOL_"
+# The Lease timings of several replicas (platform/kube/membership.py, leader.py) are declared
+# and validated, but no replica coordinates through Leases yet: --help says so.
+_REPLICAS = "replicas (Lease timings for running several replicas; no effect yet: run one)"
 
 
 class ConfigError(SystemExit):
@@ -206,35 +209,35 @@ class Settings:
     membership_lease_duration: float = _opt(10.0, "leaseDurationSeconds of each replica's "
                                             "membership Lease (whole seconds; client-go's "
                                             "leader default is 15s, shorter here so a cut-off "
-                                            "replica stops admitting sooner)", group="replicas",
+                                            "replica stops admitting sooner)", group=_REPLICAS,
                                             metavar="DURATION")
     membership_renew: float = _opt(2.0, "renew the membership Lease (with the in-flight and "
                                    "held counts) this often; client-go's retry period",
-                                   group="replicas", metavar="DURATION")
+                                   group=_REPLICAS, metavar="DURATION")
     lease_margin: float = _opt(2.0, "safety margin on every Lease: a replica stops admitting "
                                "duration - margin after its last successful renew was sent, "
                                "peers count it lost after duration + margin of silence (covers "
-                               "clock rate and scheduling delays)", group="replicas",
+                               "clock rate and scheduling delays)", group=_REPLICAS,
                                metavar="DURATION")
     membership_write_interval: float = _opt(0.25, "extra membership writes asked for between "
                                             "renews (held 0 -> >0, a drained member) are "
                                             "coalesced to at most one per this long",
-                                            group="replicas", metavar="DURATION")
+                                            group=_REPLICAS, metavar="DURATION")
     leader_lease_duration: float = _opt(15.0, "leaseDurationSeconds of a pool's leader Lease; "
-                                        "client-go's LeaseDuration", group="replicas",
+                                        "client-go's LeaseDuration", group=_REPLICAS,
                                         metavar="DURATION")
     leader_renew_deadline: float = _opt(10.0, "a leader that has not renewed for this long "
                                         "stops acting as leader; client-go's RenewDeadline",
-                                        group="replicas", metavar="DURATION")
+                                        group=_REPLICAS, metavar="DURATION")
     leader_retry: float = _opt(2.0, "leader candidates try to acquire, and the leader renews, "
-                               "this often; client-go's RetryPeriod", group="replicas",
+                               "this often; client-go's RetryPeriod", group=_REPLICAS,
                                metavar="DURATION")
     membership_lease_name: str = _opt("modelpool-extproc-{replica}", "name of a replica's "
                                       "membership Lease; placeholder {replica}",
-                                      group="replicas", metavar="TEMPLATE")
+                                      group=_REPLICAS, metavar="TEMPLATE")
     leader_lease_name: str = _opt("modelpool-extproc-{pool}-leader", "name of a pool's leader "
                                   "Lease (in the pool's namespace); placeholder {pool}",
-                                  group="replicas", metavar="TEMPLATE")
+                                  group=_REPLICAS, metavar="TEMPLATE")
 
     # --- observability -------------------------------------------------------------------------
     log_level: str = _opt("info", "debug, info, warning or error", group="observability",
