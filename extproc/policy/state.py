@@ -63,7 +63,6 @@ class Swap:
     # The first probe answer that was not "idle": (member, False busy / None unknown).
     refused: tuple[str, bool | None] | None = None
     probe_retry_at: float = -math.inf  # after a refused probe, DRAIN waits until then
-    by_us: bool = True  # llmkube mode: False for a swap someone else started (seen in status)
     reclaim: bool = False  # started by swapPolicy reclaim, not by a request
     # The watchdog's record (watchdog.py): what the stage last looked like, since when, and
     # what is missing once it stopped moving ("" while it moves).

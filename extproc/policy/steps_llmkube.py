@@ -54,7 +54,7 @@ def follow_swap(m: PoolMachine, now: float, out: Out) -> None:
     """Follow it: the incumbent's new requests are held from now, held ones released after."""
     target = incoming(m)
     m.swap = Swap(target=target, incumbent=m.resident, started=now, stage=Stage.TRIGGERED,
-                  load_started=now, by_us=False)
+                  load_started=now)
     m.owner_picked = True
     m.version += 1
     out.append(Notice("SwapStarted", f"swap {m.resident or '(none)'} -> {target} started "

@@ -150,11 +150,6 @@ class PoolDriver:
         """The ModelPool's status changed."""
         self._feed(StatusObserved(status))
 
-    @property
-    def actuation(self) -> Actuation:
-        """Who carries this pool's swaps out right now."""
-        return self._machine.actuation
-
     def reject_held(self, code: str, message: str) -> None:
         """Answer every held request now with 503 ``code``, and any later one that would wait."""
         self._feed(Close(code, message))
