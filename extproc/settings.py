@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ENV_PREFIX = "MODELPOOL_"
-# The Lease timings of several replicas (platform/kube/membership.py, leader.py) are declared
-# and validated, but no replica coordinates through Leases yet: --help says so.
-_REPLICAS = "replicas (Lease timings for running several replicas; no effect yet: run one)"
+# Several replicas coordinate through Leases (platform/kube/replicas.py; docs/operations.md).
+_REPLICAS = "replicas (identity, Lease names and timings; Kubernetes only)"
 
 
 class ConfigError(SystemExit):
@@ -203,7 +202,20 @@ class Settings:
     api_retry_max: float = _opt(30.0, "longest delay between retries of a failed API call",
                                 group="kubernetes", metavar="DURATION")
 
-    # --- replicas (issue 14): membership and leader Leases ------------------------------------
+    # --- replicas: membership and leader Leases ----------------------------------------------
+    replica_name: str = _opt("", "this replica's identity in the Leases; empty: $POD_NAME, else "
+                             "the host name (a restarted pod keeps its name, so it takes its "
+                             "Leases back at once)", group=_REPLICAS, metavar="NAME")
+    lease_namespace: str = _opt("", "namespace of every Lease this service uses; empty: "
+                                "$POD_NAMESPACE, else the service account's namespace, else "
+                                "default", group=_REPLICAS, metavar="NS")
+    lost_replica_wait: float = _opt(600.0, "a replica lost without leaving (killed, cut off) may "
+                                    "still have requests streaming from the incumbent: until "
+                                    "the member's idle probe says idle, a swap waits this long "
+                                    "after it was lost (the longest a response may stream: "
+                                    "Envoy's route timeout, or its stream idle timeout, 600s "
+                                    "in the shipped configs, when the route has none)",
+                                    group=_REPLICAS, metavar="DURATION")
     # Membership follows HA.md (a ~10 s Lease renewed every ~2 s): it gates admission, so a cut
     # off replica must fail closed soon; client-go's 15 s lease is for leaders, which act rarely.
     membership_lease_duration: float = _opt(10.0, "leaseDurationSeconds of each replica's "
@@ -235,8 +247,8 @@ class Settings:
     membership_lease_name: str = _opt("modelpool-extproc-{replica}", "name of a replica's "
                                       "membership Lease; placeholder {replica}",
                                       group=_REPLICAS, metavar="TEMPLATE")
-    leader_lease_name: str = _opt("modelpool-extproc-{pool}-leader", "name of a pool's leader "
-                                  "Lease (in the pool's namespace); placeholder {pool}",
+    leader_lease_name: str = _opt("modelpool-extproc-leader.{namespace}.{pool}", "name of a "
+                                  "pool's leader Lease; placeholders {namespace}, {pool}",
                                   group=_REPLICAS, metavar="TEMPLATE")
 
     # --- observability -------------------------------------------------------------------------
@@ -257,7 +269,7 @@ _DURATION_FIELDS = {"shutdown_grace", "swap_budget", "fairness_window", "drain_l
                     "api_retry_initial", "api_retry_max", "route_check_interval",
                     *("membership_lease_duration", "membership_renew", "lease_margin",
                       "membership_write_interval", "leader_lease_duration",
-                      "leader_renew_deadline", "leader_retry")}
+                      "leader_renew_deadline", "leader_retry", "lost_replica_wait")}
 
 
 def format_duration(seconds: float) -> str:
@@ -336,7 +348,7 @@ def from_sources(args: argparse.Namespace | None = None,
 
 def validate(settings: Settings) -> str:
     """The first thing wrong with ``settings`` that would only show up per request, or ""."""
-    for name in ("route_template", "idle_probe_url"):
+    for name in ("route_template", "idle_probe_url", "leader_lease_name"):
         try:
             getattr(settings, name).format(member="m", pool="p", namespace="ns")
         except (KeyError, IndexError, ValueError) as exc:

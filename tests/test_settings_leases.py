@@ -21,7 +21,7 @@ def test_defaults_match_client_go_and_ha_md():
     # a replica fails closed before its peers may count it lost: duration - margin < duration + margin
     assert settings.lease_margin > 0
     assert settings.membership_lease_name.format(replica="pod-1") == "modelpool-extproc-pod-1"
-    assert settings.leader_lease_name.format(pool="gpu") == "modelpool-extproc-gpu-leader"
+    assert settings.leader_lease_name.format(namespace="ml", pool="gpu") == "modelpool-extproc-leader.ml.gpu"
 
 
 def test_flags_and_environment_set_the_timings():

@@ -14,6 +14,7 @@ from devstack.testkit import eventually
 from extproc.platform.kube.leader import LeaderLease
 from extproc.platform.kube.leases import LeaseClient, LeaseConflict
 from extproc.platform.kube.membership import MEMBER_ROLE, ROLE_LABEL, Load, Membership
+from extproc.policy.model import PoolKey
 from extproc.settings import Settings
 
 # short Leases so the loops turn quickly; the ratios are the defaults' (renew << duration - margin)
@@ -118,9 +119,9 @@ async def silent_peer_is_lost_with_unknown_counts(api: Any, namespace: str) -> N
 async def leader_moves_after_a_full_duration(api: Any, namespace: str) -> None:
     """B takes the pool's leader Lease only once A's renews stopped for a whole duration on B's clock."""
     clock = ManualClock()
-    a = LeaderLease(api, namespace, "shared-gpu", "replica-a", Settings(), clock=clock)
-    b = LeaderLease(api, namespace, "shared-gpu", "replica-b", Settings(), clock=clock)
-    assert a.name == "modelpool-extproc-shared-gpu-leader"
+    a = LeaderLease(api, namespace, PoolKey(namespace, "shared-gpu"), "replica-a", Settings(), clock=clock)
+    b = LeaderLease(api, namespace, PoolKey(namespace, "shared-gpu"), "replica-b", Settings(), clock=clock)
+    assert a.name == f"modelpool-extproc-leader.{namespace}.shared-gpu"
     assert await a.try_acquire_or_renew() and a.is_leader() and a.epoch == 0
     assert not await b.try_acquire_or_renew() and not b.is_leader()
     clock.now += 5

@@ -25,6 +25,7 @@ from extproc.platform.kube._calls import describe
 from extproc.platform.kube.leases import Lease, LeaseClient, micro_time
 from extproc.platform.kube.membership import FAILURES
 from extproc.platform.kube.rest import KubeClient
+from extproc.policy.model import PoolKey
 from extproc.settings import Settings
 
 log = get_logger(__name__)
@@ -33,10 +34,11 @@ log = get_logger(__name__)
 class LeaderLease:
     """One candidate for one pool's leader Lease."""
 
-    def __init__(self, client: KubeClient, namespace: str, pool: str, identity: str,
+    def __init__(self, client: KubeClient, namespace: str, pool: PoolKey, identity: str,
                  settings: Settings, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self.leases = LeaseClient(client, namespace)
-        self.name = settings.leader_lease_name.format(pool=pool)
+        self.leases = LeaseClient(client, namespace)  # the Leases' namespace, not the pool's
+        self.pool = pool
+        self.name = settings.leader_lease_name.format(namespace=pool.namespace, pool=pool.name)
         self.identity = identity
         self.duration = int(settings.leader_lease_duration)
         self.renew_deadline = settings.leader_renew_deadline
