@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .model import Actuation, MemberObservation, PoolSpec, PoolStatus
+from .model import Actuation, MemberObservation, PeerState, PoolSpec, PoolStatus
 
 # ---- events -----------------------------------------------------------------------------
 
@@ -69,6 +69,38 @@ class ActuationChanged:
 
 
 @dataclass(frozen=True, slots=True)
+class AdmissionLease:
+    """This replica may admit until ``until`` (its membership Lease: last renew sent +
+    duration - margin, on the machine's clock); inf where no Leases are used."""
+
+    until: float
+
+
+@dataclass(frozen=True, slots=True)
+class LeadershipChanged:
+    """This replica gained or lost the pool's leader Lease (own mode: lead or follow)."""
+
+    leading: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PeersObserved:
+    """The other replicas' membership Leases, as far as this pool is concerned."""
+
+    peers: tuple[PeerState, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DrainAnnounced:
+    """The pool's drain announcement in its leader Lease: every replica admits only to
+    ``target`` from epoch ``epoch`` on ("" with any epoch: no announcement; epoch 0: none
+    known). The leader hears its own once written and not superseded; followers by watch."""
+
+    epoch: int
+    target: str
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """Time passed; deadlines up to now are due."""
 
@@ -86,7 +118,8 @@ class Close:
 
 
 Event = (RequestArrived | RequestEnded | MemberObserved | SpecChanged | IdleProbed | StatusObserved
-         | ActuationChanged | Tick | Close)
+         | ActuationChanged | AdmissionLease | LeadershipChanged | PeersObserved | DrainAnnounced
+         | Tick | Close)
 
 # ---- commands ---------------------------------------------------------------------------
 

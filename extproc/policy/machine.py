@@ -42,19 +42,23 @@ from __future__ import annotations
 
 import math
 
-from . import modes, snapshot, watchdog
+from . import modes, replicas, snapshot, watchdog
 from .admission import refuse_now
 from .events import (
     ActuationChanged,
+    AdmissionLease,
     Admit,
     Close,
     Command,
+    DrainAnnounced,
     Dropped,
     Event,
     Hold,
     IdleProbed,
+    LeadershipChanged,
     MemberObserved,
     Notice,
+    PeersObserved,
     Reject,
     RequestArrived,
     Scale,
@@ -67,6 +71,7 @@ from .forecast import SwapHistory
 from .model import (
     Actuation,
     MemberObservation,
+    PeerState,
     PoolSpec,
     PoolStatus,
     PoolView,
@@ -74,6 +79,7 @@ from .model import (
 )
 from .reclaim import idle_deadline, report_policy, track_idle
 from .requests import RequestBook
+from .respec import respec
 from .state import Limits, PolicyError, Stage, Swap
 from .steps_llmkube import incoming
 from .swap import advance
@@ -119,6 +125,12 @@ class PoolMachine:
         self.resident_was, self.resident_since = "", now  # when the resident took the slot
         self.idle_shown: float | None = None  # status.residentIdleSince (reclaim.track_idle)
         self.version = 0  # bumped whenever the status-relevant state changes
+        # Several replicas (replicas.py): this replica's admission Lease, the others' counts,
+        # and the pool's drain announcement (epoch, target) from its leader Lease.
+        self.admit_until = math.inf
+        self.leading: bool | None = None if actuation is Actuation.FOLLOW else True
+        self.peers: tuple[PeerState, ...] = ()
+        self.drain = (0, "")
         self.now = now
         self._broken = ""
 
@@ -157,8 +169,8 @@ class PoolMachine:
         swap = self.swap
         if swap is not None:
             if swap.stage is Stage.DRAIN:
-                times.extend(t for t in (swap.probe_retry_at, self.calm_at())
-                             if t > self.now)
+                times.extend(t for t in (swap.probe_retry_at, self.calm_at(),
+                                         *replicas.settle_times(self)) if t > self.now)
             if swap.stage in (Stage.LOAD, Stage.TRIGGERED):
                 times.append(swap.load_started + self.limits.swap_timeout)
         return min(times)
@@ -191,13 +203,21 @@ class PoolMachine:
             case MemberObserved(obs):
                 self._observe(obs, out)
             case SpecChanged(spec):
-                self._respec(spec, out)
+                respec(self, spec, out)
             case IdleProbed(member, idle):
                 self._probed(member, idle)
             case StatusObserved(status):
                 modes.observe_status(self, status, out)
             case ActuationChanged(actuation, reason):
                 modes.switch(self, actuation, reason, out)
+            case LeadershipChanged(leading):
+                modes.lead(self, leading, out)
+            case AdmissionLease(until):
+                self.admit_until = until
+            case PeersObserved(peers):
+                self.peers = peers
+            case DrainAnnounced(epoch, target):
+                replicas.observe_announcement(self, epoch, target)
             case Close(code, message):
                 self.closing = (code, message)
                 for rid, held in list(self.requests.held.items()):
@@ -228,6 +248,9 @@ class PoolMachine:
         self.requests.arrived(member, now, self.limits.drain_linger)
         if self.routable(member) and not self._fairness_holds(member, now):
             self.admit(rid, member, 0.0, out)
+            return
+        if now >= self.admit_until:
+            out.append(Reject(rid, 503, replicas.UNAVAILABLE_CODE, replicas.unavailable_message(), 1))
             return
         failed_until = self.failed_until.get(member, 0.0)
         if failed_until > now:
@@ -288,32 +311,6 @@ class PoolMachine:
                               f"(phase {obs.phase or 'unknown'}, pods {obs.pods})",
                               source=obs.name))
 
-    def _respec(self, spec: PoolSpec, out: list[Command]) -> None:
-        if spec.key != self.spec.key:
-            raise PolicyError(f"spec for {spec.key} sent to pool {self.spec.key}")
-        self.spec = spec
-        self.version += 1
-        for name in list(self.obs):
-            if name in spec.members:
-                self.departing.discard(name)  # added back
-            elif self.obs[name].unloaded and not self.requests.busy(name):
-                del self.obs[name]
-            else:
-                # Removed while it holds the GPU (or serves requests): it still counts for
-                # the slot until it is drained and unloaded like any other non-target member.
-                self.departing.add(name)
-        # Requests for members that left the pool can never be served.
-        for rid, held in list(self.requests.held.items()):
-            if held.member not in spec.members:
-                self.requests.unhold(rid)
-                out.append(Reject(rid, 404, "model_not_found",
-                                  f"model {held.member!r} was removed from pool {spec.key}",
-                                  0, self.now - held.arrived))
-        if self.resident and self.resident not in spec.members:
-            self.resident = ""
-        self.wishes = {w: None for w in self.wishes if w in spec.members}
-        # A swap whose target left is cancelled by its edge in swap.TRANSITIONS.
-
     def _probed(self, member: str, idle: bool | None) -> None:
         swap = self.swap
         if swap is None or swap.stage is not Stage.PROBE or member not in swap.probing:
@@ -353,8 +350,11 @@ class PoolMachine:
     def routable(self, member: str) -> bool:
         """May requests for ``member`` pass now? Resident and Ready, and (llmkube) none incoming."""
         obs = self.obs.get(member)  # (llmkube mode: the status may name it before it is seen)
-        if not member or member != self.resident or obs is None or not obs.ready:
+        if not member or member != self.resident or obs is None or not obs.ready \
+                or self.now >= self.admit_until:
             return False
+        if self.actuation is Actuation.FOLLOW:
+            return replicas.follower_admits(self, member)
         return self.actuation is not Actuation.LLMKUBE or incoming(self) in ("", member)
 
     def fairness_due(self, swap: Swap, now: float) -> bool:

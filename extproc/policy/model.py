@@ -7,6 +7,7 @@ that the platform's status writer turns into ``.status`` of the ModelPool.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -66,6 +67,24 @@ class Actuation(str, Enum):
     OWN = "own"  # this service drains, unloads, loads and writes the status
     LLMKUBE = "llmkube"  # LLMKube's reconciler does; this service only triggers and follows
     HANDS_OFF = "hands-off"  # own mode after another writer fought us: route, never actuate
+    FOLLOW = "follow"  # own mode, another replica of ours leads the pool: hold, publish, follow
+
+
+@dataclass(frozen=True, slots=True)
+class PeerState:
+    """Another replica of this service, as its membership Lease shows it for one pool.
+
+    ``silent_since`` is on this process's monotonic clock: when its Lease last changed. A
+    ``lost`` peer (silent for its duration + margin) has unknown counts, never zero ones.
+    ``acked`` is the pool's drain epoch it has seen and obeys (0: none).
+    """
+
+    identity: str
+    silent_since: float
+    lost: bool = False
+    acked: int = 0
+    in_flight: Mapping[str, int] = field(default_factory=dict)
+    held: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ graph to the other's. The machine does it between events, never inside an edge.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .events import Command, Notice, Reject, Trigger
@@ -29,9 +30,12 @@ CONFLICT_CODE = "pool_conflict"
 
 
 def observe_status(m: PoolMachine, status: PoolStatus, out: Out) -> None:
-    """A new ``.status``: followed in llmkube mode, a conflict in own mode if foreign."""
+    """A new ``.status``: followed in llmkube and follow mode, a conflict in own mode if foreign."""
     m.status = status
-    if m.actuation is Actuation.OWN and m.auto and (status.foreign or status.llmkube):
+    if m.actuation is Actuation.FOLLOW and m.auto and status.llmkube:
+        switch(m, Actuation.LLMKUBE, "LLMKube's reconciler manages this pool (its status "
+               "carries LLMKube's conditions)", out)
+    elif m.actuation is Actuation.OWN and m.auto and (status.foreign or status.llmkube):
         switch(m, Actuation.LLMKUBE, "LLMKube's reconciler manages this pool (its status "
                "carries LLMKube's conditions or fields we did not write)", out)
     elif m.actuation is Actuation.OWN and status.foreign:
@@ -42,7 +46,7 @@ def observe_status(m: PoolMachine, status: PoolStatus, out: Out) -> None:
                           "controller writes this pool's status)", source="auto",
                           target=m.actuation.value))
     m.auto_said = True
-    if m.actuation is not Actuation.LLMKUBE:
+    if m.actuation not in (Actuation.LLMKUBE, Actuation.FOLLOW):
         return
     resident = status.resident if status.resident in m.spec.members else ""
     if resident != m.resident:
@@ -54,6 +58,19 @@ def observe_status(m: PoolMachine, status: PoolStatus, out: Out) -> None:
                 f"LLMKube deferred the swap ({status.deferred_reason})", out)
     else:
         m.clear_deferral()
+
+
+def lead(m: PoolMachine, leading: bool, out: Out) -> None:
+    """This replica gained or lost the pool's leader Lease: own mode leads, or follows.
+
+    The first answer after start-up is not news (a lone replica always takes the Lease):
+    only later changes are told, so the switch's one command, its Notice, is dropped then.
+    """
+    first, m.leading = m.leading is None, leading
+    if m.actuation in (Actuation.OWN, Actuation.FOLLOW):
+        switch(m, Actuation.OWN if leading else Actuation.FOLLOW,
+               "this replica holds the pool's leader Lease" if leading else
+               "another replica holds the pool's leader Lease", [] if first else out)
 
 
 def switch(m: PoolMachine, actuation: Actuation, reason: str, out: Out) -> None:
@@ -72,6 +89,20 @@ def switch(m: PoolMachine, actuation: Actuation, reason: str, out: Out) -> None:
             if not m.routable(held.member):
                 m.requests.unhold(rid)
                 out.append(conflict_reject(m, rid, m.now - held.arrived))
+        return
+    if actuation is Actuation.FOLLOW:
+        # The leader carries the swap on; we hold the incumbent's requests until it is done.
+        m.resident = m.status.resident if m.status.resident in m.spec.members else ""
+        if swap is not None:
+            swap.stage, swap.load_started, swap.probing = Stage.TRIGGERED, m.now, set()
+        return
+    if before is Actuation.FOLLOW:
+        # The new leader resumes from the cluster's state, as a restarted process does: the
+        # resident the old leader recorded, and its swap (drained again before any unload).
+        if swap is not None:
+            swap.stage, swap.probing, swap.refused = Stage.DRAIN, set(), None
+        elif m.status.pending in m.spec.members:
+            m.hints = replace(m.hints, pending=m.status.pending)
         return
     if actuation is Actuation.LLMKUBE:
         m.resident = m.status.resident if m.status.resident in m.spec.members else ""

@@ -43,6 +43,7 @@ class Limits:
     max_held: int  # held requests per pool beyond which new ones get 503 at once (0: no bound)
     stall_after: float  # a swap stage with no observed progress this long is SwapStalled
     idle_report: float  # a resident idle this long shows status.residentIdleSince
+    lost_replica_wait: float  # a lost replica's requests may stream this long after it fell silent
 
 
 @dataclass(slots=True)

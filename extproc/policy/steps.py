@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from . import replicas
 from .events import Command, Notice, ProbeIdle, Reject
 from .model import PHASE_FAILED, Actuation
 from .reclaim import reclaim_at
@@ -62,6 +63,8 @@ def release_serving(m: PoolMachine, now: float, out: Out) -> None:
 
 def wanted(m: PoolMachine) -> str:
     """The member the slot should go to next, or "" to stay put."""
+    if m.now >= m.admit_until:
+        return ""  # past its admission Lease this replica's view may be stale: start nothing
     hint = m.hints.pending
     if hint in m.spec.members and not m.routable(hint):
         return hint  # resume the swap a previous process (or leader) started
@@ -69,6 +72,9 @@ def wanted(m: PoolMachine) -> str:
         if not m.routable(held.member):
             return held.member
     for member in m.wishes:  # requests refused for their own deadline (admission.py)
+        if not m.routable(member):
+            return member
+    for member in replicas.peer_demand(m):  # other replicas hold requests for it
         if not m.routable(member):
             return member
     if m.actuation is not Actuation.OWN:
@@ -143,8 +149,17 @@ def cancel_reclaim(m: PoolMachine, now: float, out: Out) -> None:
 # ---- Draining and Probing -----------------------------------------------------------------
 
 def drained(m: PoolMachine, now: float) -> bool:
-    """No other member busy, past a refused probe's pause, and the linger is over."""
-    return now >= swap_of(m).probe_retry_at and not others_busy(m) and now >= m.calm_at()
+    """No other member busy here or on a live peer, past a refused probe's pause (while a
+    probe is what decides), and the linger is over."""
+    gated = m.limits.idle_gate or replicas.unsettled(m, now)
+    paused = gated and now < swap_of(m).probe_retry_at
+    return not paused and not others_busy(m) and now >= m.calm_at() \
+        and replicas.peers_drained(m, m.others())
+
+
+def drained_here_and_settled(m: PoolMachine, now: float) -> bool:
+    """Drained, and no lost peer may still stream from a serving member (else: probe it)."""
+    return drained(m, now) and not (replicas.unsettled(m, now) and serving_others(m))
 
 
 def serving_others(m: PoolMachine) -> list[str]:
@@ -154,7 +169,9 @@ def serving_others(m: PoolMachine) -> list[str]:
 
 
 def drained_and_gated(m: PoolMachine, now: float) -> bool:
-    return m.limits.idle_gate and drained(m, now) and bool(serving_others(m))
+    # a lost peer's requests are unknown: the member's own idle signal settles them
+    gated = m.limits.idle_gate or replicas.unsettled(m, now)
+    return gated and drained(m, now) and bool(serving_others(m))
 
 
 def probe(m: PoolMachine, now: float, out: Out) -> None:
@@ -275,7 +292,8 @@ def complete(m: PoolMachine, now: float, out: Out) -> None:
     m.history.record(swap.incumbent, swap.target, duration)
     m.failed_until.pop(swap.target, None)
     released = 0
-    for rid, held in m.requests.held_for(swap.target):
+    # (a replica past its admission Lease keeps them: Idle's release edge lets them go later)
+    for rid, held in m.requests.held_for(swap.target) if now < m.admit_until else ():
         m.requests.unhold(rid)
         m.admit(rid, held.member, now - held.arrived, out)
         released += 1

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .events import Command, Notice, Trigger
-from .model import PHASE_FAILED
+from .model import PHASE_FAILED, Actuation
 from .state import Stage, Swap
 from .steps import drained, swap_of
 
@@ -33,6 +33,9 @@ def incoming(m: PoolMachine) -> str:
     swap = m.swap
     if swap is not None and swap.stage is Stage.TRIGGERED:
         return swap.target
+    announced = m.drain[1]  # follow mode: the leader's drain announcement comes first
+    if m.actuation is Actuation.FOLLOW and announced in m.spec.members and announced != m.resident:
+        return announced
     # A member whose load just failed is not coming in (LLMKube gives way to the next request).
     def coming(name: str) -> bool:
         obs = m.obs.get(name)
@@ -57,8 +60,9 @@ def follow_swap(m: PoolMachine, now: float, out: Out) -> None:
                   load_started=now)
     m.owner_picked = True
     m.version += 1
+    by = "LLMKube" if m.actuation is Actuation.LLMKUBE else "the replica leading the pool"
     out.append(Notice("SwapStarted", f"swap {m.resident or '(none)'} -> {target} started "
-                      "(by LLMKube)", source=m.resident, target=target))
+                      f"(by {by})", source=m.resident, target=target))
 
 
 def drained_here(m: PoolMachine, now: float) -> bool:

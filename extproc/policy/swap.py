@@ -28,7 +28,7 @@ Own mode (this service drains, unloads and loads)::
     Idle      --swapPolicy reclaim, resident idle long enough-->  Draining (back to default)
     Draining  --a reclaim whose slot is wanted again-->         Idle (cancelled)
     Draining  --others idle and calm, idle gate on-->           Probing
-    Draining  --others idle and calm-->                         Unloading
+    Draining  --others idle and calm, here and on live peers-->  Unloading
     Probing   --a request came in for another member-->         Draining
     Probing   --a runtime said busy or could not tell-->        Draining (deferred)
     Probing   --every runtime said idle-->                      Unloading
@@ -40,7 +40,9 @@ Own mode (this service drains, unloads and loads)::
 
 llmkube mode drains the same way, then Draining --trigger--> Triggered, which ends Idle when
 LLMKube's status names the target resident (or fails like Loading); a swap LLMKube started
-is followed from Idle straight to Triggered.
+is followed from Idle straight to Triggered. Follow mode (own mode on a replica that does not
+lead the pool, ``replicas.py``) has only those following edges: the leader decides, this
+replica holds, and releases when the leader's status names the target resident.
 """
 
 from __future__ import annotations
@@ -108,6 +110,8 @@ ANY = frozenset(Actuation)
 OWN = frozenset({Actuation.OWN})
 LLMKUBE = frozenset({Actuation.LLMKUBE})
 ROUTING = frozenset({Actuation.OWN, Actuation.HANDS_OFF})  # residency is ours to decide
+# residency is someone else's: LLMKube's reconciler, or (follow) the replica leading the pool
+FOLLOWING = frozenset({Actuation.LLMKUBE, Actuation.FOLLOW})
 
 
 def _not_ready_after(m: PoolMachine) -> str:
@@ -127,7 +131,7 @@ TRANSITIONS: tuple[Edge, ...] = (
     # Idle
     Edge(_I, steps.held_for_serving, _I, steps.release_serving, _S, ANY),
     Edge(_I, steps.adoptable, _I, steps.adopt, _H, ROUTING),
-    Edge(_I, llm.someone_swaps, _T, llm.follow_swap, _H, LLMKUBE),
+    Edge(_I, llm.someone_swaps, _T, llm.follow_swap, _H, FOLLOWING),
     Edge(_I, steps.wants_a_member, _D, steps.start, _H, OWN | LLMKUBE),
     Edge(_I, steps.reclaim_due, _D, steps.reclaim, _H, OWN),
     Edge(_I, steps.hint_left, _I, steps.drop_hint, _H, ANY),
@@ -136,7 +140,7 @@ TRANSITIONS: tuple[Edge, ...] = (
     Edge(_P, steps.reclaim_unwanted, _I, steps.cancel_reclaim, _H, OWN),
     # Draining and Probing (own mode)
     Edge(_D, steps.drained_and_gated, _P, steps.probe, _H, OWN),
-    Edge(_D, steps.drained, _U, steps.to_unload, _H, OWN),
+    Edge(_D, steps.drained_here_and_settled, _U, steps.to_unload, _H, OWN),
     Edge(_P, steps.busy_again, _D, steps.back_to_drain, _H, OWN),
     Edge(_P, steps.probe_refused, _D, steps.defer, _H, OWN),
     Edge(_P, steps.all_idle, _U, steps.to_unload, _H, OWN),
@@ -148,9 +152,9 @@ TRANSITIONS: tuple[Edge, ...] = (
     Edge(_L, steps.target_failed, _I, steps.fail(_reported_failed), _H, OWN),
     # llmkube mode: drain our own requests, trigger, then follow LLMKube's reconciler
     Edge(_D, llm.drained_here, _T, llm.trigger, _H, LLMKUBE),
-    Edge(_T, steps.timed_out, _I, steps.fail(_not_ready_after), _A, LLMKUBE),
-    Edge(_T, llm.target_resident, _I, steps.complete, _S, LLMKUBE),
-    Edge(_T, steps.target_failed, _I, steps.fail(_reported_failed), _H, LLMKUBE),
+    Edge(_T, steps.timed_out, _I, steps.fail(_not_ready_after), _A, FOLLOWING),
+    Edge(_T, llm.target_resident, _I, steps.complete, _S, FOLLOWING),
+    Edge(_T, steps.target_failed, _I, steps.fail(_reported_failed), _H, FOLLOWING),
 )
 
 _BY_SOURCE: dict[Stage, tuple[Edge, ...]] = {

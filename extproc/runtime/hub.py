@@ -52,7 +52,7 @@ def limits_from(settings: Settings) -> Limits:
                   retry_after_max=settings.retry_after_max, idle_gate=settings.idle_gate,
                   drain_linger=settings.drain_linger, probe_retry=settings.probe_retry,
                   max_held=settings.max_held, stall_after=settings.stall_after,
-                  idle_report=settings.idle_report)
+                  idle_report=settings.idle_report, lost_replica_wait=settings.lost_replica_wait)
 
 
 class Hub:

@@ -1,0 +1,105 @@
+"""Several replicas of this service on one pool: what a pool's machine knows of the others.
+
+Roles (own mode). One replica leads each pool (the platform holds a leader Lease for it): its
+machine runs in ``Actuation.OWN`` and decides and actuates. Every other replica's machine runs
+in ``Actuation.FOLLOW``: it holds requests, publishes its held and in-flight counts (the
+platform's membership Lease), follows the leader's status and drain announcement, and releases
+its own held requests when the target is Ready and named resident. llmkube mode needs no
+leader: LLMKube's reconciler actuates, and every replica may trigger.
+
+Two-phase drain. While the leader swaps, it announces the target in its leader Lease under a
+new epoch (``announcement``). A follower that has seen epoch ``e`` admits to no other member
+from then on and acknowledges ``e`` in its membership Lease, with its in-flight counts in the
+same write. The leader unloads only when each live peer acknowledged the epoch now in the
+Lease with nothing in flight on the members giving up the slot, and each lost peer is settled:
+the idle probe said idle, or ``lost_replica_wait`` has passed since it fell silent (its
+requests may still be streaming: with Envoy failing open, a dead replica's routed responses
+continue). Measuring after the acknowledgements closes the window in which a follower admits
+one more request after the leader looked.
+
+Fail closed. ``admit_until`` (``AdmissionLease``): past it this replica admits nothing, so a
+replica cut off from the API server stops routing before its peers may count it lost.
+
+With no peers every rule here is vacuous: one replica behaves exactly as before.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .model import Actuation, PeerState
+
+if TYPE_CHECKING:
+    from .machine import PoolMachine
+
+UNAVAILABLE_CODE = "replica_unavailable"
+
+
+def announcement(m: PoolMachine) -> str:
+    """The drain target the leader's Lease should announce now ("" for none)."""
+    if m.actuation is not Actuation.OWN or m.swap is None:
+        return ""
+    return m.swap.target
+
+
+def observe_announcement(m: PoolMachine, epoch: int, target: str) -> None:
+    """Take the pool's announcement: epochs only grow, 0 means the Lease was recreated."""
+    if epoch == 0 or epoch >= m.drain[0]:
+        m.drain = (epoch, target)
+
+
+def follower_admits(m: PoolMachine, member: str) -> bool:
+    """A follower admits to the resident only while neither the leader's status nor its drain
+    announcement names another member, and it follows no swap to another member."""
+    swap = m.swap
+    return m.status.pending in ("", member) and m.drain[1] in ("", member) and \
+        (swap is None or swap.target == member)
+
+
+def live(m: PoolMachine) -> list[PeerState]:
+    """The peers whose counts are known."""
+    return [p for p in m.peers if not p.lost]
+
+
+def peer_demand(m: PoolMachine) -> list[str]:
+    """Own mode: members that live peers hold requests for (by identity, then member order).
+    In llmkube mode each replica triggers for its own."""
+    if m.actuation is not Actuation.OWN:
+        return []
+    wanted: list[str] = []
+    for peer in live(m):
+        wanted.extend(name for name in m.spec.members if peer.held.get(name, 0) > 0
+                      and name not in wanted)
+    return wanted
+
+
+def peers_drained(m: PoolMachine, members: list[str]) -> bool:
+    """Every live peer obeys the announcement in force and has nothing in flight on ``members``
+    (own mode; in llmkube mode LLMKube's reconciler and its idle probe guard the unload)."""
+    peers = live(m)
+    if not peers or m.actuation is not Actuation.OWN:
+        return True
+    epoch, target = m.drain
+    swap = m.swap
+    if swap is None or epoch == 0 or target != swap.target:
+        return False  # not announced yet (or the announcement is being rewritten)
+    return all(p.acked == epoch and not any(p.in_flight.get(name, 0) for name in members)
+               for p in peers)
+
+
+def unsettled(m: PoolMachine, now: float) -> bool:
+    """A lost peer may still have requests streaming: only the idle probe or time can tell."""
+    wait = m.limits.lost_replica_wait
+    return any(p.lost and now < p.silent_since + wait for p in m.peers)
+
+
+def settle_times(m: PoolMachine) -> list[float]:
+    """When lost peers stop counting (deadlines for the machine's timer)."""
+    wait = m.limits.lost_replica_wait
+    return [p.silent_since + wait for p in m.peers if p.lost]
+
+
+def unavailable_message() -> str:
+    """What a client hears from a replica that cannot renew its membership Lease."""
+    return ("this model router replica cannot reach the Kubernetes API and stops routing "
+            "until it can; retry (another replica serves)")
