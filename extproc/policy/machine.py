@@ -131,6 +131,7 @@ class PoolMachine:
         self.leading: bool | None = None if actuation is Actuation.FOLLOW else True
         self.peers: tuple[PeerState, ...] = ()
         self.drain = (0, "")
+        self.announcing = ""  # the target this leader last wanted announced
         self.now = now
         self._broken = ""
 
@@ -140,11 +141,6 @@ class PoolMachine:
     def held(self) -> dict:
         """Held requests by id (read only; owned by the request book)."""
         return self.requests.held
-
-    @property
-    def in_flight(self) -> dict[int, str]:
-        """Admitted requests still streaming, by id -> member (read only)."""
-        return self.requests.in_flight
 
     @property
     def stage(self) -> Stage:
@@ -233,6 +229,7 @@ class PoolMachine:
         if modes.settle_fight(self, out):
             advance(self, now, out)
         watchdog.watch(self, now, out)
+        replicas.track_announcement(self)
         track_idle(self, now)
         report_policy(self, out)
         return out

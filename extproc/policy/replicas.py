@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from .machine import PoolMachine
 
 UNAVAILABLE_CODE = "replica_unavailable"
+REWRITING = "\0"  # m.drain's target while the leader's new announcement is being written
 
 
 def announcement(m: PoolMachine) -> str:
@@ -40,6 +41,17 @@ def announcement(m: PoolMachine) -> str:
     if m.actuation is not Actuation.OWN or m.swap is None:
         return ""
     return m.swap.target
+
+
+def track_announcement(m: PoolMachine) -> None:
+    """When the leader wants another announcement, the one in force stops counting until the
+    platform reports the new one written (an acknowledgement of the old epoch proves nothing
+    once a rewrite may be on its way to the followers)."""
+    want = announcement(m)
+    if want != m.announcing:
+        m.announcing = want
+        if m.actuation is Actuation.OWN:
+            m.drain = (m.drain[0], REWRITING)
 
 
 def observe_announcement(m: PoolMachine, epoch: int, target: str) -> None:

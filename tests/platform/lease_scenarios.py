@@ -5,6 +5,7 @@ service's own `KubeClient` and a namespace, and asserts what must hold on either
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,13 +14,17 @@ import pytest
 from devstack.testkit import eventually
 from extproc.platform.kube.leader import LeaderLease
 from extproc.platform.kube.leases import LeaseClient, LeaseConflict
-from extproc.platform.kube.membership import MEMBER_ROLE, ROLE_LABEL, Load, Membership
+from extproc.platform.kube.membership import MEMBER_ROLE, ROLE_LABEL, Load, Membership, PoolLoad
 from extproc.policy.model import PoolKey
 from extproc.settings import Settings
 
 # short Leases so the loops turn quickly; the ratios are the defaults' (renew << duration - margin)
 QUICK = Settings(membership_lease_duration=3.0, membership_renew=0.2, lease_margin=0.5,
                  membership_write_interval=0.05)
+
+
+POOL = "ml/shared-gpu"
+clock_now = time.monotonic
 
 
 class ManualClock:
@@ -40,7 +45,7 @@ class Counts:
         self.held: dict[str, int] = {}
 
     def __call__(self) -> Load:
-        return Load(dict(self.in_flight), dict(self.held))
+        return Load({POOL: PoolLoad(0, dict(self.in_flight), dict(self.held))})
 
 
 @contextlib.asynccontextmanager
@@ -81,18 +86,18 @@ async def stale_renew_conflicts(api: Any, namespace: str) -> None:
 async def memberships_see_each_other(api: Any, namespace: str) -> None:
     """Two replicas publish counts, see each other's, and a stopped one's Lease goes at once."""
     a_counts, b_counts = Counts(), Counts()
-    a_counts.in_flight["ml/coder"] = 2
+    a_counts.in_flight["coder"] = 2
     async with member(api, namespace, "replica-a", a_counts) as a:
         async with member(api, namespace, "replica-b", b_counts) as b:
             assert a.is_valid() and b.is_valid()
             seen_by_b = await eventually(lambda: [p for p in b.peers() if p.load], 10, "b sees a")
             assert [(p.identity, p.lost, p.load) for p in seen_by_b] == \
-                [("replica-a", False, Load({"ml/coder": 2}, {}))]
-            b_counts.held["ml/writer"] = 3
+                [("replica-a", False, Load({POOL: PoolLoad(0, {"coder": 2}, {})}))]
+            b_counts.held["writer"] = 3
             b.request_write()  # held 0 -> 3: published before the next renew is due
 
             def a_sees_b_holding() -> bool:
-                return any(p.load and p.load.held == {"ml/writer": 3} for p in a.peers())
+                return any(p.load and p.load.pools[POOL].held == {"writer": 3} for p in a.peers())
             await eventually(a_sees_b_holding, 10, "a sees b's held count")
             assert await LeaseClient(api, namespace).get(b.name) is not None
         assert await LeaseClient(api, namespace).get("modelpool-extproc-replica-b") is None
@@ -103,7 +108,7 @@ async def silent_peer_is_lost_with_unknown_counts(api: Any, namespace: str) -> N
     """A peer Lease that stops changing (a SIGSTOPped or cut-off replica) is lost after its
     duration + margin on our clock: its counts are then unknown, not zero, and its Lease stays."""
     leases = LeaseClient(api, namespace)
-    published = Load({"ml/coder": 1}, {})
+    published = Load({POOL: PoolLoad(3, {"coder": 1}, {})})
     silent = await leases.create("modelpool-extproc-replica-b", holder="replica-b",
                                  duration_seconds=int(QUICK.membership_lease_duration),
                                  labels={ROLE_LABEL: MEMBER_ROLE}, payload=published.to_payload())
@@ -112,7 +117,7 @@ async def silent_peer_is_lost_with_unknown_counts(api: Any, namespace: str) -> N
         assert (peer.identity, peer.lost, peer.load) == ("replica-b", False, published)
         [lost] = await eventually(lambda: [p for p in a.peers() if p.lost], 15, "b lost")
         assert lost.identity == "replica-b" and lost.load is None
-        assert lost.silent_for > QUICK.membership_lease_duration + QUICK.lease_margin
+        assert clock_now() - lost.silent_since > QUICK.membership_lease_duration + QUICK.lease_margin
     assert await leases.get(silent.name) is not None  # only a clean leave deletes a Lease
 
 

@@ -251,7 +251,8 @@ class Driver:
         held = {r.wire for r in self.requests.values() if r.state == "held"}
         admitted = {r.wire for r in self.requests.values() if r.state == "admitted"}
         assert held == set(self.machine.held), (held, set(self.machine.held))
-        assert admitted == set(self.machine.in_flight), (admitted, set(self.machine.in_flight))
+        in_flight = set(self.machine.requests.in_flight)
+        assert admitted == in_flight, (admitted, in_flight)
         # Invariant 4: nothing stays held past its deadline (the budget).
         late = [r.wire for r in self.requests.values() if r.state == "held"
                 and r.deadline <= self.now]

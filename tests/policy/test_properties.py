@@ -110,7 +110,7 @@ def run_to_rest(d: Driver) -> None:
     d.run()
     m = d.machine
     assert {r.state for r in d.requests.values()} <= {"done", "rejected", "abandoned"}
-    assert not m.held and not m.in_flight and m.next_deadline() == math.inf
+    assert not m.held and not m.requests.in_flight and m.next_deadline() == math.inf
     if not m.view().missing_members:
         assert m.swap is None, f"swap to {m.swap.target} left in stage {m.swap.stage}"
         # Members put up behind the policy's back are only undone once one of them serves

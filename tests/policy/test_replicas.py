@@ -82,7 +82,17 @@ def test_an_announcement_for_another_target_or_being_rewritten_is_not_used() -> 
     m.handle(DrainAnnounced(3, "a"), 0.6)  # an older announcement, for a
     assert not kinds(m.handle(RequestArrived(1, "b"), 1.0), Scale)
     assert not kinds(m.handle(DrainAnnounced(2, "b"), 1.1), Scale)  # epochs never go back
-    assert m.drain == (3, "a")
+    assert m.drain[0] == 3 and m.drain[1] != "b"
+    m.handle(PeersObserved((peer(4),)), 1.2)
+    assert Scale("a", 0) in m.handle(DrainAnnounced(4, "b"), 1.3)
+
+
+def test_a_wish_that_changes_back_waits_for_the_announcement_to_be_told_again() -> None:
+    m = machine()
+    m.handle(PeersObserved((peer(5),)), 0.5)
+    m.handle(RequestArrived(1, "b"), 1.0)
+    m.handle(DrainAnnounced(5, "b"), 1.1)  # in force: acked, the peer has nothing on a
+    assert m.stage is Stage.UNLOAD
 
 
 def test_peer_demand_starts_a_swap_on_the_leader() -> None:

@@ -10,6 +10,11 @@ The rules are client-go's leader election, on asyncio and `time.monotonic()`:
 - Every write carries the resourceVersion read: of two candidates one wins, the other gets
   `LeaseConflict`. The transitions count, bumped on each change of holder, is the epoch.
 Leadership alone is not fencing: a deposed leader's writes must carry preconditions too.
+
+The Lease also carries the pool's drain announcement (``policy/replicas.py``): ``{"pool",
+"epoch", "target"}`` in its payload annotation. A new target is written under the next epoch,
+with the renew or at once when asked (``announce``); epochs only grow, across leaders too,
+since a new holder starts from the payload it read.
 """
 
 from __future__ import annotations
@@ -23,12 +28,14 @@ from collections.abc import Callable
 from extproc.logs import get_logger
 from extproc.platform.kube._calls import describe
 from extproc.platform.kube.leases import Lease, LeaseClient, micro_time
-from extproc.platform.kube.membership import FAILURES
+from extproc.platform.kube.membership import FAILURES, ROLE_LABEL
 from extproc.platform.kube.rest import KubeClient
 from extproc.policy.model import PoolKey
 from extproc.settings import Settings
 
 log = get_logger(__name__)
+
+LEADER_ROLE = "leader"
 
 
 class LeaderLease:
@@ -48,6 +55,9 @@ class LeaderLease:
         self._observed: Lease | None = None
         self._observed_at = -math.inf
         self._renewed_sent = -math.inf
+        self.announced = (0, "")  # (epoch, target) in the Lease as last read or written
+        self.desired = ""  # what our pool's machine wants announced
+        self._wake = asyncio.Event()
 
     def is_leader(self) -> bool:
         """Whether we may act as this pool's leader now (renewed within the renew deadline)."""
@@ -61,7 +71,9 @@ class LeaderLease:
             lease = await self.leases.get(self.name)
             if lease is None:
                 lease = await self.leases.create(self.name, holder=self.identity,
-                                                 duration_seconds=self.duration)
+                                                 duration_seconds=self.duration,
+                                                 labels={ROLE_LABEL: LEADER_ROLE},
+                                                 payload=self._payload())
             else:
                 self._observe(lease, sent)
                 if lease.holder not in ("", self.identity) and \
@@ -76,26 +88,56 @@ class LeaderLease:
         self.epoch = lease.transitions
         return True
 
+    def announce(self, target: str) -> None:
+        """Have ``target`` announced (a new epoch) with the next write, which is made now."""
+        if target != self.desired:
+            self.desired = target
+            self._wake.set()
+
+    def at_rest(self) -> bool:
+        """We lead and the Lease announces what our machine wants: its epoch is in force."""
+        return self.is_leader() and self.announced[1] == self.desired
+
+    def _payload(self) -> dict[str, object]:
+        epoch, target = self.announced
+        if self.desired != target:
+            epoch, target = epoch + 1, self.desired
+        return {"pool": str(self.pool), "epoch": epoch, "target": target}
+
     async def _write(self, lease: Lease) -> Lease:
         if lease.holder == self.identity:
-            return await self.leases.renew(lease, holder=self.identity, duration_seconds=self.duration)
+            return await self.leases.renew(lease, holder=self.identity, duration_seconds=self.duration,
+                                           payload=self._payload())
         log.info("taking leader lease", lease=self.name, previous=lease.holder or "(released)")
         return await self.leases.renew(lease, holder=self.identity, duration_seconds=self.duration,
-                                       transitions=lease.transitions + 1, acquire_time=micro_time())
+                                       transitions=lease.transitions + 1, acquire_time=micro_time(),
+                                       payload=self._payload())
 
     def _observe(self, lease: Lease, now: float) -> None:
         if self._observed is None or self._observed.resource_version != lease.resource_version:
             self._observed, self._observed_at = lease, now
+        self.announced = announcement_of(lease)
 
-    async def run(self, on_change: Callable[[bool], None] = lambda leader: None) -> None:
-        """Try every `leader_retry` seconds until cancelled; `on_change` hears each gain and loss."""
-        leading = False
+    async def run(self, on_change: Callable[[bool], None] = lambda leader: None,
+                  on_rest: Callable[[int, str], None] = lambda epoch, target: None) -> None:
+        """Try every `leader_retry` seconds (at once after `announce`) until cancelled;
+        `on_change` hears each gain and loss, `on_rest` each announcement once in force."""
+        leading, told = False, (0, "")
         while True:
+            self._wake.clear()
             await self.try_acquire_or_renew()
             if self.is_leader() != leading:
                 leading = not leading
                 on_change(leading)
-            await asyncio.sleep(self.retry)
+            if self.at_rest() and self.announced != told:
+                told = self.announced
+                on_rest(*told)
+            if not self.is_leader():
+                told = (0, "")  # a later lead tells its announcement afresh
+            if self.is_leader() and not self.at_rest():
+                continue  # the announcement changed while we wrote: write it now
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.retry)
 
     async def release(self) -> None:
         """Give the Lease up if we hold it (holder emptied), so a candidate takes it at once."""
@@ -103,5 +145,18 @@ class LeaderLease:
         if lease is None or lease.holder != self.identity:
             return
         with contextlib.suppress(*FAILURES):  # not released: it expires after its duration
-            # client-go releases with a 1 s duration; an empty holder is what frees it here
-            self._observed = await self.leases.renew(lease, holder="", duration_seconds=1)
+            # client-go releases with a 1 s duration; an empty holder is what frees it here.
+            # The announcement stays: the next leader continues from its epoch.
+            self._observed = await self.leases.renew(
+                lease, holder="", duration_seconds=1,
+                payload={"pool": str(self.pool), "epoch": self.announced[0],
+                         "target": self.announced[1]})
+
+
+def announcement_of(lease: Lease) -> tuple[int, str]:
+    """The (epoch, target) a leader Lease announces ((0, "") when none or unreadable)."""
+    payload = lease.payload if isinstance(lease.payload, dict) else {}
+    epoch, target = payload.get("epoch"), payload.get("target")
+    if not isinstance(epoch, int) or epoch < 0 or not isinstance(target, str):
+        return 0, ""
+    return epoch, target

@@ -39,37 +39,62 @@ MEMBER_ROLE = "member"
 FAILURES = (ApiError, LeaseConflict, *TRANSPORT_ERRORS)
 
 
-@dataclasses.dataclass(frozen=True)
-class Load:
-    """What a replica publishes, per member key (e.g. `<namespace>/<member>`): in flight and held."""
+def _counts(value: Any) -> dict[str, int] | None:
+    if not isinstance(value, dict) or not all(isinstance(v, int) and v >= 0
+                                              for v in value.values()):
+        return None
+    return value
 
+
+@dataclasses.dataclass(frozen=True)
+class PoolLoad:
+    """One replica's counts for one pool: the drain epoch it obeys, in flight and held by member."""
+
+    acked: int = 0
     in_flight: Mapping[str, int] = dataclasses.field(default_factory=dict)
     held: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
+
+@dataclasses.dataclass(frozen=True)
+class Load:
+    """What a replica publishes: a PoolLoad per pool key (``<namespace>/<pool>``)."""
+
+    pools: Mapping[str, PoolLoad] = dataclasses.field(default_factory=dict)
+
     def to_payload(self) -> dict[str, Any]:
         """The JSON carried in the Lease annotation."""
-        return {"inFlight": dict(self.in_flight), "held": dict(self.held)}
+        return {"pools": {key: {"acked": load.acked, "inFlight": dict(load.in_flight),
+                                "held": dict(load.held)} for key, load in self.pools.items()}}
 
     @classmethod
     def from_payload(cls, payload: Any) -> Load | None:
         """The Load in a peer's annotation, or None when it is missing or malformed (unknown)."""
-        if not isinstance(payload, dict):
+        pools = payload.get("pools") if isinstance(payload, dict) else None
+        if not isinstance(pools, dict):
             return None
-        counts = [payload.get("inFlight"), payload.get("held")]
-        if not all(isinstance(c, dict) and all(isinstance(v, int) and v >= 0 for v in c.values())
-                   for c in counts):
-            return None
-        return cls(in_flight=counts[0], held=counts[1])
+        result = {}
+        for key, entry in pools.items():
+            if not isinstance(entry, dict):
+                return None
+            acked, in_flight, held = (entry.get("acked", 0), _counts(entry.get("inFlight")),
+                                      _counts(entry.get("held")))
+            if not isinstance(acked, int) or in_flight is None or held is None:
+                return None
+            result[key] = PoolLoad(acked, in_flight, held)
+        return cls(result)
 
 
 @dataclasses.dataclass(frozen=True)
 class Peer:
-    """Another replica as last read: `load` is None when it is lost or its payload unreadable."""
+    """Another replica as last read: `load` is None when it is lost or its payload unreadable.
+
+    `silent_since` is our monotonic clock's time when its Lease last changed.
+    """
 
     identity: str
     lease_name: str
     lost: bool
-    silent_for: float
+    silent_since: float
     load: Load | None
 
 
@@ -83,7 +108,8 @@ class Membership:
     """One replica's membership Lease, its renew loop and its view of the peers."""
 
     def __init__(self, client: KubeClient, namespace: str, identity: str, load: Callable[[], Load],
-                 settings: Settings, *, clock: Callable[[], float] = time.monotonic) -> None:
+                 settings: Settings, *, clock: Callable[[], float] = time.monotonic,
+                 on_renew: Callable[[], None] = lambda: None) -> None:
         self.leases = LeaseClient(client, namespace)
         self.identity = identity
         self.name = settings.membership_lease_name.format(replica=identity)
@@ -94,6 +120,7 @@ class Membership:
         self.valid_until = -math.inf
         self.failed_renews = 0
         self._load = load
+        self._on_renew = on_renew  # after every attempt, landed or not
         self._clock = clock
         self._lease: Lease | None = None
         self._seen: dict[str, _Sighting] = {}
@@ -121,11 +148,21 @@ class Membership:
         now = self._clock()
         result = []
         for name, seen in sorted(self._seen.items()):
-            silent = now - seen.changed_at
-            lost = silent > seen.lease.duration_seconds + self.margin
+            lost = now - seen.changed_at > seen.lease.duration_seconds + self.margin
             load = None if lost else Load.from_payload(seen.lease.payload)
-            result.append(Peer(seen.lease.holder, name, lost, silent, load))
+            result.append(Peer(seen.lease.holder, name, lost, seen.changed_at, load))
         return result
+
+    def observe(self, lease: Lease, deleted: bool = False) -> None:
+        """A peer's Lease as a watch saw it (a deleted one is a clean leave: dropped at once)."""
+        if lease.name == self.name:
+            return
+        if deleted:
+            self._seen.pop(lease.name, None)
+            return
+        seen = self._seen.get(lease.name)
+        if seen is None or seen.lease.resource_version != lease.resource_version:
+            self._seen[lease.name] = _Sighting(lease, self._clock())
 
     async def stop(self) -> None:
         """Stop renewing and delete the Lease (a failure is logged: the Lease then expires)."""
@@ -157,6 +194,7 @@ class Membership:
                 await asyncio.sleep(max(0.0, self._last_attempt + self.write_interval - self._clock()))
             self._wake.clear()
             await self._renew()
+            self._on_renew()
             await self._refresh_peers()
 
     async def _renew(self) -> bool:
@@ -199,11 +237,8 @@ class Membership:
             # keep the last sightings: they age into "lost", which is the safe reading
             log.warning("membership peers not listed", error=describe(exc))
             return
-        now, current = self._clock(), {}
+        names = {lease.name for lease in listed}
+        for name in [n for n in self._seen if n not in names]:
+            del self._seen[name]  # deleted: left cleanly
         for lease in listed:
-            if lease.name == self.name:
-                continue
-            seen = self._seen.get(lease.name)
-            changed = seen is None or seen.lease.resource_version != lease.resource_version
-            current[lease.name] = _Sighting(lease, now if changed else seen.changed_at)
-        self._seen = current
+            self.observe(lease)

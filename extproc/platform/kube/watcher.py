@@ -1,12 +1,10 @@
 """Watch ModelPools, member InferenceServices and member pods; join them into pool specs and
 member observations; tell a listener what changed.
 
-Theory of operation. One task per (kind, namespace) lists, then watches from the list's
-resourceVersion with bookmarks on, resuming from the last version seen. A watch that ends at
-``timeout_seconds`` is simply resumed. A 410 Gone (as an HTTP status or as an ERROR event) means
-the version was compacted away: the task re-lists and diffs the list against the cache, so a
-change made while it was blind is still reported. Any other failure (API unreachable, 5xx,
-reset) is retried with jittered exponential backoff, resuming from the last version.
+Theory of operation. One ``watchloop.CollectionWatch`` per (kind, namespace) lists, then
+watches, resuming and re-listing as that module says; each list is diffed against the cache,
+so a change made while the loop was blind is still reported. ``relist()`` restarts every loop
+from a fresh list (a replica that was cut off from the API must not trust its cache).
 
 The listener hears nothing until the first list of every kind is in (``synced``): reporting a
 pool before its members were listed would show them as missing and degrade the pool for no
@@ -22,21 +20,19 @@ namespaces, which makes the ``app`` fallback count hand-made members with only `
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from extproc.backoff import Backoff
 from extproc.logs import get_logger
-from extproc.metrics import KUBE_REQUESTS, WATCH_RESTARTS
 from extproc.platform.contract import PoolListener
-from extproc.platform.kube._calls import POOLS, SERVICES, custom_path, describe, status_code
+from extproc.platform.kube._calls import POOLS, SERVICES, custom_path
 from extproc.platform.kube.idle import IdleProbe
 from extproc.platform.kube.objects import (object_key, pod_member, pool_spec, pool_status,
                                             service_probe, service_state)
-from extproc.platform.kube.rest import ApiError, KubeClient
+from extproc.platform.kube.rest import KubeClient
+from extproc.platform.kube.watchloop import CollectionWatch
 from extproc.policy.model import MemberObservation, PoolKey, PoolSpec, PoolStatus, StartHints
 from extproc.settings import Settings
 
@@ -70,8 +66,11 @@ class ClusterWatcher:
         self._listener: PoolListener | None = None
         self._settings = settings
         self._pod_selector = settings.pod_selector or None
-        self._timeout = max(1, round(settings.watch_timeout))
         self.synced = asyncio.Event()
+        self._group: asyncio.TaskGroup | None = None
+        self._loops: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._relisting: set[tuple[str, str]] = set()
+        self._fresh = asyncio.Event()
         self._listed: set[tuple[str, str]] = set()
         self._pools: dict[PoolKey, _Pool] = {}
         self._services: dict[tuple[str, str], tuple[str, int]] = {}
@@ -132,112 +131,42 @@ class ClusterWatcher:
         """List and watch every kind in every scope until cancelled, reporting to ``listener``."""
         self._listener = listener
         async with asyncio.TaskGroup() as group:
-            for scope in self._scopes:
-                for kind in (POOLS, SERVICES, PODS):
-                    group.create_task(self._run_one(kind, scope))
+            self._group = group
+            self._start_loops()
 
-    async def _run_one(self, kind: str, scope: str) -> None:
-        """List then watch one kind in one scope, forever, re-listing after 410 Gone."""
-        backoff = Backoff(self._settings.api_retry_initial, self._settings.api_retry_max)
-        loop = asyncio.get_running_loop()
-        version, gone_streak = "", 0
-        while True:
-            started = loop.time()
-            try:
-                if not version:
-                    items, version = await self._list(kind, scope)
-                    self._replace(kind, scope, items)
-                    self._mark_listed(kind, scope)
-                    # The server answers again: whatever failed before is over. Without this
-                    # a 10 s outage leaves a 13-30 s delay ceiling for the next hiccup.
-                    backoff.reset()
-                version = await self._watch(kind, scope, version, backoff.reset)
-                gone_streak = 0
-                if loop.time() - started >= 1.0:
-                    backoff.reset()
-                    reason, delay = "timeout", 0.0
-                else:
-                    # A watch that ends cleanly at once would otherwise become a busy loop.
-                    reason, delay = "early-end", backoff.next_delay()
-            except ApiError as exc:
-                if exc.status == 410:
-                    # The version we hold was compacted: only a fresh list can tell what
-                    # happened meanwhile. The first re-list is immediate, repeats back off.
-                    reason, version, gone_streak = "gone", "", gone_streak + 1
-                    delay = 0.0 if gone_streak == 1 else backoff.next_delay()
-                    log.info("watch expired, re-listing", resource=kind, namespace=scope or "*")
-                else:
-                    reason, delay = status_code(exc), backoff.next_delay()
-                    log.warning("watch failed", resource=kind, namespace=scope or "*",
-                                error=describe(exc), retry_in=round(delay, 3))
-            except Exception as exc:
-                reason, delay = "error", backoff.next_delay()
-                log.warning("watch failed", resource=kind, namespace=scope or "*",
-                            error=describe(exc), retry_in=round(delay, 3))
-            WATCH_RESTARTS.labels(kind, reason).inc()
-            await asyncio.sleep(delay)
+    def relist(self) -> asyncio.Event:
+        """Drop every watch and list everything again (after this replica was cut off, its
+        cache may be stale); the returned event is set once every kind is listed anew."""
+        fresh = self._fresh = asyncio.Event()
+        self._relisting = set(self._loops)
+        for task in self._loops.values():
+            task.cancel()
+        self._start_loops()
+        return fresh
+
+    def _start_loops(self) -> None:
+        assert self._group is not None
+        for scope in self._scopes:
+            for kind in (POOLS, SERVICES, PODS):
+                watch = CollectionWatch(
+                    self._api, kind, self._path(kind, scope), self._settings, scope=scope,
+                    params={"labelSelector": self._pod_selector} if kind == PODS else None,
+                    on_list=lambda items, k=kind, s=scope: self._listed_all(k, s, items),
+                    on_event=lambda event, obj, k=kind: self._apply(k, event, obj))
+                self._loops[(kind, scope)] = self._group.create_task(watch.run())
+
+    def _listed_all(self, kind: str, scope: str, items: list[dict]) -> None:
+        self._replace(kind, scope, items)
+        self._mark_listed(kind, scope)
+        self._relisting.discard((kind, scope))
+        if not self._relisting:
+            self._fresh.set()
 
     def _path(self, kind: str, scope: str) -> str:
         """The collection URL of ``kind`` in ``scope`` ("" = every namespace)."""
         if kind == PODS:
             return f"/api/v1/namespaces/{scope}/pods" if scope else "/api/v1/pods"
         return custom_path(scope, kind)
-
-    async def _open(self, verb: str, kind: str, scope: str, timeout: float,
-                    **params: Any) -> Any:
-        """Send a list or watch request, count it, and raise ApiError on a non-200."""
-        if kind == PODS:
-            params["labelSelector"] = self._pod_selector
-        try:
-            resp = await self._api.open("GET", self._path(kind, scope), params=params,
-                                        timeout=timeout)
-        except Exception as exc:
-            KUBE_REQUESTS.labels(verb, kind, status_code(exc)).inc()
-            raise
-        KUBE_REQUESTS.labels(verb, kind, str(resp.status)).inc()
-        if resp.status != 200:
-            body = (await resp.read())[:300].decode("utf-8", "replace")
-            resp.release()
-            raise ApiError(resp.status, body)
-        return resp
-
-    async def _list(self, kind: str, scope: str) -> tuple[list[dict], str]:
-        """List ``kind`` in ``scope``: its items and the list's resourceVersion."""
-        resp = await self._open("list", kind, scope, 60.0)
-        try:
-            body = json.loads(await resp.read())
-        finally:
-            resp.release()
-        return body.get("items") or [], body["metadata"]["resourceVersion"]
-
-    async def _watch(self, kind: str, scope: str, version: str,
-                     progressed: Callable[[], None]) -> str:
-        """Apply watch events from ``version`` until the server ends the stream; new version.
-
-        ``progressed`` is called on the first event: the stream works, so any error after
-        it starts retrying from the shortest delay.
-        """
-        # the client gives up a little after the server should have ended the watch
-        resp = await self._open("watch", kind, scope, float(self._timeout + 30), watch=True,
-                                allowWatchBookmarks=True, resourceVersion=version,
-                                timeoutSeconds=self._timeout)
-        first = True
-        try:
-            while line := await resp.content.readline():
-                if first:
-                    progressed()
-                    first = False
-                event = json.loads(line)
-                obj = event.get("object") or {}
-                if event.get("type") == "ERROR":
-                    raise ApiError(status=int(obj.get("code") or 500),
-                                       reason=obj.get("message") or "watch error event")
-                version = (obj.get("metadata") or {}).get("resourceVersion") or version
-                if event.get("type") != "BOOKMARK":
-                    self._apply(kind, event["type"], obj)
-        finally:
-            resp.close()
-        return version
 
     # --- applying lists and events to the cache -----------------------------------------------
 
