@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import signal
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,7 @@ class Service:
         self.grpc_port = 0
         self.health_port = 0
         self.metrics_port = 0
+        self._stopping = False
 
     async def start(self) -> None:
         """Bind the listeners and start serving."""
@@ -94,12 +96,20 @@ class Service:
         self._background.append(asyncio.create_task(self._serve_when(platform.synced)))
 
     async def stop(self) -> None:
-        """Stop accepting, let in-flight streams finish up to the grace period, then exit."""
+        """Stop accepting, let in-flight streams finish up to the grace period, then exit.
+
+        Several replicas (HA.md, leaving cleanly): NOT_SERVING first, leadership handed over
+        at once, the membership Lease kept (with our in-flight counts) until the streams have
+        ended, then deleted (``platform.stop``) so the others stop waiting for it.
+        """
+        self._stopping = True
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         if self.hub is not None:
             # Held requests would be cut when the grace period ends and reach the client as
             # Envoy's generic fail-open 503; answer them now with our own 503 + Retry-After.
             self.hub.reject_held("shutting_down", "the model router is restarting; retry")
+        if self.platform is not None:
+            await self.platform.leave()
         if self._health_grpc is not None:
             await self._health_grpc.stop(0)
         if self._grpc is not None:
@@ -135,6 +145,24 @@ class Service:
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("pools synced; serving traffic",
                  pools=[str(d.key) for d in self.hub.drivers()] if self.hub else [])
+        await self._follow_admission()
+
+    async def _follow_admission(self) -> None:
+        """NOT_SERVING while this replica's membership Lease has lapsed (it admits nothing
+        then), so Envoy's health checks send its new streams to the other replicas."""
+        assert self.hub is not None
+        serving = True
+        while not self._stopping:
+            left = self.hub.admit_until - time.monotonic()  # the membership's clock
+            if (left > 0) != serving:
+                serving = left > 0
+                if serving:
+                    log.info("membership lease renewed: serving again")
+                else:
+                    log.warning("membership lease lapsed: not serving")
+                await self._set_health(health_pb2.HealthCheckResponse.SERVING if serving
+                                       else health_pb2.HealthCheckResponse.NOT_SERVING)
+            await asyncio.sleep(min(0.25, left) if left > 0 else 0.25)
 
     async def _set_health(self, status: int) -> None:
         for name in ("", SERVICE):

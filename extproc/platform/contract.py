@@ -7,7 +7,9 @@ Two directions, two Protocols:
   call them inline.
 * ``Platform`` is what the runtime asks of a platform: watch and report (``run``), say when
   the first full picture is in (``synced``), carry out the policy's commands (``scale``,
-  ``trigger``, ``probe_idle``), keep the pool's status (``publish``) and tell operators (``notify``).
+  ``trigger``, ``probe_idle``), keep the pool's status (``publish``), tell operators
+  (``notify``), and coordinate with the other replicas (``announce``, ``load_changed``,
+  ``leave``; a platform without replicas does nothing there and reports no peers).
 
 Both implementations (``static.StaticPlatform``, ``kube.platform.KubePlatform``) implement
 ``Platform`` exactly; nothing in the runtime or ``app.py`` asks which one it has.
@@ -16,10 +18,34 @@ Both implementations (``static.StaticPlatform``, ``kube.platform.KubePlatform``)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from ..policy.events import Notice
 from ..policy.model import MemberObservation, PoolKey, PoolSpec, PoolStatus, PoolView, StartHints
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolLoad:
+    """One replica's counts for one pool: the drain epoch it obeys, in flight and held by member."""
+
+    acked: int = 0
+    in_flight: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    held: Mapping[str, int] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Peer:
+    """Another replica as last read: ``pools`` (key ``<namespace>/<pool>``) is None when it
+    is lost or its Lease unreadable. ``silent_since``: our monotonic clock's time when its
+    Lease last changed."""
+
+    identity: str
+    lease_name: str
+    lost: bool
+    silent_since: float
+    pools: Mapping[str, PoolLoad] | None
 
 
 class PoolListener(Protocol):
@@ -37,6 +63,21 @@ class PoolListener(Protocol):
     def status_changed(self, key: PoolKey, status: PoolStatus) -> None:
         """The pool's ``.status`` changed (also sent once right after pool_changed)."""
 
+    def admission_changed(self, until: float) -> None:
+        """This replica may admit until ``until`` (monotonic clock; its membership Lease)."""
+
+    def leadership_changed(self, key: PoolKey, leading: bool) -> None:
+        """This replica gained or lost the pool's leader Lease."""
+
+    def peers_changed(self, peers: Sequence[Peer]) -> None:
+        """The other replicas' membership Leases changed (or one turned lost)."""
+
+    def drain_announced(self, key: PoolKey, epoch: int, target: str) -> None:
+        """The pool's drain announcement in force: the leader's once written, others' seen."""
+
+    def replica_load(self) -> Mapping[str, PoolLoad]:
+        """This replica's counts per pool key, for its membership Lease."""
+
 
 class Platform(Protocol):
     """What the runtime needs from the platform layer."""
@@ -44,6 +85,10 @@ class Platform(Protocol):
     @property
     def synced(self) -> asyncio.Event:
         """Set once the first full picture of every pool and member has been reported."""
+
+    @property
+    def elects(self) -> bool:
+        """Whether each pool elects a leader among replicas (its machine follows until then)."""
 
     async def run(self, listener: PoolListener) -> None:
         """Report pools and members to ``listener`` until cancelled."""
@@ -67,3 +112,12 @@ class Platform(Protocol):
 
     def notify(self, key: PoolKey, notice: Notice) -> None:
         """Tell operators about a swap event (non-blocking, best effort)."""
+
+    def announce(self, key: PoolKey, target: str) -> None:
+        """The pool's leader wants ``target`` announced to the other replicas ("" for none)."""
+
+    def load_changed(self) -> None:
+        """This replica's counts changed in a way peers wait for: publish them soon."""
+
+    async def leave(self) -> None:
+        """Shutting down: hand leadership over now; stop() ends membership later."""

@@ -115,3 +115,17 @@ class StaticPlatform:
 
     def notify(self, key: PoolKey, notice: Notice) -> None:
         """Nothing to record beyond the driver's log line."""
+
+    @property
+    def elects(self) -> bool:
+        """A pools file serves one replica: it leads every pool from the start."""
+        return False
+
+    def announce(self, key: PoolKey, target: str) -> None:
+        """One replica, no peers: nobody to announce a drain to."""
+
+    def load_changed(self) -> None:
+        """No peers read the counts."""
+
+    async def leave(self) -> None:
+        """No leadership to hand over."""

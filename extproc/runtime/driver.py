@@ -24,16 +24,21 @@ from typing import Any
 from .. import metrics
 from ..logs import get_logger
 from ..platform.contract import Platform
+from ..platform.contract import PoolLoad
 from ..policy.events import (
+    AdmissionLease,
     Admit,
     Close,
     Command,
+    DrainAnnounced,
     Dropped,
     Event,
     Hold,
     IdleProbed,
+    LeadershipChanged,
     MemberObserved,
     Notice,
+    PeersObserved,
     ProbeIdle,
     Reject,
     RequestArrived,
@@ -49,11 +54,13 @@ from ..policy.machine import Limits, PolicyError, PoolMachine
 from ..policy.model import (
     Actuation,
     MemberObservation,
+    PeerState,
     PoolSpec,
     PoolStatus,
     PoolView,
     StartHints,
 )
+from ..policy.replicas import announcement
 from .scaling import Retry, Scaler
 
 log = get_logger(__name__)
@@ -96,6 +103,9 @@ class PoolDriver:
         self._held_by: dict[str, int] = {}  # the held counts the gauges show
         self._broken = ""
         self._closed = False
+        self._peers: tuple[PeerState, ...] = ()
+        self._announcing = ""  # the drain target last handed to the platform
+        self._load_mark: tuple = ()  # what peers wait for, as last published
 
     @property
     def spec(self) -> PoolSpec:
@@ -150,6 +160,36 @@ class PoolDriver:
         """The ModelPool's status changed."""
         self._feed(StatusObserved(status))
 
+    # ---- the other replicas -------------------------------------------------------------------
+
+    def admission(self, until: float) -> None:
+        """This replica may admit until ``until`` (its membership Lease)."""
+        self._feed(AdmissionLease(until))
+
+    def lead(self, leading: bool) -> None:
+        """This replica gained or lost the pool's leader Lease."""
+        if not leading:
+            self._scaler.cancel()  # a wish of the leader we were must never land later
+        self._feed(LeadershipChanged(leading))
+
+    def observe_peers(self, peers: tuple[PeerState, ...]) -> None:
+        """The other replicas' counts for this pool."""
+        if peers != self._peers:
+            self._peers = peers
+            self._feed(PeersObserved(peers))
+
+    def announced(self, epoch: int, target: str) -> None:
+        """The pool's drain announcement in force."""
+        self._feed(DrainAnnounced(epoch, target))
+
+    def load(self) -> PoolLoad:
+        """This replica's counts for the pool, as its membership Lease publishes them."""
+        book = self._machine.requests
+        members = set(self._machine.spec.members) | self._machine.departing
+        return PoolLoad(self._machine.drain[0],
+                        {m: book.busy(m) for m in sorted(members) if book.busy(m)},
+                        dict(book.held_by))
+
     def reject_held(self, code: str, message: str) -> None:
         """Answer every held request now with 503 ``code``, and any later one that would wait."""
         self._feed(Close(code, message))
@@ -179,6 +219,7 @@ class PoolDriver:
             self._publish()
         if machine.requests.held_by != self._held_by:
             self._count_held(machine.requests.held_by)
+        self._tell_peers(machine)
         deadline = machine.next_deadline()
         if deadline != self._timer_at:
             self._arm(deadline)
@@ -205,6 +246,22 @@ class PoolDriver:
                 self._spawn(self._probe(member))
             case Notice():
                 self._on_notice(cmd)
+
+    def _tell_peers(self, machine: PoolMachine) -> None:
+        """Hand a changed drain announcement to the platform, and ask for an early membership
+        write when what peers wait for changed: the epoch we obey, the members we hold for,
+        and (while a drain is announced) the members we still stream from."""
+        want = announcement(machine)
+        if want != self._announcing:
+            self._announcing = want
+            self._platform.announce(self.key, want)
+        book = machine.requests
+        streaming = tuple(m for m in machine.spec.members if book.busy(m)) if machine.drain[1] \
+            else ()
+        mark = (machine.drain[0], tuple(book.held_by), streaming)
+        if mark != self._load_mark:
+            self._load_mark = mark
+            self._platform.load_changed()
 
     def _decide(self, ticket: Ticket | None, decision: Decision, outcome: str) -> None:
         if ticket is None:
@@ -250,6 +307,11 @@ class PoolDriver:
 
     def _on_notice(self, notice: Notice) -> None:
         ns, pool = self._labels
+        if self._machine.actuation is Actuation.FOLLOW and notice.kind != "ActuationChanged":
+            # the leader records the pool's Events and counts its swaps; a follower logs only
+            log.info(notice.message, event=notice.kind, namespace=ns, pool=pool,
+                     member=notice.target or notice.source, role="follower")
+            return
         metrics.notice(ns, pool, notice.kind)
         if notice.kind in ("SwapCompleted", "SwapFailed"):
             metrics.swap_finished(ns, pool, notice.source, notice.target,

@@ -7,14 +7,17 @@ watch or a static file) reports pools and members to it; the protocol layer asks
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..logs import get_logger
-from ..platform.contract import Platform
+from ..platform.contract import Peer, Platform, PoolLoad
 from ..policy.machine import Limits
 from ..policy.model import (
     Actuation,
     MemberObservation,
+    PeerState,
     PoolKey,
     PoolSpec,
     PoolStatus,
@@ -66,6 +69,11 @@ class Hub:
         self._auto = settings.actuation == "auto" and not settings.pools_file
         self._actuation = Actuation.LLMKUBE if settings.actuation == "llmkube" else Actuation.OWN
         self._platform = platform
+        # Several replicas: what the platform reported, kept for pools created later.
+        self.admit_until = math.inf
+        self._leading: dict[PoolKey, bool] = {}
+        self._announced: dict[PoolKey, tuple[int, str]] = {}
+        self._peers: Sequence[Peer] = ()
         self._drivers: dict[PoolKey, PoolDriver] = {}
         self._routes: dict[str, Route] = {}
         self._ambiguous: dict[str, list[str]] = {}
@@ -89,9 +97,19 @@ class Hub:
         """A pool appeared or its spec changed; ``hints`` seed a new pool's start-up."""
         driver = self._drivers.get(spec.key)
         if driver is None:
-            self._drivers[spec.key] = PoolDriver(spec, self._limits, self._platform,
-                                                 self._retry, hints=hints,
-                                                 actuation=self._actuation, auto=self._auto)
+            # with leader Leases a pool follows until its election answers (policy/replicas.py)
+            actuation = Actuation.FOLLOW if self._actuation is Actuation.OWN and \
+                self._platform.elects else self._actuation
+            driver = self._drivers[spec.key] = PoolDriver(
+                spec, self._limits, self._platform, self._retry, hints=hints,
+                actuation=actuation, auto=self._auto)
+            if self.admit_until != math.inf:
+                driver.admission(self.admit_until)
+            if spec.key in self._leading:
+                driver.lead(self._leading[spec.key])
+            if spec.key in self._announced:
+                driver.announced(*self._announced[spec.key])
+            driver.observe_peers(self._peer_states(spec.key))
             log.info("pool added", namespace=spec.key.namespace, pool=spec.key.name,
                      members=list(spec.members), default=spec.default,
                      actuation="auto" if self._auto else self._actuation.value)
@@ -102,6 +120,8 @@ class Hub:
     def pool_removed(self, key: PoolKey) -> None:
         """A pool was deleted: its waiters are rejected and its models unrouted."""
         driver = self._drivers.pop(key, None)
+        self._leading.pop(key, None)
+        self._announced.pop(key, None)
         if driver is not None:
             driver.close()
             log.info("pool removed", namespace=key.namespace, pool=key.name)
@@ -118,6 +138,47 @@ class Hub:
         driver = self._drivers.get(key)
         if driver is not None:
             driver.observe_status(status)
+
+    def admission_changed(self, until: float) -> None:
+        """This replica's membership Lease moved: every pool admits until ``until``."""
+        self.admit_until = until
+        for driver in self._drivers.values():
+            driver.admission(until)
+
+    def leadership_changed(self, key: PoolKey, leading: bool) -> None:
+        """This replica gained or lost a pool's leader Lease."""
+        self._leading[key] = leading
+        driver = self._drivers.get(key)
+        if driver is not None:
+            driver.lead(leading)
+
+    def peers_changed(self, peers: Sequence[Peer]) -> None:
+        """The other replicas' counts: each pool hears its own part."""
+        self._peers = peers
+        for key, driver in self._drivers.items():
+            driver.observe_peers(self._peer_states(key))
+
+    def drain_announced(self, key: PoolKey, epoch: int, target: str) -> None:
+        """A pool's drain announcement in force."""
+        self._announced[key] = (epoch, target)
+        driver = self._drivers.get(key)
+        if driver is not None:
+            driver.announced(epoch, target)
+
+    def replica_load(self) -> Mapping[str, PoolLoad]:
+        """This replica's counts per pool, for its membership Lease."""
+        return {str(key): driver.load() for key, driver in self._drivers.items()}
+
+    def _peer_states(self, key: PoolKey) -> tuple[PeerState, ...]:
+        states = []
+        for peer in self._peers:
+            load = None if peer.pools is None else peer.pools.get(str(key), PoolLoad())
+            if load is None:
+                states.append(PeerState(peer.identity, peer.silent_since, lost=True))
+            else:
+                states.append(PeerState(peer.identity, peer.silent_since, peer.lost, load.acked,
+                                        load.in_flight, load.held))
+        return tuple(states)
 
     def reject_held(self, code: str, message: str) -> None:
         """Answer every held request in every pool with 503 now (before a shutdown)."""

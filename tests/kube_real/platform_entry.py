@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from kube_helpers import eventually, running
+from kube_helpers import IgnoresReplicas, eventually, running
 
 from extproc.metrics import WATCH_RESTARTS
 from extproc.platform.kube.actuator import Actuator
@@ -31,12 +31,13 @@ from extproc.policy.model import (
 )
 from extproc.settings import Settings
 
+
 __all__ = ["Actuator", "EventRecorder", "LatestReports", "MemberObservation", "PoolKey",
            "PoolPhase", "PoolView", "StatusWriter", "api_client", "restarts", "until",
            "watching"]
 
 
-class LatestReports:
+class LatestReports(IgnoresReplicas):
     """A PoolListener keeping the last spec per pool and the last observation per member."""
 
     def __init__(self) -> None:

@@ -23,8 +23,28 @@ NS = "ml"
 CRDS = Path(__file__).resolve().parents[2] / "crds"
 
 
-class Recorder:
-    """A PoolListener that records every call as a tuple."""
+class IgnoresReplicas:
+    """The replica reports of a PoolListener, for test listeners about pools and members only."""
+
+    def admission_changed(self, until: float) -> None:
+        """Ignored."""
+
+    def leadership_changed(self, key: PoolKey, leading: bool) -> None:
+        """Ignored."""
+
+    def peers_changed(self, peers: object) -> None:
+        """Ignored."""
+
+    def drain_announced(self, key: PoolKey, epoch: int, target: str) -> None:
+        """Ignored."""
+
+    def replica_load(self) -> dict:
+        """Nothing held, nothing in flight."""
+        return {}
+
+
+class Recorder(IgnoresReplicas):
+    """A PoolListener that records every pool, member and status call as a tuple."""
 
     def __init__(self) -> None:
         self.calls: list[tuple] = []

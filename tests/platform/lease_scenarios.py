@@ -14,7 +14,8 @@ import pytest
 from devstack.testkit import eventually
 from extproc.platform.kube.leader import LeaderLease
 from extproc.platform.kube.leases import LeaseClient, LeaseConflict
-from extproc.platform.kube.membership import MEMBER_ROLE, ROLE_LABEL, Load, Membership, PoolLoad
+from extproc.platform.contract import PoolLoad
+from extproc.platform.kube.membership import MEMBER_ROLE, ROLE_LABEL, Load, Membership
 from extproc.policy.model import PoolKey
 from extproc.settings import Settings
 
@@ -90,14 +91,14 @@ async def memberships_see_each_other(api: Any, namespace: str) -> None:
     async with member(api, namespace, "replica-a", a_counts) as a:
         async with member(api, namespace, "replica-b", b_counts) as b:
             assert a.is_valid() and b.is_valid()
-            seen_by_b = await eventually(lambda: [p for p in b.peers() if p.load], 10, "b sees a")
-            assert [(p.identity, p.lost, p.load) for p in seen_by_b] == \
-                [("replica-a", False, Load({POOL: PoolLoad(0, {"coder": 2}, {})}))]
+            seen_by_b = await eventually(lambda: [p for p in b.peers() if p.pools], 10, "b sees a")
+            assert [(p.identity, p.lost, p.pools) for p in seen_by_b] == \
+                [("replica-a", False, {POOL: PoolLoad(0, {"coder": 2}, {})})]
             b_counts.held["writer"] = 3
             b.request_write()  # held 0 -> 3: published before the next renew is due
 
             def a_sees_b_holding() -> bool:
-                return any(p.load and p.load.pools[POOL].held == {"writer": 3} for p in a.peers())
+                return any(p.pools and p.pools[POOL].held == {"writer": 3} for p in a.peers())
             await eventually(a_sees_b_holding, 10, "a sees b's held count")
             assert await LeaseClient(api, namespace).get(b.name) is not None
         assert await LeaseClient(api, namespace).get("modelpool-extproc-replica-b") is None
@@ -114,9 +115,9 @@ async def silent_peer_is_lost_with_unknown_counts(api: Any, namespace: str) -> N
                                  labels={ROLE_LABEL: MEMBER_ROLE}, payload=published.to_payload())
     async with member(api, namespace, "replica-a", Counts()) as a:
         [peer] = a.peers()
-        assert (peer.identity, peer.lost, peer.load) == ("replica-b", False, published)
+        assert (peer.identity, peer.lost, peer.pools) == ("replica-b", False, published.pools)
         [lost] = await eventually(lambda: [p for p in a.peers() if p.lost], 15, "b lost")
-        assert lost.identity == "replica-b" and lost.load is None
+        assert lost.identity == "replica-b" and lost.pools is None
         assert clock_now() - lost.silent_since > QUICK.membership_lease_duration + QUICK.lease_margin
     assert await leases.get(silent.name) is not None  # only a clean leave deletes a Lease
 

@@ -42,6 +42,7 @@ async def test_platform_calls(emulator: Any) -> None:
         await asyncio.wait_for(platform.synced.wait(), 5)
         assert [c[0] for c in recorder.take()] == ["pool_changed", "member_changed",
                                                    "member_changed"]
+        await eventually(lambda: platform.replicas.leads(KEY))  # a lone replica takes the Lease
         await platform.scale(KEY, "a", 0)
         await eventually(lambda: any(c[2].name == "a" and c[2].replicas == 0
                                      for c in recorder.calls if c[0] == "member_changed"))

@@ -17,6 +17,8 @@ from extproc.policy.model import MemberObservation, PoolKey, PoolSpec, PoolView
 from extproc.runtime.driver import PoolDriver
 from extproc.runtime.hub import limits_from
 from extproc.runtime.scaling import Retry, Scaler
+from extproc.platform.contract import PoolLoad
+from extproc.policy.model import PeerState, PoolStatus
 from extproc.settings import Settings
 
 KEY = PoolKey("rt", "pool")
@@ -34,6 +36,8 @@ class ScriptedPlatform:
         self.fail_next = 0
         self.views: list[PoolView] = []
         self.notices: list[Notice] = []
+        self.announced: list[str] = []
+        self.load_writes = 0
         self.synced = asyncio.Event()
 
     async def run(self, listener) -> None:
@@ -61,6 +65,19 @@ class ScriptedPlatform:
     def notify(self, key: PoolKey, notice: Notice) -> None:
         """Keep every notice."""
         self.notices.append(notice)
+
+    elects = False
+
+    def announce(self, key: PoolKey, target: str) -> None:
+        """Keep every drain announcement asked for."""
+        self.announced.append(target)
+
+    def load_changed(self) -> None:
+        """Count the early membership writes asked for."""
+        self.load_writes += 1
+
+    async def leave(self) -> None:
+        """No leadership to hand over."""
 
 
 def driver(platform: ScriptedPlatform, budget: float = 30.0, **settings) -> PoolDriver:
@@ -233,3 +250,23 @@ async def test_a_stalled_swap_and_the_held_bound_show_in_the_gauges() -> None:
     assert metrics.REGISTRY.get_sample_value("modelpool_extproc_swap_stalled", labels) == 0
     d.end(ticket)
     d.close()
+
+
+async def test_a_leader_announces_its_drain_and_publishes_what_peers_wait_for() -> None:
+    platform = ScriptedPlatform()
+    d = driver(platform)
+    d.observe_status(PoolStatus(resident="a"))
+    d.observe_peers((PeerState("r2", 0.0, False, 0, {"a": 1}, {}),))
+    writes = platform.load_writes
+    admitted = d.arrive("a")
+    held = d.arrive("b")
+    assert admitted.decision is not None and held.waiter is not None
+    assert platform.announced == ["b"]  # the swap to b starts: announced to the peers
+    assert platform.load_writes > writes  # held 0 -> 1 for b: published before the renew
+    assert d.load() == PoolLoad(0, {"a": 1}, {"b": 1})
+    assert platform.scales == []  # r2 has not acknowledged, and streams on a
+    d.announced(3, "b")
+    d.observe_peers((PeerState("r2", 1.0, False, 3, {}, {}),))
+    d.end(admitted)
+    await asyncio.sleep(0)
+    assert ("a", 0) in platform.scales

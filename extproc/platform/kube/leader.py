@@ -57,6 +57,7 @@ class LeaderLease:
         self._renewed_sent = -math.inf
         self.announced = (0, "")  # (epoch, target) in the Lease as last read or written
         self.desired = ""  # what our pool's machine wants announced
+        self._told: tuple[int, str] | None = None  # the announcement last reported at rest
         self._wake = asyncio.Event()
 
     def is_leader(self) -> bool:
@@ -92,6 +93,7 @@ class LeaderLease:
         """Have ``target`` announced (a new epoch) with the next write, which is made now."""
         if target != self.desired:
             self.desired = target
+            self._told = None  # the machine forgot the one in force: tell it again at rest
             self._wake.set()
 
     def at_rest(self) -> bool:
@@ -122,18 +124,18 @@ class LeaderLease:
                   on_rest: Callable[[int, str], None] = lambda epoch, target: None) -> None:
         """Try every `leader_retry` seconds (at once after `announce`) until cancelled;
         `on_change` hears each gain and loss, `on_rest` each announcement once in force."""
-        leading, told = False, (0, "")
+        leading = False
         while True:
             self._wake.clear()
             await self.try_acquire_or_renew()
             if self.is_leader() != leading:
                 leading = not leading
                 on_change(leading)
-            if self.at_rest() and self.announced != told:
-                told = self.announced
-                on_rest(*told)
+            if self.at_rest() and self.announced != self._told:
+                self._told = self.announced
+                on_rest(*self.announced)
             if not self.is_leader():
-                told = (0, "")  # a later lead tells its announcement afresh
+                self._told = None  # a later lead tells its announcement afresh
             if self.is_leader() and not self.at_rest():
                 continue  # the announcement changed while we wrote: write it now
             with contextlib.suppress(TimeoutError):

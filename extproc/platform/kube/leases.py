@@ -87,6 +87,10 @@ class LeaseClient:
         self.client = client
         self.namespace = namespace
 
+    def collection(self) -> str:
+        """The URL of this namespace's Leases (to list or watch them)."""
+        return self._path()
+
     def _path(self, name: str = "") -> str:
         path = f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/{RESOURCE}"
         return f"{path}/{name}" if name else path

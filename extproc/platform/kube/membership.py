@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from extproc.logs import get_logger
+from extproc.platform.contract import Peer, PoolLoad
 from extproc.platform.kube._calls import TRANSPORT_ERRORS, describe
 from extproc.platform.kube.leases import Lease, LeaseClient, LeaseConflict
 from extproc.platform.kube.rest import ApiError, KubeClient
@@ -44,15 +45,6 @@ def _counts(value: Any) -> dict[str, int] | None:
                                               for v in value.values()):
         return None
     return value
-
-
-@dataclasses.dataclass(frozen=True)
-class PoolLoad:
-    """One replica's counts for one pool: the drain epoch it obeys, in flight and held by member."""
-
-    acked: int = 0
-    in_flight: Mapping[str, int] = dataclasses.field(default_factory=dict)
-    held: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,20 +74,6 @@ class Load:
                 return None
             result[key] = PoolLoad(acked, in_flight, held)
         return cls(result)
-
-
-@dataclasses.dataclass(frozen=True)
-class Peer:
-    """Another replica as last read: `load` is None when it is lost or its payload unreadable.
-
-    `silent_since` is our monotonic clock's time when its Lease last changed.
-    """
-
-    identity: str
-    lease_name: str
-    lost: bool
-    silent_since: float
-    load: Load | None
 
 
 @dataclasses.dataclass
@@ -150,8 +128,19 @@ class Membership:
         for name, seen in sorted(self._seen.items()):
             lost = now - seen.changed_at > seen.lease.duration_seconds + self.margin
             load = None if lost else Load.from_payload(seen.lease.payload)
-            result.append(Peer(seen.lease.holder, name, lost, seen.changed_at, load))
+            result.append(Peer(seen.lease.holder, name, lost, seen.changed_at,
+                               None if load is None else load.pools))
         return result
+
+    @property
+    def last_sent(self) -> float:
+        """When the last renew attempt was sent (our monotonic clock)."""
+        return self._last_attempt
+
+    def keep_only(self, names: set[str]) -> None:
+        """Forget peers whose Lease is gone from a full list (deleted: they left cleanly)."""
+        for name in [n for n in self._seen if n not in names]:
+            del self._seen[name]
 
     def observe(self, lease: Lease, deleted: bool = False) -> None:
         """A peer's Lease as a watch saw it (a deleted one is a clean leave: dropped at once)."""
@@ -237,8 +226,6 @@ class Membership:
             # keep the last sightings: they age into "lost", which is the safe reading
             log.warning("membership peers not listed", error=describe(exc))
             return
-        names = {lease.name for lease in listed}
-        for name in [n for n in self._seen if n not in names]:
-            del self._seen[name]  # deleted: left cleanly
+        self.keep_only({lease.name for lease in listed})
         for lease in listed:
             self.observe(lease)

@@ -16,6 +16,7 @@ from extproc.platform.kube.actuator import Actuator
 from extproc.platform.kube.client import make_api_client
 from extproc.platform.kube.events import EventRecorder
 from extproc.platform.kube.idle import run_probe
+from extproc.platform.kube.replicas import Replicas
 from extproc.platform.kube.rest import KubeClient
 from extproc.platform.kube.routecheck import RouteChecker
 from extproc.platform.kube.status import StatusPublisher, StatusWriter
@@ -28,6 +29,10 @@ from extproc.settings import Settings
 log = get_logger(__name__)
 
 
+class NotLeader(RuntimeError):
+    """A write for a pool this replica does not lead (the runtime drops or retries it)."""
+
+
 class KubePlatform:
     """Watches the cluster for the runtime and carries out its scale, status and event calls."""
 
@@ -35,9 +40,10 @@ class KubePlatform:
         self._api_client = api_client
         self._settings = settings
         self._writer = StatusWriter(api_client)
-        self.watcher = ClusterWatcher(api_client, settings, ours=self._writer.matches)
+        self.watcher = ClusterWatcher(api_client, settings, ours=self._ours)
+        self.replicas = Replicas(api_client, settings, self.watcher.relist)
         self._actuator = Actuator(api_client)
-        self._publisher = StatusPublisher(self._writer, self.watcher,
+        self._publisher = StatusPublisher(self._writer, self.watcher, may_write=self.replicas.leads,
                                           backoff_initial=settings.api_retry_initial,
                                           backoff_max=settings.api_retry_max)
         self._events = EventRecorder(api_client, uids=self.watcher.pool_uid)
@@ -56,13 +62,25 @@ class KubePlatform:
         """Set once the first list of every kind in every namespace is in."""
         return self.watcher.synced
 
+    @property
+    def elects(self) -> bool:
+        """Own and auto mode elect a leader per pool; in llmkube mode LLMKube actuates."""
+        return self._settings.actuation != "llmkube"
+
     async def run(self, listener: PoolListener) -> None:
-        """Watch the cluster forever, reporting to ``listener`` (the runtime's hub)."""
+        """Join the replicas, then watch the cluster forever, reporting to ``listener``."""
+        await self.replicas.start()  # before any pool state is read (HA.md, membership)
         if self._settings.route_check_interval > 0:
             checker = RouteChecker(self._api_client, self._settings, self._events,
                                    self.watcher.pools)
             self._route_check = asyncio.get_running_loop().create_task(checker.run())
-        await self.watcher.run(listener)
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self.replicas.run())
+            group.create_task(self.watcher.run(self.replicas.attach(listener)))
+
+    async def leave(self) -> None:
+        """SIGTERM: hand every pool's leadership to another replica now."""
+        await self.replicas.leave()
 
     async def stop(self) -> None:
         """Finish pending events, drop pending status writes and close connections."""
@@ -71,12 +89,16 @@ class KubePlatform:
         if self._event_tasks:
             await asyncio.wait(self._event_tasks, timeout=2.0)
         await self._publisher.close()
+        await self.replicas.stop()
         if self._session is not None:
             await self._session.close()
         await self._api_client.close()
 
     async def scale(self, key: PoolKey, member: str, replicas: int) -> None:
-        """Set a member's replicas (one attempt; the runtime retries)."""
+        """Set a member's replicas (one attempt; the runtime retries); only the pool's leader
+        may: a deposed one finds out here, on its own clock, before it writes."""
+        if not self.replicas.leads(key):
+            raise NotLeader(f"this replica does not lead pool {key}")
         await self._actuator.scale(key.namespace, member, replicas)
 
     async def trigger(self, key: PoolKey, member: str) -> None:
@@ -103,6 +125,19 @@ class KubePlatform:
     def publish(self, view: PoolView) -> None:
         """Queue the pool's status for writing (latest view wins)."""
         self._publisher.submit(view)
+
+    def announce(self, key: PoolKey, target: str) -> None:
+        """Have the pool's leader Lease announce ``target`` (a no-op unless we lead it)."""
+        self.replicas.announce(key, target)
+
+    def load_changed(self) -> None:
+        """Write the membership Lease soon: a peer waits for these counts."""
+        self.replicas.load_changed()
+
+    def _ours(self, key: PoolKey, status: dict) -> bool:
+        # A status change is someone else's only if we lead the pool (a peer's writes while
+        # it led are not a fight) and it is not one of our own recent writes.
+        return not self.replicas.judges(key) or self._writer.matches(key, status)
 
     def notify(self, key: PoolKey, notice: Notice) -> None:
         """Record an Event on the pool in the background."""

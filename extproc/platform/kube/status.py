@@ -8,6 +8,7 @@ views into as few writes as possible, one background task per pool, never writin
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from collections import deque
 from datetime import datetime, timezone
 from typing import Protocol
@@ -209,9 +210,11 @@ class StatusPublisher:
     """Coalesces views into status writes: ``submit`` never blocks, only the latest view counts."""
 
     def __init__(self, writer: StatusWriter, source: StatusSource, *,
-                 backoff_initial: float = 0.2, backoff_max: float = 30.0) -> None:
+                 backoff_initial: float = 0.2, backoff_max: float = 30.0,
+                 may_write: Callable[[PoolKey], bool] = lambda key: True) -> None:
         self._writer = writer
         self._source = source
+        self._may_write = may_write  # the fence: only the pool's leader writes its status
         self._backoff = (backoff_initial, backoff_max)
         self._latest: dict[PoolKey, PoolView] = {}
         self._tasks: dict[PoolKey, asyncio.Task[None]] = {}
@@ -256,6 +259,10 @@ class StatusPublisher:
             if not self._source.has_pool(key):
                 log.debug("status not written: pool is gone", namespace=key.namespace, pool=key.name)
                 self._forget(key)
+                continue
+            if not self._may_write(key):
+                log.info("status not written: this replica no longer leads the pool",
+                         namespace=key.namespace, pool=key.name)
                 continue
             version = self._source.pool_resource_version(key)
             try:

@@ -1,0 +1,260 @@
+"""Several replicas of this service, coordinated through Leases (HA.md; ``policy/replicas.py``).
+
+Theory of operation:
+- ``start()`` writes this replica's membership Lease before the watcher reads any pool
+  state, so no peer can miss a replica that is already admitting.
+- Every landed renew moves the admission Lease (``admission_changed``): past it the pools
+  admit nothing. A replica whose renews lapsed had a blind cache: once a renew lands again,
+  every watch re-lists first, and only then is admission reported again.
+- In own and auto mode each pool gets a ``LeaderLease``; its holder's machine leads, the
+  others follow (``leadership_changed``). The leader's drain announcement rides in that
+  Lease; it is told to the leader's own machine once written and in force, and to followers
+  through one watch on every Lease of the service (member and leader roles), which also
+  brings the peers' counts within a round trip instead of a renew period.
+- Writes for a pool are fenced (``leads``): a replica that is not the pool's leader, by its
+  own clock, sends no scale and no status patch.
+- ``leave()`` on SIGTERM releases the leader Leases at once; ``stop()`` deletes the
+  membership Lease after the streams have ended, so peers stop waiting for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from extproc.logs import get_logger
+from extproc.platform.contract import PoolListener
+from extproc.platform.kube.leader import LEADER_ROLE, LeaderLease, announcement_of
+from extproc.platform.kube.leases import Lease, LeaseClient
+from extproc.platform.contract import Peer
+from extproc.platform.kube.membership import MEMBER_ROLE, ROLE_LABEL, Load, Membership
+from extproc.platform.kube.rest import KubeClient
+from extproc.platform.kube.watchloop import CollectionWatch
+from extproc.policy.model import PoolKey, PoolSpec, StartHints
+from extproc.settings import Settings
+
+log = get_logger(__name__)
+
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def replica_identity(settings: Settings, environ: dict[str, str] | None = None) -> str:
+    """--replica-name, else $POD_NAME, else the host name (a pod's name), lower-cased."""
+    environ = os.environ if environ is None else environ
+    return (settings.replica_name or environ.get("POD_NAME") or socket.gethostname()).lower()
+
+
+def lease_namespace(settings: Settings, environ: dict[str, str] | None = None,
+                    account_file: Path = SERVICE_ACCOUNT_NAMESPACE) -> str:
+    """--lease-namespace, else $POD_NAMESPACE, else the service account's, else default."""
+    environ = os.environ if environ is None else environ
+    if settings.lease_namespace or environ.get("POD_NAMESPACE"):
+        return settings.lease_namespace or environ["POD_NAMESPACE"]
+    with contextlib.suppress(OSError):
+        return account_file.read_text().strip() or "default"
+    return "default"
+
+
+class Replicas:
+    """This replica's membership, its leader Leases, and the Lease watch, for one listener."""
+
+    def __init__(self, client: KubeClient, settings: Settings,
+                 relist: Callable[[], asyncio.Event], *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.identity = replica_identity(settings)
+        self.namespace = lease_namespace(settings)
+        self._client, self._settings, self._relist, self._clock = client, settings, relist, clock
+        self.membership = Membership(client, self.namespace, self.identity, self._load,
+                                     settings, clock=clock, on_renew=self._renewed)
+        self._elects = settings.actuation != "llmkube"  # llmkube mode: any replica triggers
+        self._leaders: dict[PoolKey, LeaderLease] = {}
+        self._lead_since: dict[PoolKey, float] = {}
+        self._tasks: dict[PoolKey, asyncio.Task[None]] = {}
+        self._listener: PoolListener | None = None
+        self._until = -math.inf  # the admission Lease last reported
+        self._recovering = False
+        self._peers_told: tuple[Peer, ...] | None = None
+
+    async def start(self) -> None:
+        """Write the membership Lease (retrying until it lands); call before any watch."""
+        await self.membership.start()
+        self._until = self.membership.valid_until
+        log.info("membership lease held", lease=self.membership.name, namespace=self.namespace,
+                 replica=self.identity)
+
+    def attach(self, inner: PoolListener) -> PoolListener:
+        """The listener the watcher should report to: ``inner``, with each pool's election."""
+        self._listener = inner
+        inner.admission_changed(self._until)
+        return _Electing(inner, self)
+
+    async def run(self) -> None:
+        """Watch the service's Leases and age the peers, until cancelled."""
+        watch = CollectionWatch(self._client, "leases", LeaseClient(self._client,
+                                self.namespace).collection(), self._settings,
+                                params={"labelSelector": ROLE_LABEL}, scope=self.namespace,
+                                on_list=self._listed, on_event=self._event)
+        async with asyncio.TaskGroup() as group:
+            group.create_task(watch.run())
+            group.create_task(self._age_peers())
+
+    def leads(self, key: PoolKey) -> bool:
+        """Whether this replica may write for ``key`` now (always in llmkube mode)."""
+        leader = self._leaders.get(key)
+        return not self._elects or (leader is not None and leader.is_leader())
+
+    def judges(self, key: PoolKey) -> bool:
+        """Whether a foreign status write is ours to notice: we lead, and long enough that the
+        previous leader's last writes are behind us."""
+        since = self._lead_since.get(key)
+        return self.leads(key) and (not self._elects or (
+            since is not None and self._clock() - since > self._settings.leader_lease_duration))
+
+    def announce(self, key: PoolKey, target: str) -> None:
+        """The pool's machine wants ``target`` announced (leader only; others ignore it)."""
+        leader = self._leaders.get(key)
+        if leader is not None:
+            leader.announce(target)
+
+    def load_changed(self) -> None:
+        """Publish the counts soon (coalesced by the membership)."""
+        self.membership.request_write()
+
+    async def leave(self) -> None:
+        """SIGTERM: hand every pool's leadership over at once."""
+        for task in self._tasks.values():
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        self._tasks.clear()
+        await asyncio.gather(*(leader.release() for leader in self._leaders.values()))
+
+    async def stop(self) -> None:
+        """After the streams ended: release what is still held, delete the membership Lease."""
+        await self.leave()
+        await self.membership.stop()
+
+    # ---- pools (through _Electing) ---------------------------------------------------------
+
+    def pool_seen(self, key: PoolKey) -> None:
+        """Run the pool's election (own and auto mode)."""
+        if not self._elects or key in self._leaders:
+            return
+        leader = self._leaders[key] = LeaderLease(self._client, self.namespace, key,
+                                                  self.identity, self._settings,
+                                                  clock=self._clock)
+        self._tasks[key] = asyncio.get_running_loop().create_task(
+            leader.run(on_change=lambda leading: self._lead(key, leading),
+                       on_rest=lambda epoch, target: self._tell(key, epoch, target)))
+
+    def pool_gone(self, key: PoolKey) -> None:
+        """Stop the pool's election and give its Lease up."""
+        task, leader = self._tasks.pop(key, None), self._leaders.pop(key, None)
+        if task is not None:
+            task.cancel()
+        if leader is not None:
+            asyncio.get_running_loop().create_task(leader.release())
+
+    # ---- reports -----------------------------------------------------------------------------
+
+    def _lead(self, key: PoolKey, leading: bool) -> None:
+        log.info("pool leadership " + ("taken" if leading else "lost"), namespace=key.namespace,
+                 pool=key.name, replica=self.identity)
+        if leading:
+            self._lead_since[key] = self._clock()
+        else:
+            self._lead_since.pop(key, None)
+        if self._listener is not None:
+            self._listener.leadership_changed(key, leading)
+
+    def _tell(self, key: PoolKey, epoch: int, target: str) -> None:
+        if self._listener is not None:
+            self._listener.drain_announced(key, epoch, target)
+
+    def _load(self) -> Load:
+        return Load(self._listener.replica_load() if self._listener is not None else {})
+
+    def _renewed(self) -> None:
+        until = self.membership.valid_until
+        if until == self._until or self._recovering:
+            return  # not landed (the old Lease runs out on its own), or a re-list is under way
+        if self._until <= self.membership.last_sent:
+            # Renews lapsed: the watches may have missed anything meanwhile. Re-list first.
+            self._recovering = True
+            log.warning("membership renewed after a lapse; re-listing before admitting again",
+                        lease=self.membership.name)
+            asyncio.get_running_loop().create_task(self._recover(self._relist()))
+            return
+        self._report_until(until)
+
+    async def _recover(self, fresh: asyncio.Event) -> None:
+        await fresh.wait()
+        self._recovering = False
+        self._report_until(self.membership.valid_until)
+        log.info("cache re-listed; admitting again", lease=self.membership.name)
+
+    def _report_until(self, until: float) -> None:
+        self._until = until
+        if self._listener is not None:
+            self._listener.admission_changed(until)
+
+    def _listed(self, items: list[dict]) -> None:
+        leases = [Lease.from_object(item) for item in items]
+        self.membership.keep_only({lease.name for lease in leases})
+        for lease in leases:
+            self._apply(lease, deleted=False)
+        self._report_peers()
+
+    def _event(self, kind: str, obj: dict) -> None:
+        self._apply(Lease.from_object(obj), deleted=kind == "DELETED")
+        self._report_peers()
+
+    def _apply(self, lease: Lease, *, deleted: bool) -> None:
+        role = lease.labels.get(ROLE_LABEL)
+        if role == MEMBER_ROLE:
+            self.membership.observe(lease, deleted)
+            return
+        if role != LEADER_ROLE or self._listener is None:
+            return
+        pool = (lease.payload or {}).get("pool") if isinstance(lease.payload, dict) else None
+        namespace, _, name = str(pool or "").partition("/")
+        if not name or (lease.holder == self.identity and not deleted):
+            return  # ours: the leader loop tells our machine once the write is in force
+        epoch, target = (0, "") if deleted else announcement_of(lease)
+        self._listener.drain_announced(PoolKey(namespace, name), epoch, target)
+
+    async def _age_peers(self) -> None:
+        while True:  # a silent peer turns lost without any event: look twice a renew period
+            await asyncio.sleep(self._settings.membership_renew / 2)
+            self._report_peers()
+
+    def _report_peers(self) -> None:
+        peers = tuple(self.membership.peers())
+        if peers != self._peers_told and self._listener is not None:
+            self._peers_told = peers
+            self._listener.peers_changed(peers)
+
+
+class _Electing:
+    """Forwards the watcher's reports, starting and stopping each pool's election."""
+
+    def __init__(self, inner: PoolListener, replicas: Replicas) -> None:
+        self._inner, self._replicas = inner, replicas
+
+    def pool_changed(self, spec: PoolSpec, hints: StartHints) -> None:
+        """A pool appeared or changed: elect its leader too."""
+        self._inner.pool_changed(spec, hints)
+        self._replicas.pool_seen(spec.key)
+
+    def pool_removed(self, key: PoolKey) -> None:
+        """A pool went away: so does its election."""
+        self._replicas.pool_gone(key)
+        self._inner.pool_removed(key)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)  # the other reports pass through unchanged
