@@ -6,10 +6,11 @@ import asyncio
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from kube_helpers import NS, eventually, isvc, modelpool, running
+from kube_helpers import NS, Recorder, eventually, isvc, modelpool, running
 from extproc.platform.kube.rest import ApiError
 
 from extproc.metrics import KUBE_REQUESTS
@@ -58,42 +59,58 @@ async def test_scale_sets_spec_replicas(emulator: Any, api: Any) -> None:
     assert KUBE_REQUESTS.labels("patch", "inferenceservices", "200")._value.get() == before + 1
 
 
-async def _scaled_by_the_runtime(emulator: Any, member: str, replicas: int) -> None:
-    """Scale through the runtime's one retry loop (Scaler) and the KubePlatform."""
+async def leading(emulator: Any) -> tuple[KubePlatform, asyncio.Task[None]]:
+    """A running KubePlatform that holds pool slot's leader Lease (only a leader scales)."""
     settings = Settings(kubeconfig=str(emulator.kubeconfig), namespaces=[NS])
     platform = await KubePlatform.create(settings)
+    task = asyncio.get_running_loop().create_task(platform.run(Recorder()))
+    await eventually(lambda: platform.replicas.leads(KEY), 10)
+    return platform, task
+
+
+async def _scaled_by_the_runtime(emulator: Any, member: str, replicas: int, *,
+                                 fault: Callable[[], None]) -> None:
+    """Scale through the runtime's one retry loop (Scaler) and the KubePlatform, the API
+    failing as ``fault`` makes it once this replica leads the pool."""
+    platform, task = await leading(emulator)
     try:
-        scaler = Scaler(platform, PoolKey(NS, "slot"), Retry(0.05, 0.2))
+        fault()
+        scaler = Scaler(platform, KEY, Retry(0.05, 0.2))
         scaler.want(member, replicas)
         await asyncio.wait_for(scaler.settled(), 10)
     finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
         await platform.stop()
 
 
 async def test_scale_retries_conflicts(emulator: Any, api: Any) -> None:
     seed(emulator)
-    emulator.fail_writes("inferenceservices", 2)
-    await _scaled_by_the_runtime(emulator, "a", 0)
+    await _scaled_by_the_runtime(emulator, "a", 0,
+                                 fault=lambda: emulator.fail_writes("inferenceservices", 2))
     assert emulator.get("inferenceservices", "a", NS)["spec"]["replicas"] == 0
     assert patches(emulator, "inferenceservices") == 3
 
 
 async def test_scale_retries_while_the_api_is_unavailable(emulator: Any, api: Any) -> None:
     seed(emulator)
-    emulator.set_unavailable(True)
-    loop = asyncio.get_running_loop()
-    loop.call_later(0.5, emulator.set_unavailable, False)
-    await _scaled_by_the_runtime(emulator, "b", 1)
+
+    def outage() -> None:
+        emulator.set_unavailable(True)
+        asyncio.get_running_loop().call_later(0.5, emulator.set_unavailable, False)
+    await _scaled_by_the_runtime(emulator, "b", 1, fault=outage)
     assert emulator.get("inferenceservices", "b", NS)["spec"]["replicas"] == 1
 
 
 async def test_scale_retries_connection_errors(emulator: Any, api: Any) -> None:
     seed(emulator)
     port = int(emulator.url.rsplit(":", 1)[1])
-    await emulator.stop()
-    restart = asyncio.get_running_loop().create_task(asyncio.sleep(0.5))
-    restart.add_done_callback(lambda _: asyncio.ensure_future(emulator.start(port=port)))
-    await _scaled_by_the_runtime(emulator, "b", 1)
+
+    def restart() -> None:
+        asyncio.ensure_future(emulator.stop())
+        later = asyncio.get_running_loop().create_task(asyncio.sleep(0.5))
+        later.add_done_callback(lambda _: asyncio.ensure_future(emulator.start(port=port)))
+    await _scaled_by_the_runtime(emulator, "b", 1, fault=restart)
     assert emulator.get("inferenceservices", "b", NS)["spec"]["replicas"] == 1
 
 
@@ -115,9 +132,8 @@ async def test_scale_of_a_missing_member_fails_at_once(emulator: Any, api: Any) 
 
 async def test_scale_can_be_cancelled(emulator: Any, api: Any) -> None:
     seed(emulator)
+    platform, task = await leading(emulator)
     emulator.set_unavailable(True)
-    settings = Settings(kubeconfig=str(emulator.kubeconfig), namespaces=[NS])
-    platform = await KubePlatform.create(settings)
     try:
         scaler = Scaler(platform, PoolKey(NS, "slot"), Retry(0.05, 0.2))
         scaler.want("b", 1)
@@ -125,6 +141,9 @@ async def test_scale_can_be_cancelled(emulator: Any, api: Any) -> None:
         scaler.cancel()
         await asyncio.wait_for(scaler.settled(), 2)  # every worker ended
     finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        emulator.set_unavailable(False)
         await platform.stop()
     assert emulator.get("inferenceservices", "b", NS)["spec"]["replicas"] == 0
 
