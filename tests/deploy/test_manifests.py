@@ -100,7 +100,7 @@ def test_example_pool_validates_against_both_modelpool_crds() -> None:
 def test_uninstall_deletes_neither_the_namespace_nor_the_crds(render_with, path: str) -> None:
     # `kubectl delete -k <this>` must not take the members (namespace) or every ModelPool
     # (CRDs) with it: both are applied on their own.
-    for components in ((), ("deploy/components/cluster-wide",)):
+    for components in ((), ("deploy/components/cluster-wide",), ("deploy/components/flowschema",)):
         if components and path == "deploy/monitoring":
             continue
         kinds = {o["kind"] for o in render_with(path, components=components)}
@@ -119,11 +119,30 @@ def _container(objs: list[dict[str, Any]]) -> dict[str, Any]:
     return container
 
 
+#: The pod the downward API describes in these tests (a Deployment's pods get generated names).
+POD_NAME = "modelpool-extproc-7d9f8b6c5d-x2k4p"
+
+
+def pod_env(container: dict[str, Any], pod_name: str = POD_NAME,
+            namespace: str = NAMESPACE) -> dict[str, str]:
+    """The container's environment as the kubelet resolves it in pod ``pod_name``: literal values,
+    and the downward API's metadata.name / metadata.namespace (nothing else is used)."""
+    fields = {"metadata.name": pod_name, "metadata.namespace": namespace}
+    env = {}
+    for entry in container.get("env", []):
+        if "valueFrom" in entry:
+            assert set(entry) == {"name", "valueFrom"}, entry
+            env[entry["name"]] = fields[entry["valueFrom"]["fieldRef"]["fieldPath"]]
+        else:
+            env[entry["name"]] = entry["value"]
+    return env
+
+
 def _parse_args(container: dict[str, Any]) -> Settings:
     assert container["command"] == ["modelpool-extproc"]
     args = container["args"]
     assert args[0] == "serve"
-    env = {e["name"]: e["value"] for e in container.get("env", [])}
+    env = pod_env(container)
     for name in env:
         field = name.removeprefix("MODELPOOL_").lower()
         assert name.startswith("MODELPOOL_") and hasattr(DEFAULTS, field), name
@@ -155,10 +174,42 @@ def test_deployment_agrees_with_settings(render, path: str) -> None:
     assert container["image"] == "modelpool-extproc:0.1.0"  # set by the base's `images:`
     # SIGTERM drain must finish before the kubelet's SIGKILL
     assert pod["terminationGracePeriodSeconds"] > settings.shutdown_grace
-    # single writer
-    assert dep["spec"]["replicas"] == 1
-    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    # several replicas, rolled one at a time without lowering the number serving
+    assert dep["spec"]["replicas"] == 2
+    assert dep["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {
+        "maxSurge": 1, "maxUnavailable": 0}}
     assert pod["serviceAccountName"] == "modelpool-extproc"
+    # each replica is its pod, its Leases in its own namespace (where the leases Role is)
+    assert settings.replica_name == POD_NAME
+    assert settings.lease_namespace == dep["metadata"]["namespace"] == NAMESPACE
+    (lease_role,) = [o for o in objs if o["kind"] == "Role"
+                     and o["metadata"]["name"] == "modelpool-extproc-leases"]
+    assert lease_role["metadata"]["namespace"] == settings.lease_namespace
+
+
+@pytest.mark.parametrize("path", RENDERINGS)
+def test_replicas_spread_over_nodes(render, path: str) -> None:
+    dep = _one(render(path), "Deployment", "modelpool-extproc")
+    template = dep["spec"]["template"]
+    anti = template["spec"]["affinity"]["podAntiAffinity"]
+    assert set(anti) == {"preferredDuringSchedulingIgnoredDuringExecution"}
+    (term,) = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["weight"] == 100
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    # on the app's own pods: the term selects the template (and nothing wider than the selector)
+    selector = term["podAffinityTerm"]["labelSelector"]["matchLabels"]
+    assert _selects(selector, template["metadata"]["labels"])
+    assert selector == dep["spec"]["selector"]["matchLabels"]
+
+
+def test_no_single_replica_leftovers() -> None:
+    """Nothing in deploy/ or the chart still says Recreate or one replica only."""
+    for path in [*sorted((PROJECT_ROOT / "deploy").rglob("*.yaml")),
+                 *sorted((PROJECT_ROOT / "charts").rglob("*.yaml")),
+                 PROJECT_ROOT / "charts" / "modelpool-extproc" / "README.md"]:
+        text = path.read_text()
+        for phrase in ("Recreate", "single writer", "Why one replica", "0 or 1"):
+            assert phrase not in text, f"{path.relative_to(PROJECT_ROOT)}: {phrase!r}"
 
 
 @pytest.mark.parametrize("path", RENDERINGS)
@@ -192,6 +243,9 @@ def test_service_pdb_and_networkpolicy_select_the_pod(render, path: str) -> None
     assert ports["metrics"]["port"] == 9090
     pdb = _one(objs, "PodDisruptionBudget", "modelpool-extproc")
     assert _selects(pdb["spec"]["selector"]["matchLabels"], labels)
+    # a drain evicts one replica at a time, and proceeds even with one replica
+    assert pdb["spec"]["maxUnavailable"] == 1 and "minAvailable" not in pdb["spec"]
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
     netpol = _one(objs, "NetworkPolicy", "modelpool-extproc")
     assert _selects(netpol["spec"]["podSelector"]["matchLabels"], labels)
     by_port = {rule["ports"][0]["port"]: rule["from"] for rule in netpol["spec"]["ingress"]}
