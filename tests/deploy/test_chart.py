@@ -21,6 +21,7 @@ import yaml
 
 from extproc.cli import build_parser
 from extproc.settings import Settings, from_sources
+from downward import POD_NAME, pod_env
 from helm import CHART, COMBINATIONS, NAMESPACE, helm, render_chart, values_args
 from k8s_schema import (BUILTIN_GROUPS, OUR_CRDS, PROJECT_ROOT, SHARED_CRDS, builtin_errors,
                         errors, load_crds)
@@ -107,24 +108,8 @@ def _container(objs: list[dict[str, Any]]) -> dict[str, Any]:
     return container
 
 
-#: The pod the downward API describes in these tests.
-POD_NAME = "modelpool-extproc-7d9f8b6c5d-x2k4p"
-
-
-def _pod_env(container: dict[str, Any]) -> dict[str, str]:
-    """The container's environment as the kubelet resolves it in pod POD_NAME (namespace llm)."""
-    fields = {"metadata.name": POD_NAME, "metadata.namespace": NAMESPACE}
-    env = {}
-    for entry in container.get("env", []):
-        if "valueFrom" in entry:
-            env[entry["name"]] = fields[entry["valueFrom"]["fieldRef"]["fieldPath"]]
-        else:
-            env[entry["name"]] = entry["value"]
-    return env
-
-
 def _settings(container: dict[str, Any]) -> Settings:
-    env = _pod_env(container)
+    env = pod_env(container, NAMESPACE)
     for name in env:
         assert hasattr(Settings(), name.removeprefix("MODELPOOL_").lower()), \
             f"{name} is not a service setting"

@@ -14,6 +14,7 @@ import yaml
 
 from extproc.cli import build_parser
 from extproc.settings import Settings, from_sources, parse_duration
+from downward import POD_NAME, as_flags, downward_env, pod_env
 from tools import tool_binary
 from k8s_schema import (BUILTIN_GROUPS, OUR_CRDS, PROJECT_ROOT, SHARED_CRDS, builtin_errors,
                         errors, load_crds)
@@ -119,30 +120,11 @@ def _container(objs: list[dict[str, Any]]) -> dict[str, Any]:
     return container
 
 
-#: The pod the downward API describes in these tests (a Deployment's pods get generated names).
-POD_NAME = "modelpool-extproc-7d9f8b6c5d-x2k4p"
-
-
-def pod_env(container: dict[str, Any], pod_name: str = POD_NAME,
-            namespace: str = NAMESPACE) -> dict[str, str]:
-    """The container's environment as the kubelet resolves it in pod ``pod_name``: literal values,
-    and the downward API's metadata.name / metadata.namespace (nothing else is used)."""
-    fields = {"metadata.name": pod_name, "metadata.namespace": namespace}
-    env = {}
-    for entry in container.get("env", []):
-        if "valueFrom" in entry:
-            assert set(entry) == {"name", "valueFrom"}, entry
-            env[entry["name"]] = fields[entry["valueFrom"]["fieldRef"]["fieldPath"]]
-        else:
-            env[entry["name"]] = entry["value"]
-    return env
-
-
 def _parse_args(container: dict[str, Any]) -> Settings:
     assert container["command"] == ["modelpool-extproc"]
     args = container["args"]
     assert args[0] == "serve"
-    env = pod_env(container)
+    env = pod_env(container, NAMESPACE)
     for name in env:
         field = name.removeprefix("MODELPOOL_").lower()
         assert name.startswith("MODELPOOL_") and hasattr(DEFAULTS, field), name
@@ -185,6 +167,18 @@ def test_deployment_agrees_with_settings(render, path: str) -> None:
     (lease_role,) = [o for o in objs if o["kind"] == "Role"
                      and o["metadata"]["name"] == "modelpool-extproc-leases"]
     assert lease_role["metadata"]["namespace"] == settings.lease_namespace
+
+
+@pytest.mark.parametrize("path", RENDERINGS)
+def test_downward_api_as_flags_is_what_the_pod_gets(render, path: str) -> None:
+    # the e2e and real-API-server stacks run the service outside a pod, with these flags
+    container = _container(render(path))
+    env = downward_env(container, NAMESPACE)
+    assert env == {"MODELPOOL_REPLICA_NAME": POD_NAME, "MODELPOOL_LEASE_NAMESPACE": NAMESPACE}
+    as_pod = from_sources(build_parser().parse_args(["serve"]), environ=env)
+    as_flagged = from_sources(build_parser().parse_args(["serve", *as_flags(env)]), environ={})
+    assert (as_flagged.replica_name, as_flagged.lease_namespace) == \
+        (as_pod.replica_name, as_pod.lease_namespace) == (POD_NAME, NAMESPACE)
 
 
 @pytest.mark.parametrize("path", RENDERINGS)
