@@ -28,7 +28,7 @@ FORMATS = jsonschema.FormatChecker()
 KUBE_VERSION = "1.32"
 #: API groups Kubernetes itself serves: checked against its built-in schemas, not a CRD.
 BUILTIN_GROUPS = {"", "apps", "policy", "rbac.authorization.k8s.io", "networking.k8s.io",
-                  "apiextensions.k8s.io"}
+                  "apiextensions.k8s.io", "flowcontrol.apiserver.k8s.io"}
 
 
 @FORMATS.checks("date-time", raises=ValueError)

@@ -21,6 +21,7 @@ import yaml
 
 from extproc.cli import build_parser
 from extproc.settings import Settings, from_sources
+from downward import POD_NAME, pod_env
 from helm import CHART, COMBINATIONS, NAMESPACE, helm, render_chart, values_args
 from k8s_schema import (BUILTIN_GROUPS, OUR_CRDS, PROJECT_ROOT, SHARED_CRDS, builtin_errors,
                         errors, load_crds)
@@ -108,7 +109,7 @@ def _container(objs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _settings(container: dict[str, Any]) -> Settings:
-    env = {e["name"]: e["value"] for e in container.get("env", [])}
+    env = pod_env(container, NAMESPACE)
     for name in env:
         assert hasattr(Settings(), name.removeprefix("MODELPOOL_").lower()), \
             f"{name} is not a service setting"
@@ -116,12 +117,19 @@ def _settings(container: dict[str, Any]) -> Settings:
     return from_sources(build_parser().parse_args(container["args"]), environ=env)
 
 
+def _merged(base: Any, override: Any) -> Any:
+    """``override`` over ``base`` as Helm merges values: maps key by key, anything else replaced."""
+    if not (isinstance(base, dict) and isinstance(override, dict)):
+        return override
+    return {**base, **{k: _merged(base.get(k), v) for k, v in override.items()}}
+
+
 @pytest.mark.parametrize("combination", COMBINATIONS)
 def test_deployment_runs_the_service_it_configures(combination: str) -> None:
     objs = render_chart(combination)
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     if combination != "default":
-        values |= yaml.safe_load((CHART / "ci" / f"{combination}.yaml").read_text())
+        values = _merged(values, yaml.safe_load((CHART / "ci" / f"{combination}.yaml").read_text()))
     dep = _one(objs, "Deployment")
     container = _container(objs)
     settings = _settings(container)
@@ -137,16 +145,23 @@ def test_deployment_runs_the_service_it_configures(combination: str) -> None:
             f":{ports['health']}")
     else:
         assert probes == {ports["grpc"]} and not settings.health_listen
-    assert dep["spec"]["strategy"] == {"type": "Recreate"} and dep["spec"]["replicas"] <= 1
+    assert dep["spec"]["replicas"] == values["replicas"]
+    assert dep["spec"]["strategy"] == {"type": "RollingUpdate",
+                                       "rollingUpdate": values["rollingUpdate"]}
     pod = dep["spec"]["template"]["spec"]
+    # each replica is its pod; its Leases in the release namespace, where their Role is
+    assert settings.replica_name == POD_NAME and settings.lease_namespace == NAMESPACE
+    (lease_role,) = [r for r in _of(objs, "Role") if r["metadata"]["name"].endswith("-leases")]
+    assert lease_role["metadata"]["namespace"] == settings.lease_namespace
     assert pod["terminationGracePeriodSeconds"] > settings.shutdown_grace
     watch = values.get("watch", {})
+    pool_roles = [r for r in _of(objs, "Role") if r is not lease_role]
     if watch.get("clusterWide"):
-        assert settings.namespaces == [] and _of(objs, "ClusterRole") and not _of(objs, "Role")
+        assert settings.namespaces == [] and _of(objs, "ClusterRole") and not pool_roles
     else:
         wanted = watch.get("namespaces") or [NAMESPACE]
         assert settings.namespaces == wanted
-        assert sorted(r["metadata"]["namespace"] for r in _of(objs, "Role")) == sorted(wanted)
+        assert sorted(r["metadata"]["namespace"] for r in pool_roles) == sorted(wanted)
     for name, value in values.get("settings", {}).items():
         alone = from_sources(None, environ={f"MODELPOOL_{name.upper()}": str(value)})
         assert getattr(settings, name) == getattr(alone, name) != getattr(Settings(), name)
@@ -155,10 +170,100 @@ def test_deployment_runs_the_service_it_configures(combination: str) -> None:
         assert container["image"] == f"{image['repository']}@{image['digest']}"
     else:
         assert container["image"] == f"{image['repository']}:0.1.0"
-    for key in ("nodeSelector", "tolerations", "affinity", "priorityClassName",
-                "imagePullSecrets"):
+    for key in ("nodeSelector", "tolerations", "priorityClassName", "imagePullSecrets"):
         if values.get(key):
             assert pod[key] == values[key], key
+    # affinity: the value's, plus the chart's pod anti-affinity (podAntiAffinity.mode)
+    affinity = dict(pod.get("affinity") or {})
+    anti = affinity.pop("podAntiAffinity", None)
+    assert affinity == {k: v for k, v in values["affinity"].items() if k != "podAntiAffinity"}
+    assert anti == _anti_affinity(values, dep)
+
+
+def _anti_affinity(values: dict[str, Any], dep: dict[str, Any]) -> dict[str, Any] | None:
+    """The podAntiAffinity the values ask for: the value's own, or the chart's on the selector."""
+    if "podAntiAffinity" in values["affinity"]:
+        return values["affinity"]["podAntiAffinity"]
+    mode, key = values["podAntiAffinity"]["mode"], values["podAntiAffinity"]["topologyKey"]
+    term = {"topologyKey": key,
+            "labelSelector": {"matchLabels": dep["spec"]["selector"]["matchLabels"]}}
+    if mode == "required":
+        return {"requiredDuringSchedulingIgnoredDuringExecution": [term]}
+    if mode == "preferred":
+        return {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 100, "podAffinityTerm": term}]}
+    return None
+
+
+def _values_with(tmp_path: Path, text: str) -> list[str]:
+    path = tmp_path / "values.yaml"
+    path.write_text(text)
+    return ["--values", str(path)]
+
+
+def _template(*args: str) -> list[dict[str, Any]]:
+    out = helm("template", "modelpool-extproc", str(CHART), "--namespace", NAMESPACE, *args)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def test_pod_anti_affinity_modes(tmp_path: Path) -> None:
+    def anti(text: str) -> Any:
+        dep = _one(_template(*_values_with(tmp_path, text)), "Deployment")
+        return (dep["spec"]["template"]["spec"].get("affinity") or {}).get("podAntiAffinity")
+
+    selector = {"app.kubernetes.io/name": "modelpool-extproc",
+                "app.kubernetes.io/instance": "modelpool-extproc"}
+    assert anti("{}") == {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                            "labelSelector": {"matchLabels": selector}}}]}
+    assert anti("podAntiAffinity: {mode: required, topologyKey: topology.kubernetes.io/zone}") \
+        == {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"topologyKey": "topology.kubernetes.io/zone",
+             "labelSelector": {"matchLabels": selector}}]}
+    assert anti("podAntiAffinity: {mode: ''}") is None
+    # one of the operator's own replaces the chart's
+    own = {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"topologyKey": "kubernetes.io/hostname",
+         "labelSelector": {"matchLabels": {"team": "ml"}}}]}
+    assert anti(yaml.safe_dump({"affinity": {"podAntiAffinity": own}})) == own
+
+
+def test_replicas_combination() -> None:
+    objs = render_chart("replicas-values")
+    dep = _one(objs, "Deployment")
+    assert dep["spec"]["replicas"] == 3
+    # required anti-affinity and no spare node: replace in place, one pod at a time
+    assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert "requiredDuringSchedulingIgnoredDuringExecution" in dep["spec"]["template"]["spec"][
+        "affinity"]["podAntiAffinity"]
+    assert _one(objs, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+
+
+def test_flowschema_matches_exactly_the_lease_role(tmp_path: Path) -> None:
+    assert not _of(render_chart("default"), "FlowSchema")
+    for objs in (render_chart("replicas-values"),
+                 _template("--set", "flowSchema.enabled=true", "--set", "watch.clusterWide=true",
+                           "--set", "serviceAccount.create=false",
+                           "--set", "serviceAccount.name=shared-sa")):
+        schema = _one(objs, "FlowSchema")
+        assert "namespace" not in schema["metadata"]  # cluster-scoped
+        assert NAMESPACE in schema["metadata"]["name"]  # one per release namespace
+        spec = schema["spec"]
+        assert spec["priorityLevelConfiguration"] == {"name": "leader-election"}
+        assert 0 < spec["matchingPrecedence"] < 9000
+        (rule,) = spec["rules"]
+        account = _one(objs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+        assert rule["subjects"] == [{"kind": "ServiceAccount", "serviceAccount": {
+            "name": account, "namespace": NAMESPACE}}]
+        (lease_role,) = [r for r in _of(objs, "Role") if r["metadata"]["name"].endswith("-leases")]
+        (granted,) = lease_role["rules"]
+        (matched,) = rule["resourceRules"]
+        assert matched == {**granted, "namespaces": [lease_role["metadata"]["namespace"]]}
+        (binding,) = [b for b in _of(objs, "RoleBinding")
+                      if b["roleRef"]["name"] == lease_role["metadata"]["name"]]
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account,
+                                        "namespace": NAMESPACE}]
 
 
 def test_existing_gateway_and_pools_in_other_namespaces() -> None:
@@ -186,8 +291,17 @@ def test_existing_gateway_and_pools_in_other_namespaces() -> None:
 
 
 def test_cluster_wide_grants_what_the_namespaced_role_grants() -> None:
-    (role,) = _of(render_chart("default"), "Role")
+    (role,) = [r for r in _of(render_chart("default"), "Role")
+               if not r["metadata"]["name"].endswith("-leases")]
     cluster = _one(render_chart("cluster-wide-values"), "ClusterRole")
+    # the Leases keep their namespaced Role, the same in both modes
+    leases = [[r for r in _of(render_chart(c), "Role") if r["metadata"]["name"].endswith("-leases")]
+              for c in ("default", "cluster-wide-values")]
+    assert leases[0] == leases[1] and len(leases[0]) == 1
+    assert leases[0][0]["metadata"]["namespace"] == NAMESPACE
+    assert leases[0][0]["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                                      "verbs": ["get", "list", "watch", "create", "update",
+                                                "delete"]}]
     # plus exactly what the route check (on in that combination) needs
     route_check = {"apiGroups": ["gateway.networking.k8s.io"], "resources": ["httproutes"],
                    "verbs": ["list"]}
@@ -229,7 +343,13 @@ def test_monitoring_objects() -> None:
 
 
 @pytest.mark.parametrize("bad, complaint", [
-    ("replicas: 2", "/replicas"),  # two writers on the swap path
+    ("replicas: -1", "/replicas"),
+    ("podAntiAffinity: {mode: always}", "/podAntiAffinity/mode"),
+    ("rollingUpdate: {maxSurge: one}", "/rollingUpdate/maxSurge"),
+    ("flowSchema: {enabled: true, matchingPrecedence: 9000}", "matchingPrecedence"),
+    # every pod sets these from the downward API: one value for all replicas would be wrong
+    ("settings: {replica_name: extproc}", "/settings"),
+    ("settings: {lease_namespace: other}", "/settings"),
     ("image: {tagg: v1}", "tagg"),  # a misspelt value is an error, not silently ignored
     ("image: {digest: latest}", "/image/digest"),
     ("envoyGateway: {extensionPolicy: {messageTimeout: 330}}", "messageTimeout"),

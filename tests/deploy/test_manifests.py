@@ -14,6 +14,7 @@ import yaml
 
 from extproc.cli import build_parser
 from extproc.settings import Settings, from_sources, parse_duration
+from downward import POD_NAME, as_flags, downward_env, pod_env
 from tools import tool_binary
 from k8s_schema import (BUILTIN_GROUPS, OUR_CRDS, PROJECT_ROOT, SHARED_CRDS, builtin_errors,
                         errors, load_crds)
@@ -100,7 +101,7 @@ def test_example_pool_validates_against_both_modelpool_crds() -> None:
 def test_uninstall_deletes_neither_the_namespace_nor_the_crds(render_with, path: str) -> None:
     # `kubectl delete -k <this>` must not take the members (namespace) or every ModelPool
     # (CRDs) with it: both are applied on their own.
-    for components in ((), ("deploy/components/cluster-wide",)):
+    for components in ((), ("deploy/components/cluster-wide",), ("deploy/components/flowschema",)):
         if components and path == "deploy/monitoring":
             continue
         kinds = {o["kind"] for o in render_with(path, components=components)}
@@ -123,7 +124,7 @@ def _parse_args(container: dict[str, Any]) -> Settings:
     assert container["command"] == ["modelpool-extproc"]
     args = container["args"]
     assert args[0] == "serve"
-    env = {e["name"]: e["value"] for e in container.get("env", [])}
+    env = pod_env(container, NAMESPACE)
     for name in env:
         field = name.removeprefix("MODELPOOL_").lower()
         assert name.startswith("MODELPOOL_") and hasattr(DEFAULTS, field), name
@@ -155,10 +156,54 @@ def test_deployment_agrees_with_settings(render, path: str) -> None:
     assert container["image"] == "modelpool-extproc:0.1.0"  # set by the base's `images:`
     # SIGTERM drain must finish before the kubelet's SIGKILL
     assert pod["terminationGracePeriodSeconds"] > settings.shutdown_grace
-    # single writer
-    assert dep["spec"]["replicas"] == 1
-    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    # several replicas, rolled one at a time without lowering the number serving
+    assert dep["spec"]["replicas"] == 2
+    assert dep["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {
+        "maxSurge": 1, "maxUnavailable": 0}}
     assert pod["serviceAccountName"] == "modelpool-extproc"
+    # each replica is its pod, its Leases in its own namespace (where the leases Role is)
+    assert settings.replica_name == POD_NAME
+    assert settings.lease_namespace == dep["metadata"]["namespace"] == NAMESPACE
+    (lease_role,) = [o for o in objs if o["kind"] == "Role"
+                     and o["metadata"]["name"] == "modelpool-extproc-leases"]
+    assert lease_role["metadata"]["namespace"] == settings.lease_namespace
+
+
+@pytest.mark.parametrize("path", RENDERINGS)
+def test_downward_api_as_flags_is_what_the_pod_gets(render, path: str) -> None:
+    # the e2e and real-API-server stacks run the service outside a pod, with these flags
+    container = _container(render(path))
+    env = downward_env(container, NAMESPACE)
+    assert env == {"MODELPOOL_REPLICA_NAME": POD_NAME, "MODELPOOL_LEASE_NAMESPACE": NAMESPACE}
+    as_pod = from_sources(build_parser().parse_args(["serve"]), environ=env)
+    as_flagged = from_sources(build_parser().parse_args(["serve", *as_flags(env)]), environ={})
+    assert (as_flagged.replica_name, as_flagged.lease_namespace) == \
+        (as_pod.replica_name, as_pod.lease_namespace) == (POD_NAME, NAMESPACE)
+
+
+@pytest.mark.parametrize("path", RENDERINGS)
+def test_replicas_spread_over_nodes(render, path: str) -> None:
+    dep = _one(render(path), "Deployment", "modelpool-extproc")
+    template = dep["spec"]["template"]
+    anti = template["spec"]["affinity"]["podAntiAffinity"]
+    assert set(anti) == {"preferredDuringSchedulingIgnoredDuringExecution"}
+    (term,) = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["weight"] == 100
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    # on the app's own pods: the term selects the template (and nothing wider than the selector)
+    selector = term["podAffinityTerm"]["labelSelector"]["matchLabels"]
+    assert _selects(selector, template["metadata"]["labels"])
+    assert selector == dep["spec"]["selector"]["matchLabels"]
+
+
+def test_no_single_replica_leftovers() -> None:
+    """Nothing in deploy/ or the chart still says Recreate or one replica only."""
+    for path in [*sorted((PROJECT_ROOT / "deploy").rglob("*.yaml")),
+                 *sorted((PROJECT_ROOT / "charts").rglob("*.yaml")),
+                 PROJECT_ROOT / "charts" / "modelpool-extproc" / "README.md"]:
+        text = path.read_text()
+        for phrase in ("Recreate", "single writer", "Why one replica", "0 or 1"):
+            assert phrase not in text, f"{path.relative_to(PROJECT_ROOT)}: {phrase!r}"
 
 
 @pytest.mark.parametrize("path", RENDERINGS)
@@ -192,6 +237,9 @@ def test_service_pdb_and_networkpolicy_select_the_pod(render, path: str) -> None
     assert ports["metrics"]["port"] == 9090
     pdb = _one(objs, "PodDisruptionBudget", "modelpool-extproc")
     assert _selects(pdb["spec"]["selector"]["matchLabels"], labels)
+    # a drain evicts one replica at a time, and proceeds even with one replica
+    assert pdb["spec"]["maxUnavailable"] == 1 and "minAvailable" not in pdb["spec"]
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
     netpol = _one(objs, "NetworkPolicy", "modelpool-extproc")
     assert _selects(netpol["spec"]["podSelector"]["matchLabels"], labels)
     by_port = {rule["ports"][0]["port"]: rule["from"] for rule in netpol["spec"]["ingress"]}

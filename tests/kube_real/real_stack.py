@@ -18,9 +18,11 @@ from control_plane import ControlPlane
 from devstack.procs import PROJECT_ROOT
 from devstack.stack import LocalStack
 from devstack.stack_ports import Ports
+from downward import as_flags, downward_env, service_container
 
 EXTPROC_USER = "modelpool-extproc"
-# deploy/base's identity for the service: its ServiceAccount, Role and RoleBinding
+# deploy/base's identity for the service: its ServiceAccount, its Roles (the pools', the
+# Leases') and their RoleBindings
 RBAC_KINDS = ("ServiceAccount", "Role", "RoleBinding")
 
 
@@ -59,6 +61,14 @@ def deploy_base_rbac(plane: ControlPlane) -> list[dict[str, Any]]:
     renders them (namespace `llm`)."""
     rendered = plane.kubectl("kustomize", str(PROJECT_ROOT / "deploy" / "base")).stdout
     return [d for d in yaml.safe_load_all(rendered) if d and d["kind"] in RBAC_KINDS]
+
+
+def deploy_base_pod_args(plane: ControlPlane, namespace: str) -> list[str]:
+    """The flags that stand for what deploy/base's pod gets from the downward API (its name as
+    the replica name, its namespace as the Lease namespace), for a pod in ``namespace``."""
+    rendered = plane.kubectl("kustomize", str(PROJECT_ROOT / "deploy" / "base")).stdout
+    container = service_container([d for d in yaml.safe_load_all(rendered) if d])
+    return as_flags(downward_env(container, namespace))
 
 
 def service_account_token(plane: ControlPlane, namespace: str, name: str) -> str:

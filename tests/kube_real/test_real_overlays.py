@@ -1,5 +1,6 @@
-"""`kubectl apply --dry-run=server` of every kustomization under deploy/, of the Helm chart's
-output for every documented combination, and of the example pool, against a real API server
+"""`kubectl apply --dry-run=server` of every kustomization under deploy/, of the base with each
+component (and an overlay with all of them), of the Helm chart's output for every documented
+combination, and of the example pool, against a real API server
 with the Gateway API and Envoy Gateway CRDs from ../shared installed: the server accepts every
 object, its CRD schemas and CEL rules included.
 
@@ -12,6 +13,8 @@ tools/monitoringcheck in tests/deploy).
 from __future__ import annotations
 
 import copy
+import time
+import urllib.error
 from typing import Any
 
 import pytest
@@ -19,12 +22,16 @@ import yaml
 
 from control_plane import PROJECT_ROOT, SHARED_CRDS, ControlPlane
 from helm import COMBINATIONS, render_chart
+from kustomize import COMPONENTS, render_path
 
 pytestmark = pytest.mark.kube_real
 
 KUSTOMIZATIONS = sorted(str(p.parent.relative_to(PROJECT_ROOT))
                         for p in (PROJECT_ROOT / "deploy").glob("**/kustomization.yaml")
                         if "components" not in p.parts)
+# each component on the base, and all of them on an overlay
+WITH_COMPONENTS = [("deploy/base", (c,)) for c in COMPONENTS] + [
+    ("deploy/overlays/envoy-gateway", tuple(COMPONENTS))]
 NOT_INSTALLABLE = {("gateway.envoyproxy.io/v1alpha1", "HTTPRouteFilter"),
                    ("monitoring.coreos.com/v1", "ServiceMonitor"),
                    ("monitoring.coreos.com/v1", "PodMonitor"),
@@ -69,6 +76,33 @@ def _submittable(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_server_accepts_every_object(gateway_crds: ControlPlane, path: str) -> None:
     _accepted(gateway_crds, _docs(gateway_crds.kubectl("kustomize",
                                                        str(PROJECT_ROOT / path)).stdout))
+
+
+@pytest.mark.parametrize("path, components", WITH_COMPONENTS,
+                         ids=[f"{p}+{'+'.join(c.rsplit('/', 1)[-1] for c in cs)}"
+                              for p, cs in WITH_COMPONENTS])
+def test_server_accepts_every_object_with_components(gateway_crds: ControlPlane, path: str,
+                                                     components: tuple[str, ...]) -> None:
+    _accepted(gateway_crds, copy.deepcopy(render_path(path, components)))
+
+
+def test_flowschema_priority_level_is_served(control_plane: ControlPlane) -> None:
+    """The level the FlowSchema names is one the API server itself creates (suggested config)."""
+    for objects in (render_path("deploy/base", ("deploy/components/flowschema",)),
+                    render_chart("replicas-values")):
+        (schema,) = [o for o in objects if o["kind"] == "FlowSchema"]
+        level = schema["spec"]["priorityLevelConfiguration"]["name"]
+        path = f"/apis/flowcontrol.apiserver.k8s.io/v1/prioritylevelconfigurations/{level}"
+        deadline = time.monotonic() + 20  # the API server writes its suggested config at start
+        while True:
+            try:
+                found = control_plane.request("GET", path)
+                break
+            except urllib.error.HTTPError as exc:
+                if exc.code != 404 or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        assert found["spec"]["type"] == "Limited", found["spec"]
 
 
 @pytest.mark.parametrize("combination", COMBINATIONS)

@@ -2,9 +2,11 @@
 ServiceAccount: Envoy -> ext_proc -> real kube-apiserver <- member simulator (playing LLMKube).
 
 The ext_proc authenticates with a TokenRequest token of the `modelpool-extproc` ServiceAccount,
-bound by the RoleBinding to the Role that `kubectl kustomize deploy/base` renders, so the real
-RBAC authorizer decides every call. Afterwards the audit log shows that no call was refused
-(nothing missing from the Role) and that every verb the Role grants was used (nothing extra).
+bound by the RoleBindings to the Roles that `kubectl kustomize deploy/base` renders (the pools'
+and the Leases'), so the real RBAC authorizer decides every call; it gets the replica name and
+Lease namespace a pod of the base's Deployment would get from the downward API. After the swap
+and a clean restart (a replica leaving deletes its Lease), the audit log shows that no call was
+refused (nothing missing from the Roles) and that every verb they grant was used (nothing extra).
 """
 
 from __future__ import annotations
@@ -25,13 +27,14 @@ from real_stack import (
     EXTPROC_USER,
     RealApiStack,
     audit_requests,
+    deploy_base_pod_args,
     deploy_base_rbac,
     service_account_token,
 )
 
 pytestmark = pytest.mark.kube_real
 
-NAMESPACE = "llm"  # deploy/base's namespace: its Role and RoleBinding apply unchanged
+NAMESPACE = "llm"  # deploy/base's namespace: its Roles and RoleBindings apply unchanged
 POOL = "real-slot"
 SERVICE_ACCOUNT = f"system:serviceaccount:{NAMESPACE}:{EXTPROC_USER}"
 
@@ -50,7 +53,8 @@ def stack(control_plane: ControlPlane,
     token = service_account_token(control_plane, NAMESPACE, EXTPROC_USER)
     docs = pool_with_members(POOL, NAMESPACE, ["judge", "coder"], default="judge")
     started = RealApiStack(control_plane, tmp_path_factory.mktemp("real-stack"), docs,
-                           extproc_token=token, load_delay=0.8, unload_delay=0.3)
+                           extproc_token=token, load_delay=0.8, unload_delay=0.3,
+                           extproc_args=deploy_base_pod_args(control_plane, NAMESPACE))
     started.start()
     try:
         yield started
@@ -105,11 +109,20 @@ async def test_rbac_nothing_missing_nothing_extra(stack: RealApiStack,
     await until(lambda: any(c["verb"] == "create" and c["resource"] == "events"
                             for c in audit_requests(stack.plane, SERVICE_ACCOUNT)),
                 what="the ext_proc's Events in the audit log")
+    # a replica leaving (SIGTERM) deletes its membership Lease; the new process takes over
+    await asyncio.to_thread(stack.restart_extproc)
+    await until(lambda: any(c["verb"] == "delete" and c["resource"] == "leases"
+                            for c in audit_requests(stack.plane, SERVICE_ACCOUNT)),
+                what="the ext_proc's Lease delete (a clean leave) in the audit log")
     calls = audit_requests(stack.plane, SERVICE_ACCOUNT)
     refused = [c for c in calls if c["code"] in (401, 403)]
     assert refused == [], refused
     resource_calls = [c for c in calls if c["resource"]]
     assert [c["uri"] for c in calls if not c["resource"]] == []  # no discovery or /version
-    (role,) = [d for d in deploy_base_rbac(stack.plane) if d["kind"] == "Role"]
-    assert rbac_covers([role], resource_calls) == []
-    assert rbac_excess([role], resource_calls) == []
+    # every Lease call in the base's namespace, where the Leases' Role is
+    assert {c["namespace"] for c in resource_calls if c["resource"] == "leases"} == {NAMESPACE}
+    roles = [d for d in deploy_base_rbac(stack.plane) if d["kind"] == "Role"]
+    assert sorted(r["metadata"]["name"] for r in roles) == [EXTPROC_USER,
+                                                            f"{EXTPROC_USER}-leases"]
+    assert rbac_covers(roles, resource_calls) == []
+    assert rbac_excess(roles, resource_calls) == []

@@ -70,3 +70,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 {{- toYaml $out -}}
 {{- end -}}
+
+{{/* The Lease verbs: exactly the calls of the service's Lease client (RBAC and FlowSchema). */}}
+{{- define "mpx.leaseVerbs" -}}
+get, list, watch, create, update, delete
+{{- end -}}
