@@ -205,7 +205,7 @@ class EnvoyProcess:
 
     def __init__(
         self,
-        extproc_port: int,
+        extproc_port: int | Sequence[int],
         members: dict[str, int],
         *,
         workdir: Path | str | None = None,
@@ -290,6 +290,17 @@ class EnvoyProcess:
         """Stop and start again on the same ports and config."""
         self.process.stop()
         return self.start(timeout)
+
+    def extproc_health(self) -> dict[int, bool]:
+        """Whether Envoy sends new streams to each ext_proc port now (its health checks' view)."""
+        with urllib.request.urlopen(f"{self.admin_url}/clusters?format=json", timeout=5) as resp:
+            clusters = json.loads(resp.read())["cluster_statuses"]
+        hosts = next(c for c in clusters if c["name"] == envoyconf.EXTPROC_CLUSTER)["host_statuses"]
+        # Healthy: EDS says so and no flag (failed check, timeout, pending first check ...) is set.
+        return {h["address"]["socket_address"]["port_value"]:
+                h["health_status"].get("eds_health_status") == "HEALTHY" and
+                not any(v for k, v in h["health_status"].items() if k != "eds_health_status")
+                for h in hosts}
 
     def access_log(self) -> list[dict[str, Any]]:
         """The access log so far, one dict per JSON line."""
