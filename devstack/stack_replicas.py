@@ -89,6 +89,12 @@ class Replica:
         return self.process is not None and self.process.running
 
     @property
+    def exit_code(self) -> int | None:
+        """Its last run's exit code (None while it runs, or before it ever ran)."""
+        proc = self.process.proc if self.process else None
+        return None if proc is None else proc.poll()
+
+    @property
     def live(self) -> bool:
         """Running and not paused: it answers (metrics, debug views, Envoy's health checks)."""
         return self.running and not self.paused
