@@ -18,9 +18,12 @@ HCM_FILTER = "envoy.filters.network.http_connection_manager"
 # registers beside "") every half second, and one failed or NOT_SERVING answer is enough to
 # stop sending it new streams (a replica that cannot renew its Lease says NOT_SERVING), one
 # SERVING answer to send them again. Envoy's default no-traffic interval is 60 s: an idle demo
-# would notice a dead replica a minute late.
+# would notice a dead replica a minute late. A killed replica fails its next check at once
+# (connection refused); the timeout only decides how soon a frozen one (SIGSTOP) is noticed,
+# and is generous because one slow answer from a busy replica on a loaded machine would take
+# it out of rotation.
 REPLICA_HEALTH_CHECK: dict[str, Any] = {
-    "timeout": "0.4s",
+    "timeout": "1s",
     "interval": "0.5s",
     "no_traffic_interval": "0.5s",
     "unhealthy_threshold": 1,
