@@ -84,6 +84,11 @@ class FaultProxy:
         return f"{LOCALHOST}:{self.port}"
 
     @property
+    def running(self) -> bool:
+        """True between start() and stop() (its thread is alive)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
     def is_cut(self) -> bool:
         """True between cut() and restore()."""
         return self._cut

@@ -178,13 +178,15 @@ class LocalStack:
                 replica.start(timeout)
 
     def kill(self, name: str) -> None:
-        """SIGKILL one piece (extproc, reconciler, simulator, kubeapi): a crash, no clean-up."""
+        """SIGKILL one piece (extproc: every replica; extproc-replica-<i>, reconciler, simulator,
+        kubeapi): a crash, no clean-up."""
+        replica = next((r for r in self.replicas if r.piece == name), None)
         if name == "extproc":
             self.kill_extproc()
-            return
-        proc = self._procs.get(name)
-        if proc is not None:
-            proc.kill()
+        elif replica is not None and replica.process is not None:
+            replica.kill()  # through the handle, which knows a paused process is gone too
+        elif name in self._procs:
+            self._procs[name].kill()
 
     def kill_extproc(self) -> None:
         """SIGKILL every ext_proc replica (a crash: no drain, no status write on the way out)."""

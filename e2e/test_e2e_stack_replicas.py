@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from pathlib import Path
 
 import aiohttp
 
 from devstack.stack import LocalStack
 from devstack.stack_replicas import Replica
-from e2e_support import chat, eventually, pools, wait_resident
+from e2e_support import chat, eventually, pools, start_stack, wait_resident
+from test_e2e_stack import processes_logging_into
 
 POOL, MEMBER = "twice", "twice-a"
 STACK_DOCS = pools((POOL, [MEMBER, "twice-b"], {"default": MEMBER}))
@@ -129,3 +131,18 @@ async def test_a_replica_cut_off_the_api_keeps_its_link_broken_until_restored(
     await eventually(lambda: proxy.stats.forwarded > forwarded, 20.0,
                      f"{replica.name} to reach the API again")
     await served(http, stack)
+
+
+def test_stop_leaves_nothing_behind_with_a_replica_paused_and_one_cut_off(tmp_path: Path) -> None:
+    own: LocalStack = start_stack(tmp_path, pools(("lone", ["lone-a"], {"default": "lone-a"})),
+                                  **STACK_OPTIONS)
+    try:
+        own.replica(0).pause()
+        assert own.replica(1).proxy is not None
+        own.replica(1).proxy.cut()
+    finally:
+        own.stop()
+    assert sorted(own.exited()) == sorted(["kubeapi", "simulator", "extproc-replica-0",
+                                           "extproc-replica-1", "envoy"])
+    assert processes_logging_into(tmp_path) == []
+    assert not any(r.proxy is None or r.proxy.running for r in own.replicas)
