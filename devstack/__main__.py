@@ -7,7 +7,8 @@ import sys
 
 from devstack.simulator_kube import duration_arg
 from devstack.stack import ACTUATIONS
-from devstack.stack_demo import default_actuation, default_workdir, run
+from devstack.stack_demo import REPLICAS_ENV, default_actuation, default_replicas, \
+    default_workdir, run
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -31,12 +32,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       help="own: the ext_proc moves the slot; llmkube: a stand-in for LLMKube's "
                       "ModelPool reconciler does, the ext_proc only triggers "
                       "(default: $MODELPOOL_DEMO_ACTUATION or own)")
+    demo.add_argument("--replicas", default=default_replicas(),
+                      help="ext_proc replicas behind the one Envoy (default: "
+                      f"${REPLICAS_ENV} or 1)")
     demo.add_argument("--workdir", default=str(default_workdir()),
                       help="kubeconfig, logs and records (default: .demo, or $MODELPOOL_DEMO_DIR)")
     args = parser.parse_args(argv)
     if args.command == "demo" and args.actuation not in ACTUATIONS:  # from the environment
         parser.error(f"MODELPOOL_DEMO_ACTUATION must be one of {', '.join(ACTUATIONS)}")
+    if args.command == "demo":
+        # parsed here rather than by type=int, so a bad $MODELPOOL_DEMO_REPLICAS is reported too
+        args.replicas = _replicas(parser, args.replicas)
     return args
+
+
+def _replicas(parser: argparse.ArgumentParser, value: str) -> int:
+    """A replica count of at least 1, or a usage error naming where it came from."""
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if count < 1:
+        parser.error(f"--replicas (or ${REPLICAS_ENV}) must be a whole number >= 1: {value!r}")
+    return count
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,14 +4,32 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import yaml
+
+from extproc.protocol.service import SERVICE
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "envoy" / "envoy.yaml"
 EXTPROC_CLUSTER = "extproc"
 EXTPROC_FILTER = "envoy.filters.http.ext_proc"
 HCM_FILTER = "envoy.filters.network.http_connection_manager"
+# Several ext_proc replicas: Envoy asks each for its gRPC health (the service name the service
+# registers beside "") every half second, and one failed or NOT_SERVING answer is enough to
+# stop sending it new streams (a replica that cannot renew its Lease says NOT_SERVING), one
+# SERVING answer to send them again. Envoy's default no-traffic interval is 60 s: an idle demo
+# would notice a dead replica a minute late. A killed replica fails its next check at once
+# (connection refused); the timeout only decides how soon a frozen one (SIGSTOP) is noticed,
+# and is generous because one slow answer from a busy replica on a loaded machine would take
+# it out of rotation.
+REPLICA_HEALTH_CHECK: dict[str, Any] = {
+    "timeout": "1s",
+    "interval": "0.5s",
+    "no_traffic_interval": "0.5s",
+    "unhealthy_threshold": 1,
+    "healthy_threshold": 1,
+    "grpc_health_check": {"service_name": SERVICE},
+}
 
 
 def load_template(path: Path | str = TEMPLATE) -> dict[str, Any]:
@@ -23,7 +41,7 @@ def load_template(path: Path | str = TEMPLATE) -> dict[str, Any]:
 def render(
     listen_port: int,
     admin_port: int,
-    extproc_port: int,
+    extproc_port: int | Sequence[int],
     members: dict[str, int],
     access_log_path: str | None = None,
     *,
@@ -32,6 +50,9 @@ def render(
 ) -> dict[str, Any]:
     """Return the template config with new ports and member clusters.
 
+    `extproc_port` is the ext_proc's port, or a list of its replicas' ports: with more than
+    one, the ext_proc cluster round-robins streams over them and health-checks each
+    (`REPLICA_HEALTH_CHECK`); with one the cluster is the template's.
     `members` maps cluster name (the routing header value, e.g. "judge.demo") to the port of
     that member on 127.0.0.1; it replaces the template's member clusters. `access_log_path`
     replaces /dev/stdout. `ext_proc` is shallow-merged into the ext_proc filter's typed_config
@@ -53,7 +74,7 @@ def render(
 
     clusters = cfg["static_resources"]["clusters"]
     extproc = _named(clusters, EXTPROC_CLUSTER)
-    _set_port(_endpoint_address(extproc), extproc_port)
+    _set_replicas(extproc, [extproc_port] if isinstance(extproc_port, int) else extproc_port)
     # Any template member cluster serves as the model for the new ones (same options).
     model = next(c for c in clusters if c["name"] != EXTPROC_CLUSTER)
     cfg["static_resources"]["clusters"] = [extproc] + [
@@ -80,6 +101,26 @@ def _member_cluster(model: dict[str, Any], name: str, port: int) -> dict[str, An
     cluster["load_assignment"]["cluster_name"] = name
     _set_port(_endpoint_address(cluster), port)
     return cluster
+
+
+def _set_replicas(cluster: dict[str, Any], ports: Sequence[int]) -> None:
+    if not ports:
+        raise ValueError("the ext_proc needs at least one port")
+    endpoints = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    model = endpoints[0]
+    endpoints[:] = [copy.deepcopy(model) for _ in ports]
+    for endpoint, port in zip(endpoints, ports):
+        _set_port(endpoint["endpoint"]["address"], port)
+    if len(ports) > 1:
+        cluster["lb_policy"] = "ROUND_ROBIN"
+        cluster["health_checks"] = [copy.deepcopy(REPLICA_HEALTH_CHECK)]
+        # Below the default 50 % healthy, Envoy would "panic" and spread streams over every
+        # replica, the NOT_SERVING ones too. With 0 it never does: with no healthy replica the
+        # stream fails, and failure_mode_allow sends the request to the 503 + Retry-After route.
+        # Envoy applies a host's return to health up to 1 s late (it merges such updates);
+        # a replica that is back should take its share of streams at once.
+        cluster["common_lb_config"] = {"healthy_panic_threshold": {"value": 0.0},
+                                       "update_merge_window": "0s"}
 
 
 def _endpoint_address(cluster: dict[str, Any]) -> dict[str, Any]:

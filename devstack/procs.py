@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from devstack import envoyconf
+from devstack import envoyconf, testkit
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ENVOY_BIN_ENV = "MODELPOOL_ENVOY_BIN"
@@ -95,6 +95,32 @@ def wait_for_http(url: str, timeout: float = 10.0, expect_status: int | None = N
         time.sleep(0.05)
 
 
+class StackError(RuntimeError):
+    """A piece of the stack did not come up (the message carries its log tail)."""
+
+
+def wait_until(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    """Poll ``check`` until it returns something truthy; StackError after ``timeout`` s."""
+    try:
+        return testkit.wait_until(check, timeout, what, interval)
+    except testkit.TimedOut as exc:
+        raise StackError(str(exc)) from None
+
+
+def await_ready(proc: "ManagedProcess", check: Callable[[], Any], timeout: float,
+                what: str) -> None:
+    """Wait until ``check`` holds while ``proc`` runs; StackError with its log tail if not."""
+    def ready() -> Any:
+        if not proc.running:
+            raise StackError(f"{proc.args[2]} exited while waiting for {what}:\n"
+                             f"{proc.log_tail()}")
+        return check()
+    try:
+        wait_until(ready, timeout, what, interval=0.1)
+    except StackError as exc:
+        raise StackError(f"{exc}\n--- {proc.log_path}:\n{proc.log_tail()}") from None
+
+
 class ManagedProcess:
     """A subprocess in its own process group, output to a log file, always reaped on stop."""
 
@@ -146,11 +172,11 @@ class ManagedProcess:
         if self.proc is None:
             return None
         if self.proc.poll() is None:
-            self._signal(signal.SIGTERM)
+            self.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
-                self._signal(signal.SIGKILL)
+                self.send_signal(signal.SIGKILL)
         return self._reap()
 
     def kill(self) -> int | None:
@@ -158,7 +184,7 @@ class ManagedProcess:
         if self.proc is None:
             return None
         if self.proc.poll() is None:
-            self._signal(signal.SIGKILL)
+            self.send_signal(signal.SIGKILL)
         return self._reap()
 
     def restart(self, grace: float = 5.0) -> "ManagedProcess":
@@ -174,7 +200,8 @@ class ManagedProcess:
             return ""
         return data[-max_bytes:].decode("utf-8", "replace")
 
-    def _signal(self, sig: int) -> None:
+    def send_signal(self, sig: int) -> None:
+        """Send `sig` to the process group (a no-op once it is gone)."""
         assert self.proc is not None
         try:
             os.killpg(self.proc.pid, sig)
@@ -205,7 +232,7 @@ class EnvoyProcess:
 
     def __init__(
         self,
-        extproc_port: int,
+        extproc_port: int | Sequence[int],
         members: dict[str, int],
         *,
         workdir: Path | str | None = None,
@@ -290,6 +317,17 @@ class EnvoyProcess:
         """Stop and start again on the same ports and config."""
         self.process.stop()
         return self.start(timeout)
+
+    def extproc_health(self) -> dict[int, bool]:
+        """Whether Envoy sends new streams to each ext_proc port now (its health checks' view)."""
+        with urllib.request.urlopen(f"{self.admin_url}/clusters?format=json", timeout=5) as resp:
+            clusters = json.loads(resp.read())["cluster_statuses"]
+        hosts = next(c for c in clusters if c["name"] == envoyconf.EXTPROC_CLUSTER)["host_statuses"]
+        # Healthy: EDS says so and no flag (failed check, timeout, pending first check ...) is set.
+        return {h["address"]["socket_address"]["port_value"]:
+                h["health_status"].get("eds_health_status") == "HEALTHY" and
+                not any(v for k, v in h["health_status"].items() if k != "eds_health_status")
+                for h in hosts}
 
     def access_log(self) -> list[dict[str, Any]]:
         """The access log so far, one dict per JSON line."""

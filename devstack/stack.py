@@ -8,8 +8,17 @@ What runs (each a ManagedProcess with its log under ``<workdir>/logs``):
 - with ``actuation="llmkube"``, the stand-in for LLMKube's ModelPool reconciler
   (``python -m devstack.reconciler``), which then owns member replicas and pool status, and the
   ext_proc runs with ``--actuation llmkube`` (its activator role);
-- the ext_proc (``python -m extproc serve --kubeconfig ...``), the thing under test;
-- Envoy, from envoy/envoy.yaml rendered with the stack's ports and one cluster per member.
+- the ext_proc (``python -m extproc serve --kubeconfig ...``), the thing under test: with
+  ``replicas=N``, N processes (``replica(i)``, devstack/stack_replicas.py), each through its own
+  fault proxy to the API server with ``api_proxies=True``;
+- Envoy, from envoy/envoy.yaml rendered with the stack's ports and one cluster per member (and
+  the ext_proc cluster listing every replica).
+
+With one replica the ext_proc's log is ``extproc.log`` and `start_extproc` / `kill_extproc` /
+`restart_extproc` / `metrics()` / `debug_pools()` mean that replica. With several, the logs are
+``extproc-replica-<i>.log``; those calls act on every replica (the service as a whole), except
+`metrics()` and `debug_pools()`, which read replica 0 (`replica(i).metrics()` reads another),
+and `metric()`, which sums over the replicas that answer.
 
 Each client of the API server gets its own kubeconfig user (``stack``, ``simulator``,
 ``modelpool-extproc``, ``llmkube-controller``), so the emulator's request record can tell their
@@ -27,19 +36,18 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from devstack import stack_manifests as manifests
-from devstack import testkit
 from devstack.procs import LOCALHOST, PROJECT_ROOT, EnvoyProcess, ManagedProcess, \
-    kill_member_server, wait_for_http, writing_into
+    StackError, await_ready, kill_member_server, wait_for_http, writing_into
 from devstack.reconciler import USER as RECONCILER_USER
 from devstack.simulator_timeline import read_timeline
 from devstack.stack_ports import Ports
-from devstack.stack_swaps import read_log, swap_notices
+from devstack.stack_replicas import STOP_GRACE, Replica, Samples, metric_sum, serve_args, \
+    through_proxy
 
 CRDS = PROJECT_ROOT / "crds"
 START_TIMEOUT = 60.0
@@ -49,27 +57,18 @@ ACTUATIONS = ("own", "llmkube")
 ROLLOUT_DELAY = 0.5
 
 
-class StackError(RuntimeError):
-    """A piece of the stack did not come up (the message carries its log tail)."""
-
-
-def wait_until(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    """Poll ``check`` until it returns something truthy; StackError after ``timeout`` s."""
-    try:
-        return testkit.wait_until(check, timeout, what, interval)
-    except testkit.TimedOut as exc:
-        raise StackError(str(exc)) from None
-
-
 class LocalStack:
     """Emulator, simulator, ext_proc and Envoy on loopback; `stop()` leaves no process behind."""
 
     def __init__(self, workdir: Path | str, docs: list[dict[str, Any]], ports: Ports, *,
                  load_delay: float = 3.0, unload_delay: float = 1.0,
                  extproc_args: Iterable[str] = (), actuation: str = "own",
-                 reconciler: bool | None = None) -> None:
+                 reconciler: bool | None = None, replicas: int = 1, api_proxies: bool = False,
+                 lease_namespace: str | None = None) -> None:
         if actuation not in ACTUATIONS:
             raise ValueError(f"actuation must be one of {', '.join(ACTUATIONS)}: {actuation!r}")
+        if replicas < 1:
+            raise ValueError(f"replicas must be at least 1: {replicas}")
         self.actuation = actuation
         # LLMKube's reconciler stand-in: always in llmkube mode; in own mode only to show what
         # happens when both run (the conflict the service must detect)
@@ -77,8 +76,9 @@ class LocalStack:
         self.workdir = Path(workdir).resolve()
         self.docs = docs
         self.ports = ports
+        ports.ensure_replicas(replicas)
         # The addresses, fixed by the ports: Envoy's listener is the OpenAI-compatible endpoint;
-        # the ext_proc's metrics port serves Prometheus and a JSON view of its pools.
+        # the (first) ext_proc's metrics port serves Prometheus and a JSON view of its pools.
         self.url = f"http://{LOCALHOST}:{ports.envoy}"
         self.metrics_url = f"http://{LOCALHOST}:{ports.metrics}/metrics"
         self.debug_url = f"http://{LOCALHOST}:{ports.metrics}/debug/pools"
@@ -93,10 +93,22 @@ class LocalStack:
         self.timeline_path = self.workdir / "timeline.jsonl"
         self._procs: dict[str, ManagedProcess] = {}
         self.envoy: EnvoyProcess | None = None
+        # Leases live beside the pools (the demo's `kubectl get leases -n demo` shows them).
+        self.lease_namespace = lease_namespace or (self.namespaces or ["default"])[0]
+        self.api_proxies = api_proxies
+        self.replicas: list[Replica] = []
+        for i in range(replicas):
+            piece = "extproc" if replicas == 1 else f"extproc-replica-{i}"
+            self.replicas.append(Replica(i, piece, *ports.replica(i), self.log_path(piece),
+                                         self.pools))
 
     def log_path(self, name: str) -> Path:
         """Log file of one piece: kubeapi, simulator, extproc (Envoy logs under envoy/)."""
         return self.log_dir / f"{name}.log"
+
+    def replica(self, index: int) -> Replica:
+        """Ext_proc replica ``index`` (0 is the only one unless ``replicas`` said more)."""
+        return self.replicas[index]
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -111,7 +123,7 @@ class LocalStack:
                 self._start_reconciler(timeout)
             self.start_extproc(timeout)
             self.envoy = EnvoyProcess(
-                self.ports.extproc,
+                [r.grpc_port for r in self.replicas],
                 {f"{m}.{ns}": self.ports.members[m] for ns, m in self.members},
                 workdir=self.workdir / "envoy", listen_port=self.ports.envoy,
                 admin_port=self.ports.envoy_admin)
@@ -126,7 +138,11 @@ class LocalStack:
         """Stop Envoy, the ext_proc, the reconciler, the simulator and its servers, the emulator."""
         if self.envoy is not None:
             self.envoy.stop()
-        self._stop("extproc")
+        for replica in self.replicas:
+            if replica.process is not None:
+                replica.terminate(STOP_GRACE)
+            if replica.proxy is not None:
+                replica.proxy.stop()
         self._stop("reconciler")
         self._stop("simulator")
         # The simulator stops its member servers on SIGTERM, but one it could not stop (it was
@@ -135,6 +151,12 @@ class LocalStack:
             kill_member_server(pid)
         self._stop("kubeapi")
         atexit.unregister(self.stop)
+
+    def envoy_sends_to(self) -> dict[str, bool]:
+        """Replica name -> whether Envoy sends it new streams now (its health checks' view)."""
+        assert self.envoy is not None, "the stack is not started"
+        health = self.envoy.extproc_health()
+        return {r.name: health[r.grpc_port] for r in self.replicas}
 
     def exited(self) -> list[str]:
         """Pieces that were started and are no longer running (a crash, or stop())."""
@@ -150,32 +172,33 @@ class LocalStack:
         self.stop()
 
     def start_extproc(self, timeout: float = START_TIMEOUT) -> None:
-        """Start the ext_proc and wait until it lists every pool of the stack."""
-        args = [sys.executable, "-m", "extproc", "serve",
-                "--kubeconfig", str(self._user_kubeconfig("modelpool-extproc")),
-                "--listen", f"{LOCALHOST}:{self.ports.extproc}",
-                "--metrics-listen", f"{LOCALHOST}:{self.ports.metrics}"]
-        for ns in self.namespaces:
-            args += ["--namespace", ns]
-        if self.actuation != "own":  # own mode keeps today's command line
-            args += ["--actuation", self.actuation]
-        proc = self._launch("extproc", args + self.extproc_args)
-        self._await(proc, self._has_pools, timeout, "the ext_proc to sync its pools")
+        """Start every ext_proc replica not running; wait until each lists every pool."""
+        for replica in self._configured():
+            if not replica.running:
+                replica.start(timeout)
 
     def kill(self, name: str) -> None:
-        """SIGKILL one piece (extproc, reconciler, simulator, kubeapi): a crash, no clean-up."""
-        proc = self._procs.get(name)
-        if proc is not None:
-            proc.kill()
+        """SIGKILL one piece (extproc: every replica; extproc-replica-<i>, reconciler, simulator,
+        kubeapi): a crash, no clean-up."""
+        replica = next((r for r in self.replicas if r.piece == name), None)
+        if name == "extproc":
+            self.kill_extproc()
+        elif replica is not None and replica.process is not None:
+            replica.kill()  # through the handle, which knows a paused process is gone too
+        elif name in self._procs:
+            self._procs[name].kill()
 
     def kill_extproc(self) -> None:
-        """SIGKILL the ext_proc (a crash: no drain, no status write on the way out)."""
-        self.kill("extproc")
+        """SIGKILL every ext_proc replica (a crash: no drain, no status write on the way out)."""
+        for replica in self.replicas:
+            if replica.process is not None:
+                replica.kill()
 
     def restart_extproc(self, timeout: float = START_TIMEOUT) -> None:
-        """Stop the ext_proc gracefully (if running) and start it again on the same ports."""
-        self._stop("extproc")
-        self.start_extproc(timeout)
+        """Stop each replica gracefully (if running) and start it again on the same ports, one
+        after the other (a rolling restart when there are several)."""
+        for replica in self._configured():
+            replica.restart(timeout, grace=STOP_GRACE)
 
     # ---- the API server --------------------------------------------------------------------
 
@@ -239,25 +262,27 @@ class LocalStack:
         return read_timeline(self.timeline_path) if self.timeline_path.exists() else []
 
     def swap_notices(self) -> list[dict[str, Any]]:
-        """The ext_proc's swap notices (SwapStarted, SwapCompleted, ...) so far, all runs."""
-        return swap_notices(read_log(self.log_path("extproc")))
+        """The ext_proc's swap notices (SwapStarted, SwapCompleted, ...) so far, all runs and
+        all replicas, oldest first."""
+        if len(self.replicas) == 1:
+            return self.replicas[0].swap_notices()
+        merged = [n for r in self.replicas for n in r.swap_notices()]
+        return sorted(merged, key=lambda n: str(n.get("ts", "")))  # stable: log order per ts
 
     def debug_pools(self) -> list[dict[str, Any]]:
-        """The ext_proc's /debug/pools views."""
-        with urllib.request.urlopen(self.debug_url, timeout=5) as resp:
-            return json.loads(resp.read())
+        """The (first) ext_proc's /debug/pools views."""
+        return self.replicas[0].debug_pools()
 
-    def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-        """Every sample of the ext_proc's /metrics: (name, labels) -> value."""
-        with urllib.request.urlopen(self.metrics_url, timeout=5) as resp:
-            text = resp.read().decode()
-        return {(s.name, frozenset(s.labels.items())): s.value
-                for family in text_string_to_metric_families(text) for s in family.samples}
+    def metrics(self) -> Samples:
+        """Every sample of the (first) ext_proc's /metrics: (name, labels) -> value."""
+        return self.replicas[0].metrics()
 
     def metric(self, name: str, **labels: str) -> float:
-        """The sum of the samples called `name` whose labels include `labels`."""
-        wanted = set(labels.items())
-        return sum(v for (n, ls), v in self.metrics().items() if n == name and wanted <= ls)
+        """The sum of the samples called `name` whose labels include `labels`, over every
+        replica that answers (one: the ext_proc's; a killed or paused replica is left out)."""
+        if len(self.replicas) == 1:
+            return metric_sum(self.metrics(), name, labels)
+        return sum(r.metric(name, **labels) for r in self.replicas if r.live)
 
     # ---- internals -------------------------------------------------------------------------
 
@@ -267,22 +292,25 @@ class LocalStack:
         self._procs[name] = proc
         return proc
 
+    def _configured(self) -> list[Replica]:
+        """The replicas, each given its command line (and proxy) the first time."""
+        for replica in self.replicas:
+            if replica.process is not None:
+                continue
+            kubeconfig = self._user_kubeconfig("modelpool-extproc")
+            if self.api_proxies:
+                kubeconfig = through_proxy(replica, kubeconfig)
+            replica.configure(serve_args(replica, kubeconfig, self.namespaces,
+                                         self.lease_namespace, self.actuation, self.extproc_args))
+            # In the stack's piece list after the simulator (and reconciler), before Envoy.
+            assert replica.process is not None
+            self._procs[replica.piece] = replica.process
+        return self.replicas
+
     def _stop(self, name: str) -> None:
         proc = self._procs.get(name)
         if proc is not None:
             proc.stop()
-
-    def _await(self, proc: ManagedProcess, check: Callable[[], Any], timeout: float,
-               what: str) -> None:
-        def ready() -> Any:
-            if not proc.running:
-                raise StackError(f"{proc.args[2]} exited while waiting for {what}:\n"
-                                 f"{proc.log_tail()}")
-            return check()
-        try:
-            wait_until(ready, timeout, what, interval=0.1)
-        except StackError as exc:
-            raise StackError(f"{exc}\n--- {proc.log_path}:\n{proc.log_tail()}") from None
 
     def _start_kubeapi(self, timeout: float) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -293,7 +321,7 @@ class LocalStack:
         for ns in self.namespaces:
             args += ["--namespace", ns]
         proc = self._launch("kubeapi", args)
-        self._await(proc, self.kubeconfig.exists, timeout, "the API emulator")
+        await_ready(proc, self.kubeconfig.exists, timeout, "the API emulator")
         self._user_kubeconfig("stack", path=self.kubeconfig)
 
     def _user_kubeconfig(self, user: str, path: Path | None = None) -> Path:
@@ -321,7 +349,7 @@ class LocalStack:
             args += ["--rollout-delay", f"{ROLLOUT_DELAY}s"]
         proc = self._launch("simulator", args)
         # Every member reports a phase once the simulator has reconciled it (Stopped at 0).
-        self._await(proc, self._members_reported, timeout, "the simulator to report members")
+        await_ready(proc, self._members_reported, timeout, "the simulator to report members")
 
     def _start_reconciler(self, timeout: float) -> None:
         args = [sys.executable, "-m", "devstack.reconciler",
@@ -330,7 +358,7 @@ class LocalStack:
             args += ["--namespace", ns]
         proc = self._launch("reconciler", args)
         # It writes every pool's status at once, MetalSupported included (LLMKube's mark).
-        self._await(proc, self._pools_reconciled, timeout, "the reconciler to write pool status")
+        await_ready(proc, self._pools_reconciled, timeout, "the reconciler to write pool status")
 
     def _pools_reconciled(self) -> bool:
         try:
@@ -346,11 +374,3 @@ class LocalStack:
                        for ns, m in self.members)
         except (OSError, urllib.error.HTTPError):
             return False
-
-    def _has_pools(self) -> bool:
-        try:
-            views = self.debug_pools()
-        except OSError:
-            return False
-        seen = {(v["key"]["namespace"], v["key"]["name"]) for v in views}
-        return all(p in seen for p in self.pools)

@@ -15,8 +15,9 @@ from typing import Any
 
 from devstack import stack_manifests as manifests
 from devstack.procs import PROJECT_ROOT
-from devstack.stack import LocalStack, StackError
+from devstack.stack import START_TIMEOUT, LocalStack, StackError
 from devstack.stack_ports import Ports
+from devstack.stack_replicas import Replica
 from devstack.stack_swaps import LogTail, describe
 
 NAMESPACE = "demo"
@@ -25,15 +26,20 @@ POOL = "shared-gpu"
 SHOWN = ("SwapCompleted", "SwapFailed", "SwapDeferred", "MemberLost")
 STREAM = ', "stream": true'
 SMOKE_TIMEOUT = 60.0  # per request: a cold load plus a swap, with room for a slow machine
+REPLICAS_ENV = "MODELPOOL_DEMO_REPLICAS"
+# A replica that exits is started again (same name, same ports) after this long, as its
+# Deployment would; meanwhile the others serve, which is what the demo lets you see.
+RESTART_AFTER = 5.0
 
 
 def build(workdir: Path, load_delay: float, unload_delay: float,
-          listen: int | None = None, actuation: str = "own") -> LocalStack:
+          listen: int | None = None, actuation: str = "own", replicas: int = 1) -> LocalStack:
     """The demo stack: the sample manifests on the demo's ports."""
     docs = manifests.load_sample()
     members = [m for _, m in manifests.members_of(docs)]
-    return LocalStack(workdir, docs, Ports.demo(members, listen), load_delay=load_delay,
-                      unload_delay=unload_delay, actuation=actuation)
+    return LocalStack(workdir, docs, Ports.demo(members, listen, replicas),
+                      load_delay=load_delay, unload_delay=unload_delay, actuation=actuation,
+                      replicas=replicas)
 
 
 def mode_line(stack: LocalStack) -> str:
@@ -67,6 +73,7 @@ def instructions(stack: LocalStack) -> str:
         f"  {k} get mpool -n {NAMESPACE}            # Policy, Resident, Phase",
         f"  {k} describe mpool {POOL} -n {NAMESPACE}  # conditions, events",
         f"  {k} get isvc,pods -n {NAMESPACE}",
+        f"  {k} get leases -n {stack.lease_namespace}          # replicas, pool leaders",
         "",
         "Make a member misbehave (annotations on its InferenceService, live):",
         f"  {k} annotate isvc writer -n {NAMESPACE} sim.llmkube.dev/load-delay=20s --overwrite",
@@ -76,6 +83,7 @@ def instructions(stack: LocalStack) -> str:
         f"  {k} annotate isvc judge -n {NAMESPACE} sim.llmkube.dev/kill-pod=$(date +%s) "
         "--overwrite  # kill the pod",
         "",
+        *replicas_note(stack),
         f"Metrics: {stack.metrics_url}   Pool views: {stack.debug_url}",
         f"Logs:    {_short(stack.log_dir)}/   Walkthrough: docs/demo.md",
         "",
@@ -84,11 +92,22 @@ def instructions(stack: LocalStack) -> str:
     return "\n".join(lines)
 
 
+def replicas_note(stack: LocalStack) -> list[str]:
+    """With several replicas: what to kill, and what happens then."""
+    if len(stack.replicas) == 1:
+        return []
+    return [f"{len(stack.replicas)} ext_proc replicas behind the one Envoy (lines above). Kill "
+            "any (kill -9 <pid>): the others serve;",
+            f"it starts again {RESTART_AFTER:g}s later with the same name and ports. Metrics "
+            "and pool views below are replica-0's.", ""]
+
+
 def run(args: Any) -> int:
     """Start the demo, then follow swaps until Ctrl-C (or run the smoke check and exit)."""
     workdir = demo_workdir(args.workdir)
     try:
-        stack = build(workdir, args.load_delay, args.unload_delay, args.port, args.actuation)
+        stack = build(workdir, args.load_delay, args.unload_delay, args.port, args.actuation,
+                      args.replicas)
     except RuntimeError as exc:  # the listener port is taken
         print(f"demo: {exc}", file=sys.stderr)
         return 2
@@ -97,11 +116,13 @@ def run(args: Any) -> int:
           flush=True)
     try:
         stack.start()
+        for replica in stack.replicas:
+            print(replica.line(), flush=True)
         print(instructions(stack), flush=True)
-        tail = LogTail(stack.log_path("extproc"), from_start=True)
+        tails = SwapLines(stack.replicas)
         if args.smoke:
-            return smoke(stack, tail)
-        follow(stack, tail)
+            return smoke(stack, tails)
+        follow(stack, tails)
         return 0
     except KeyboardInterrupt:
         return 0
@@ -116,19 +137,55 @@ def run(args: Any) -> int:
         print("Stopped; nothing left running.", flush=True)
 
 
-def follow(stack: LocalStack, tail: LogTail) -> None:
-    """Print a line per swap from the ext_proc's log until interrupted."""
-    while True:
-        _print_swaps(tail)
+class SwapLines:
+    """The swap notices every replica logs, printed as they come (named by replica when
+    there are several: whichever leads a pool logs its swaps)."""
+
+    def __init__(self, replicas: list[Replica]) -> None:
+        self.tails = [(r, LogTail(r.log_path, from_start=True)) for r in replicas]
+
+    def print_new(self) -> None:
+        """Print the notices logged since the last call."""
+        for replica, tail in self.tails:
+            for entry in tail.read():
+                if entry.get("event") in SHOWN:
+                    who = f"  [{replica.name}]" if len(self.tails) > 1 else ""
+                    print(f"  {describe(entry)}{who}", flush=True)
+
+
+def follow(stack: LocalStack, lines: SwapLines) -> None:
+    """Print a line per swap until interrupted; restart a replica that exits (when there are
+    several), end when any other piece does."""
+    exited_at: dict[str, float] = {}  # replica name -> when it was seen gone
+    while True:  # until Ctrl-C, or a piece other than a replica exits
+        lines.print_new()
+        replicas = {r.piece: r for r in stack.replicas} if len(stack.replicas) > 1 else {}
         gone = stack.exited()
-        if gone:
-            print(f"{', '.join(gone)} exited unexpectedly; see the logs in "
+        others = [name for name in gone if name not in replicas]
+        if others:
+            print(f"{', '.join(others)} exited unexpectedly; see the logs in "
                   f"{_short(stack.workdir)}", flush=True)
             return
+        for replica in (replicas[name] for name in gone):
+            _restart_when_due(replica, exited_at)
         time.sleep(0.2)
 
 
-def smoke(stack: LocalStack, tail: LogTail) -> int:
+def _restart_when_due(replica: Replica, exited_at: dict[str, float]) -> None:
+    """Say that a replica exited; RESTART_AFTER later, start it again and print its line."""
+    now = time.monotonic()
+    if replica.name not in exited_at:
+        exited_at[replica.name] = now
+        print(f"  replica {replica.name} (pid {replica.pid}) exited with code "
+              f"{replica.exit_code}; the others serve. It starts again in {RESTART_AFTER:g}s.",
+              flush=True)
+    elif now - exited_at[replica.name] >= RESTART_AFTER:
+        del exited_at[replica.name]
+        replica.start(START_TIMEOUT)
+        print(replica.line(), flush=True)
+
+
+def smoke(stack: LocalStack, lines: SwapLines) -> int:
     """One request per member and one SSE stream; print what came back and the swap lines."""
     failures = 0
     for model, stream in (("judge", False), ("coder", False), ("writer", False),
@@ -140,9 +197,9 @@ def smoke(stack: LocalStack, tail: LogTail) -> int:
         print(f"  {'ok ' if ok else 'BAD'} {model:<7} stream={str(stream).lower():<5} -> "
               f"{status} served by {served_by or '-'} in {time.monotonic() - began:.1f}s"
               f"{'' if ok else ': ' + detail}", flush=True)
-        _print_swaps(tail)
+        lines.print_new()
     time.sleep(0.3)  # the last notices reach the log just after the answers
-    _print_swaps(tail)
+    lines.print_new()
     print(stack.kubectl("get", "mpool", "-n", NAMESPACE).stdout, end="", flush=True)
     return 1 if failures else 0
 
@@ -167,12 +224,6 @@ def request(base: str, model: str, stream: bool) -> tuple[int, str, str]:
         return 0, "", repr(exc)
 
 
-def _print_swaps(tail: LogTail) -> None:
-    for entry in tail.read():
-        if entry.get("event") in SHOWN:
-            print("  " + describe(entry), flush=True)
-
-
 def _stop_on_signals() -> None:
     """SIGTERM and SIGHUP end the demo like Ctrl-C, so the finally block stops everything."""
     def interrupt(signum: int, _frame: Any) -> None:
@@ -190,6 +241,11 @@ def _short(path: Path) -> str:
         return str(Path(path).resolve().relative_to(Path.cwd()))
     except ValueError:
         return str(path)
+
+
+def default_replicas() -> str:
+    """$MODELPOOL_DEMO_REPLICAS, else 1 (checked by the command line)."""
+    return os.environ.get(REPLICAS_ENV) or "1"
 
 
 def default_actuation() -> str:

@@ -21,7 +21,11 @@ def preferred_or_free(port: int) -> int:
 
 @dataclass
 class Ports:
-    """Every loopback port the stack listens on; member ports keyed by member name."""
+    """Every loopback port the stack listens on; member ports keyed by member name.
+
+    `extproc` and `metrics` are the first ext_proc replica's gRPC and metrics ports;
+    `more_replicas` holds the (gRPC, metrics) pairs of the others.
+    """
 
     envoy: int
     envoy_admin: int
@@ -29,18 +33,22 @@ class Ports:
     metrics: int
     kubeapi: int
     members: dict[str, int] = field(default_factory=dict)
+    more_replicas: list[tuple[int, int]] = field(default_factory=list)
 
     @classmethod
-    def free(cls, members: list[str]) -> Ports:
+    def free(cls, members: list[str], replicas: int = 1) -> Ports:
         """Kernel-picked ports for everything (tests: several stacks can run at once)."""
-        return cls(free_port(), free_port(), free_port(), free_port(), free_port(),
-                   {m: free_port() for m in members})
+        ports = cls(free_port(), free_port(), free_port(), free_port(), free_port(),
+                    {m: free_port() for m in members})
+        ports.ensure_replicas(replicas)
+        return ports
 
     @classmethod
-    def demo(cls, members: list[str], listen: int | None = None) -> Ports:
+    def demo(cls, members: list[str], listen: int | None = None, replicas: int = 1) -> Ports:
         """The demo's ports: Envoy on 8080 ($MODELPOOL_DEMO_PORT), the rest preferred-or-free.
 
-        Clients and scripts rely on the listener port, so it never silently moves.
+        Clients and scripts rely on the listener port, so it never silently moves. Replicas
+        after the first prefer the ports after the first's (9003 and 9091, ...).
         """
         if listen is None:
             listen = int(os.environ.get(DEMO_PORT_ENV) or DEMO_LISTEN_PORT)
@@ -51,8 +59,19 @@ class Ports:
         for name, port in DEMO_PREFERRED.items():
             chosen[name] = _pick(port, taken)
         member_ports = {m: _pick(DEMO_MEMBER_PORTS.get(m, 0), taken) for m in members}
+        more = [(_pick(DEMO_PREFERRED["extproc"] + i, taken),
+                 _pick(DEMO_PREFERRED["metrics"] + i, taken)) for i in range(1, replicas)]
         return cls(listen, chosen["envoy_admin"], chosen["extproc"], chosen["metrics"],
-                   chosen["kubeapi"], member_ports)
+                   chosen["kubeapi"], member_ports, more)
+
+    def replica(self, index: int) -> tuple[int, int]:
+        """The (gRPC, metrics) ports of replica `index` (0 is `extproc`, `metrics`)."""
+        return (self.extproc, self.metrics) if index == 0 else self.more_replicas[index - 1]
+
+    def ensure_replicas(self, count: int) -> None:
+        """Add free ports for replicas up to `count` (a plan made for fewer stays as it is)."""
+        while len(self.more_replicas) < count - 1:
+            self.more_replicas.append((free_port(), free_port()))
 
 
 def _pick(preferred: int, taken: set[int]) -> int:

@@ -5,16 +5,19 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Iterator
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 
 import grpc
 import pytest
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
 
 from devstack import procs
 from devstack.upstream import UpstreamHandle, start_upstream
+from extproc.protocol.service import SERVICE
 
 
 @pytest.fixture(scope="session")
@@ -76,13 +79,23 @@ class StubExtProc(ext_grpc.ExternalProcessorServicer):
     """A stand-in ext_proc for Envoy config tests: routes the body's `model` to `<model>.demo`.
 
     With `immediate` set to (status, body, headers) it answers every request with that
-    immediate response instead. Not the real service: no pool, no parking.
+    immediate response instead. It serves gRPC health as the service does (`set_serving`).
+    Not the real service: no pool, no parking.
     """
 
     port: int = 0
     immediate: tuple[int, bytes, dict[str, str]] | None = None
     streams: int = 0
     server: grpc.aio.Server | None = field(default=None, repr=False)
+    health: health_aio.HealthServicer = field(default_factory=health_aio.HealthServicer,
+                                              repr=False)
+
+    async def set_serving(self, serving: bool) -> None:
+        """Report SERVING or NOT_SERVING under the service's name and "" (as the service does)."""
+        status = (health_pb2.HealthCheckResponse.SERVING if serving
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        for name in ("", SERVICE):
+            await self.health.set(name, status)
 
     async def Process(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
         """One HTTP request's stream: headers, then (for a body) the buffered body."""
@@ -117,15 +130,34 @@ class StubExtProc(ext_grpc.ExternalProcessorServicer):
                 yield ext_pb.ProcessingResponse(request_body=ext_pb.BodyResponse(response=common))
 
 
+StubFactory = Callable[[], Awaitable[StubExtProc]]
+
+
 @pytest.fixture
-async def stub_extproc() -> AsyncIterator[StubExtProc]:
-    """A StubExtProc gRPC server on a free loopback port, in this test's event loop."""
-    stub = StubExtProc()
-    stub.server = grpc.aio.server()
-    ext_grpc.add_ExternalProcessorServicer_to_server(stub, stub.server)
-    stub.port = stub.server.add_insecure_port("127.0.0.1:0")
-    await stub.server.start()
+async def stub_extprocs() -> AsyncIterator[StubFactory]:
+    """Start SERVING StubExtProc gRPC servers on free loopback ports, in this test's event loop."""
+    started: list[StubExtProc] = []
+
+    async def start() -> StubExtProc:
+        stub = StubExtProc()
+        stub.server = grpc.aio.server()
+        ext_grpc.add_ExternalProcessorServicer_to_server(stub, stub.server)
+        health_pb2_grpc.add_HealthServicer_to_server(stub.health, stub.server)
+        stub.port = stub.server.add_insecure_port("127.0.0.1:0")
+        started.append(stub)
+        await stub.server.start()
+        await stub.set_serving(True)
+        return stub
+
     try:
-        yield stub
+        yield start
     finally:
-        await stub.server.stop(grace=None)
+        for stub in started:
+            assert stub.server is not None
+            await stub.server.stop(grace=None)
+
+
+@pytest.fixture
+async def stub_extproc(stub_extprocs: StubFactory) -> StubExtProc:
+    """A StubExtProc gRPC server on a free loopback port, in this test's event loop."""
+    return await stub_extprocs()

@@ -1,0 +1,112 @@
+"""envoy/envoy.yaml rendered for several ext_proc replicas: the cluster, validated by Envoy, and
+Envoy's behaviour with it (real Envoy, stub ext_procs that serve gRPC health)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from devstack import envoyconf, procs
+from devstack.testkit import eventually, posted
+from devstack.upstream import UpstreamHandle
+from extproc.protocol.service import SERVICE
+from test_envoy_config import validate
+
+pytestmark = pytest.mark.envoy
+
+REQUESTS = 12  # enough for round robin to show on every replica
+HEALTH_SETTLE = 5.0  # Envoy checks every 0.5 s; room for a loaded machine
+
+
+def extproc_cluster(cfg: dict) -> dict:
+    """The rendered config's ext_proc cluster."""
+    return next(c for c in cfg["static_resources"]["clusters"] if c["name"] == "extproc")
+
+
+def ports_of(cluster: dict) -> list[int]:
+    """The ports of a cluster's endpoints, in order."""
+    return [e["endpoint"]["address"]["socket_address"]["port_value"]
+            for e in cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]]
+
+
+def test_several_replicas_are_round_robin_endpoints_with_grpc_health_checks() -> None:
+    cluster = extproc_cluster(envoyconf.render(1111, 2222, [3331, 3332, 3333], {"x.ns": 4444}))
+    assert ports_of(cluster) == [3331, 3332, 3333]
+    assert cluster["lb_policy"] == "ROUND_ROBIN"
+    (check,) = cluster["health_checks"]
+    assert check["grpc_health_check"] == {"service_name": SERVICE}
+    assert check["unhealthy_threshold"] == check["healthy_threshold"] == 1
+    assert check["interval"] == check["no_traffic_interval"] == "0.5s"
+    assert cluster["common_lb_config"] == {"healthy_panic_threshold": {"value": 0.0},
+                                           "update_merge_window": "0s"}
+
+
+def test_one_replica_keeps_the_template_cluster() -> None:
+    one = envoyconf.render(1111, 2222, [3333], {"x.ns": 4444})
+    assert one == envoyconf.render(1111, 2222, 3333, {"x.ns": 4444})
+    cluster = extproc_cluster(one)
+    template = extproc_cluster(envoyconf.load_template())
+    assert ports_of(cluster) == [3333]
+    assert {k: v for k, v in cluster.items() if k != "load_assignment"} == \
+        {k: v for k, v in template.items() if k != "load_assignment"}
+    with pytest.raises(ValueError):
+        envoyconf.render(1111, 2222, [], {"x.ns": 4444})
+
+
+def test_rendered_replicas_config_validates(envoy_bin: Path, tmp_path: Path) -> None:
+    path = envoyconf.write(tmp_path / "envoy.yaml", 18180, 19190, [19002, 19003, 19004],
+                           {"a.team": 18181}, str(tmp_path / "access.log"))
+    result = validate(envoy_bin, path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+async def test_streams_spread_over_serving_replicas_only(
+        envoy_factory, stub_extprocs, upstreams: dict[str, UpstreamHandle]) -> None:
+    first, second = await stub_extprocs(), await stub_extprocs()
+    envoy = envoy_factory([first.port, second.port], {"judge.demo": upstreams["judge"].port})
+    await healthy(envoy, {first.port: True, second.port: True})
+
+    async def send(count: int) -> None:
+        for _ in range(count):
+            async with posted(f"{envoy.url}/v1/chat/completions",
+                              json={"model": "judge", "messages": []}) as resp:
+                assert resp.status == 200 and resp.headers["x-served-by"] == "judge"
+
+    await send(REQUESTS)
+    assert first.streams > 0 and second.streams > 0
+    assert first.streams + second.streams == REQUESTS
+
+    # NOT_SERVING (what a replica that cannot renew its Lease reports): no new streams
+    await second.set_serving(False)
+    await healthy(envoy, {first.port: True, second.port: False})
+    before = second.streams
+    await send(REQUESTS)
+    assert second.streams == before
+
+    # SERVING again: streams come back
+    await second.set_serving(True)
+    await healthy(envoy, {first.port: True, second.port: True})
+    await send(REQUESTS)
+    assert second.streams > before
+    entries = envoy.wait_access_log(3 * REQUESTS)
+    assert {e["upstream_cluster"] for e in entries} == {"judge.demo"}
+
+
+async def test_no_serving_replica_is_the_router_unavailable_503(
+        envoy_factory, stub_extprocs, upstreams: dict[str, UpstreamHandle]) -> None:
+    stubs = [await stub_extprocs(), await stub_extprocs()]
+    envoy = envoy_factory([s.port for s in stubs], {"judge.demo": upstreams["judge"].port})
+    for stub in stubs:
+        await stub.set_serving(False)
+    await healthy(envoy, {s.port: False for s in stubs})
+    async with posted(f"{envoy.url}/v1/chat/completions", json={"model": "judge"}) as resp:
+        assert resp.status == 503 and resp.headers["retry-after"] == "5"
+        assert (await resp.json())["error"]["code"] == "router_unavailable"
+    assert upstreams["judge"].stats.served == 0 and sum(s.streams for s in stubs) == 0
+
+
+async def healthy(envoy: procs.EnvoyProcess, expected: dict[int, bool]) -> None:
+    """Wait until Envoy's health view of the ext_proc replicas is ``expected``."""
+    await eventually(lambda: envoy.extproc_health() == expected, HEALTH_SETTLE,
+                     f"Envoy to see the replicas as {expected}", blocking=True, interval=0.1)
