@@ -132,11 +132,6 @@ class Membership:
                                None if load is None else load.pools))
         return result
 
-    @property
-    def last_sent(self) -> float:
-        """When the last renew attempt was sent (our monotonic clock)."""
-        return self._last_attempt
-
     def keep_only(self, names: set[str]) -> None:
         """Forget peers whose Lease is gone from a full list (deleted: they left cleanly)."""
         for name in [n for n in self._seen if n not in names]:

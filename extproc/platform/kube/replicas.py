@@ -183,8 +183,9 @@ class Replicas:
         until = self.membership.valid_until
         if until == self._until or self._recovering:
             return  # not landed (the old Lease runs out on its own), or a re-list is under way
-        if self._until <= self.membership.last_sent:
-            # Renews lapsed: the watches may have missed anything meanwhile. Re-list first.
+        if self._until <= self._clock():
+            # Admission lapsed before this renew landed (sent late, or answered late): the
+            # watches were as cut off as the renews and may have missed anything. Re-list.
             self._recovering = True
             log.warning("membership renewed after a lapse; re-listing before admitting again",
                         lease=self.membership.name)

@@ -1,0 +1,162 @@
+"""Three ext_proc replicas behind one Envoy (HA.md): swaps driven through any replica, the
+pool's leader SIGKILLed mid-swap, a follower cut off from the API server, a follower paused.
+
+The invariant checker replays the API history (never two members with pods; no scale-up while
+another member is up), and every client sees its own member or 503 + Retry-After.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+
+from devstack.stack import LocalStack
+from e2e_support import NAMESPACE, chat, eventually, pools, wait_resident
+from faults.invariants import ApiRecorder, exclusive_slot
+
+STACK_DOCS = pools(("ha", ["ha-a", "ha-b"], {"default": "ha-a"}))
+# a killed replica's requests are settled by the member's idle probe (the simulator serves
+# llama.cpp's /slots), or else after this wait: short here so a test never waits 600 s
+STACK_OPTIONS = {"replicas": 3, "api_proxies": True,
+                 "extproc_args": ["--lost-replica-wait", "20s"]}
+POOLS = {(NAMESPACE, "ha"): ["ha-a", "ha-b"]}
+LEADER_LEASE = f"modelpool-extproc-leader.{NAMESPACE}.ha"
+
+
+def leases(stack: LocalStack) -> dict[str, dict]:
+    """The Leases in the stack's Lease namespace, by name."""
+    listing = stack.get(f"/apis/coordination.k8s.io/v1/namespaces/{stack.lease_namespace}/leases")
+    return {item["metadata"]["name"]: item for item in listing["items"]}
+
+
+def leader(stack: LocalStack) -> str:
+    """The replica holding the pool's leader Lease ("" if none)."""
+    lease = leases(stack).get(LEADER_LEASE) or {}
+    return (lease.get("spec") or {}).get("holderIdentity") or ""
+
+
+def replica_named(stack: LocalStack, name: str):
+    """The stack's handle of replica ``name``."""
+    return next(r for r in stack.replicas if r.name == name)
+
+
+def other(member: str) -> str:
+    return "ha-b" if member == "ha-a" else "ha-a"
+
+
+def resident(stack: LocalStack) -> str:
+    return (stack.pool("ha", NAMESPACE).get("status") or {}).get("residentMember") or ""
+
+
+def serving(replica) -> bool:
+    """What the replica's gRPC health says, as its serving gauge shows it."""
+    return replica.metric("modelpool_extproc_serving") == 1
+
+
+def served_or_retry(reply, model: str) -> bool:
+    """Its own member answered, or an explicit 503 with Retry-After."""
+    if reply.status == 200:
+        return reply.served_by == model
+    return reply.status == 503 and "retry-after" in reply.headers
+
+
+async def test_every_replica_holds_a_membership_lease_and_one_leads(stack: LocalStack) -> None:
+    await eventually(lambda: leader(stack), what="a leader for pool ha")
+    names = set(leases(stack))
+    assert {f"modelpool-extproc-{r.name}" for r in stack.replicas} <= names
+    payload = json.loads(leases(stack)[f"modelpool-extproc-{stack.replicas[0].name}"]
+                         ["metadata"]["annotations"]["modelpool.inference.llmkube.dev/replica-state"])
+    assert f"{NAMESPACE}/ha" in payload["pools"]
+
+
+async def test_swaps_through_every_replica_keep_the_slot_exclusive(
+        stack: LocalStack, http: aiohttp.ClientSession) -> None:
+    recorder = await ApiRecorder(stack.kubeapi_url).start()
+    try:
+        replies = []
+        for round_ in range(3):  # Envoy spreads the streams over the three replicas
+            model = other(resident(stack) or "ha-a") if round_ else "ha-b"
+            replies += await asyncio.gather(*(chat(http, stack, model) for _ in range(6)))
+            await wait_resident(stack, "ha", model)
+        assert all(r.status == 200 and r.served_by == r_model
+                   for r, r_model in zip(replies, [m for m in ("ha-b", "ha-a", "ha-b")
+                                                  for _ in range(6)])), \
+            [(r.status, r.served_by) for r in replies]
+    finally:
+        events = await recorder.stop()
+    assert exclusive_slot(events, POOLS) == []
+
+
+async def test_leader_killed_mid_swap_the_next_leader_completes_it(
+        stack: LocalStack, http: aiohttp.ClientSession) -> None:
+    start = resident(stack) or "ha-a"
+    await wait_resident(stack, "ha", start)
+    await eventually(lambda: leader(stack), what="a leader")
+    boss = replica_named(stack, leader(stack))
+    recorder = await ApiRecorder(stack.kubeapi_url).start()
+    try:
+        target = other(start)
+        held = [asyncio.create_task(chat(http, stack, target)) for _ in range(4)]
+        await eventually(lambda: (stack.pool("ha", NAMESPACE).get("status") or {})
+                         .get("pendingMember") == target, what="the swap under way")
+        await asyncio.to_thread(boss.kill)
+        await eventually(lambda: leader(stack) not in ("", boss.name), timeout=40,
+                         what="another replica takes the leader Lease")
+        await wait_resident(stack, "ha", target, timeout=60)
+        replies = await asyncio.gather(*held)
+        assert all(served_or_retry(r, target) for r in replies), \
+            [(r.status, r.served_by, r.body[:80]) for r in replies]
+        after = await chat(http, stack, target)
+        assert after.status == 200 and after.served_by == target
+    finally:
+        events = await recorder.stop()
+        await asyncio.to_thread(boss.restart, 60)
+    assert exclusive_slot(events, POOLS) == []
+
+
+async def test_a_follower_cut_off_from_the_api_fails_closed_and_comes_back(
+        stack: LocalStack, http: aiohttp.ClientSession) -> None:
+    await eventually(lambda: leader(stack), what="a leader")
+    follower = next(r for r in stack.replicas if r.name != leader(stack))
+    assert follower.proxy is not None
+    follower.proxy.cut()
+    try:
+        # past duration - margin (8 s) it reports NOT_SERVING: Envoy stops sending it streams
+        await eventually(lambda: serving(follower) is False, timeout=20,
+                         what="the cut-off follower to stop serving")
+        model = resident(stack) or "ha-a"
+        replies = await asyncio.gather(*(chat(http, stack, model) for _ in range(6)))
+        assert all(served_or_retry(r, model) for r in replies)
+    finally:
+        follower.proxy.restore()
+    await eventually(lambda: serving(follower) is True, timeout=30,
+                     what="the follower to serve again after a renew and a re-list")
+    assert "re-listing before admitting again" in follower.log_path.read_text()
+
+
+async def test_a_follower_paused_during_a_drain_never_routes_to_the_incumbent_after(
+        stack: LocalStack, http: aiohttp.ClientSession) -> None:
+    await eventually(lambda: leader(stack), what="a leader")
+    start = resident(stack) or "ha-a"
+    await wait_resident(stack, "ha", start)
+    follower = next(r for r in stack.replicas if r.name != leader(stack))
+    recorder = await ApiRecorder(stack.kubeapi_url).start()
+    try:
+        target = other(start)
+        held = asyncio.create_task(chat(http, stack, target))
+        await eventually(lambda: (stack.pool("ha", NAMESPACE).get("status") or {})
+                         .get("pendingMember") == target, what="the swap under way")
+        await asyncio.to_thread(follower.pause)
+        await asyncio.sleep(14)  # past its lease + margin: the others count it lost
+        await asyncio.to_thread(follower.resume)
+        await wait_resident(stack, "ha", target, timeout=60)
+        reply = await held
+        assert served_or_retry(reply, target)
+        replies = await asyncio.gather(*(chat(http, stack, target) for _ in range(6)))
+        assert all(served_or_retry(r, target) for r in replies), \
+            [(r.status, r.served_by) for r in replies]
+    finally:
+        events = await recorder.stop()
+    assert exclusive_slot(events, POOLS) == []
