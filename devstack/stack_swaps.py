@@ -23,8 +23,9 @@ def parse_line(line: str) -> dict[str, Any] | None:
 
 
 def swap_notices(entries: Iterator[dict[str, Any]] | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The entries that are swap notices, in log order."""
-    return [e for e in entries if e.get("event") in SWAP_EVENTS]
+    """The entries that are swap notices, in log order (a follower replica's echo of its
+    leader's swap is not one: the leader's is)."""
+    return [e for e in entries if e.get("event") in SWAP_EVENTS and e.get("role") != "follower"]
 
 
 def read_log(path: Path | str) -> list[dict[str, Any]]:
