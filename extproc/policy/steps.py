@@ -292,8 +292,10 @@ def complete(m: PoolMachine, now: float, out: Out) -> None:
     m.history.record(swap.incumbent, swap.target, duration)
     m.failed_until.pop(swap.target, None)
     released = 0
-    # (a replica past its admission Lease keeps them: Idle's release edge lets them go later)
-    for rid, held in m.requests.held_for(swap.target) if now < m.admit_until else ():
+    # Only if the target may be routed to now: a replica past its admission Lease, or one
+    # following a leader (or LLMKube) that already announced the next swap, keeps them held;
+    # Idle's release edge lets them go once it may.
+    for rid, held in m.requests.held_for(swap.target) if m.routable(swap.target) else ():
         m.requests.unhold(rid)
         m.admit(rid, held.member, now - held.arrived, out)
         released += 1

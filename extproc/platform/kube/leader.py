@@ -58,6 +58,7 @@ class LeaderLease:
         self.announced = (0, "")  # (epoch, target) in the Lease as last read or written
         self.desired = ""  # what our pool's machine wants announced
         self._told: tuple[int, str] | None = None  # the announcement last reported at rest
+        self.seen = (0, "")  # our announcement as our own Lease watch last showed it
         self._wake = asyncio.Event()
 
     def is_leader(self) -> bool:
@@ -97,8 +98,16 @@ class LeaderLease:
             self._wake.set()
 
     def at_rest(self) -> bool:
-        """We lead and the Lease announces what our machine wants: its epoch is in force."""
+        """We lead and the Lease announces what our machine wants."""
         return self.is_leader() and self.announced[1] == self.desired
+
+    def news(self) -> tuple[int, str] | None:
+        """The announcement, once, when it is in force: at rest, and our Lease watch has shown
+        it, so every Lease event before it (a peer that joined) has reached us too."""
+        if not self.at_rest() or self.seen != self.announced or self._told == self.announced:
+            return None
+        self._told = self.announced
+        return self.announced
 
     def _payload(self) -> dict[str, object]:
         epoch, target = self.announced
@@ -131,9 +140,8 @@ class LeaderLease:
             if self.is_leader() != leading:
                 leading = not leading
                 on_change(leading)
-            if self.at_rest() and self.announced != self._told:
-                self._told = self.announced
-                on_rest(*self.announced)
+            if (news := self.news()) is not None:
+                on_rest(*news)
             if not self.is_leader():
                 self._told = None  # a later lead tells its announcement afresh
             if self.is_leader() and not self.at_rest():

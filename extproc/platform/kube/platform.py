@@ -51,6 +51,7 @@ class KubePlatform:
         self._event_tasks: set[asyncio.Task[None]] = set()
         # the pools as last reported, for the (optional) route check
         self._route_check: asyncio.Task[None] | None = None
+        self._synced = asyncio.Event()
 
     @classmethod
     async def create(cls, settings: Settings) -> KubePlatform:
@@ -59,8 +60,8 @@ class KubePlatform:
 
     @property
     def synced(self) -> asyncio.Event:
-        """Set once the first list of every kind in every namespace is in."""
-        return self.watcher.synced
+        """Set once the first list of every kind in every namespace, and of the Leases, is in."""
+        return self._synced
 
     @property
     def elects(self) -> bool:
@@ -77,6 +78,9 @@ class KubePlatform:
         async with asyncio.TaskGroup() as group:
             group.create_task(self.replicas.run())
             group.create_task(self.watcher.run(self.replicas.attach(listener)))
+            await self.watcher.synced.wait()
+            await self.replicas.listed.wait()
+            self._synced.set()
 
     async def leave(self) -> None:
         """SIGTERM: hand every pool's leadership to another replica now."""

@@ -80,6 +80,7 @@ class Replicas:
         self._until = -math.inf  # the admission Lease last reported
         self._recovering = False
         self._peers_told: tuple[Peer, ...] | None = None
+        self.listed = asyncio.Event()  # the Lease watch's first list is in
 
     async def start(self) -> None:
         """Write the membership Lease (retrying until it lands); call before any watch."""
@@ -89,9 +90,13 @@ class Replicas:
                  replica=self.identity)
 
     def attach(self, inner: PoolListener) -> PoolListener:
-        """The listener the watcher should report to: ``inner``, with each pool's election."""
+        """The listener the watcher should report to: ``inner``, with each pool's election.
+
+        Nothing is admitted until the Lease watch has listed once: before that this replica
+        does not know the drain announcements already in force.
+        """
         self._listener = inner
-        inner.admission_changed(self._until)
+        inner.admission_changed(-math.inf)
         return _Electing(inner, self)
 
     async def run(self) -> None:
@@ -174,6 +179,8 @@ class Replicas:
 
     def _tell(self, key: PoolKey, epoch: int, target: str) -> None:
         if self._listener is not None:
+            log.debug("drain announcement in force", namespace=key.namespace, pool=key.name,
+                      epoch=epoch, target=target)
             self._listener.drain_announced(key, epoch, target)
 
     def _load(self) -> Load:
@@ -201,7 +208,7 @@ class Replicas:
 
     def _report_until(self, until: float) -> None:
         self._until = until
-        if self._listener is not None:
+        if self._listener is not None and self.listed.is_set():
             self._listener.admission_changed(until)
 
     def _listed(self, items: list[dict]) -> None:
@@ -210,6 +217,9 @@ class Replicas:
         for lease in leases:
             self._apply(lease, deleted=False)
         self._report_peers()
+        if not self.listed.is_set():
+            self.listed.set()
+            self._report_until(self.membership.valid_until)
 
     def _event(self, kind: str, obj: dict) -> None:
         self._apply(Lease.from_object(obj), deleted=kind == "DELETED")
@@ -224,10 +234,17 @@ class Replicas:
             return
         pool = (lease.payload or {}).get("pool") if isinstance(lease.payload, dict) else None
         namespace, _, name = str(pool or "").partition("/")
-        if not name or (lease.holder == self.identity and not deleted):
-            return  # ours: the leader loop tells our machine once the write is in force
-        epoch, target = (0, "") if deleted else announcement_of(lease)
-        self._listener.drain_announced(PoolKey(namespace, name), epoch, target)
+        key = PoolKey(namespace, name)
+        if lease.holder == self.identity and not deleted:
+            ours = self._leaders.get(key)
+            if ours is not None:  # our own write came through the watch: in force, maybe
+                ours.seen = announcement_of(lease)
+                if (news := ours.news()) is not None:
+                    self._tell(key, *news)
+            return
+        if name:
+            epoch, target = (0, "") if deleted else announcement_of(lease)
+            self._listener.drain_announced(key, epoch, target)
 
     async def _age_peers(self) -> None:
         while True:  # a silent peer turns lost without any event: look twice a renew period
