@@ -30,6 +30,19 @@ REPLICA_HEALTH_CHECK: dict[str, Any] = {
     "healthy_threshold": 1,
     "grpc_health_check": {"service_name": SERVICE},
 }
+# Between a replica's death and its next failed check (up to half a second), Envoy still picks
+# it for new streams; a stream that could not even connect is retried on another replica, so
+# the client never sees the fallback 503 for it. Only failures before the replica saw the
+# stream: a stream a replica began deciding is never decided twice.
+REPLICA_RETRY: dict[str, Any] = {
+    "retry_on": "connect-failure,refused-stream",
+    "num_retries": 2,
+    "retry_host_predicate": [{
+        "name": "envoy.retry_host_predicates.previous_hosts",
+        "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.host."
+                                  "previous_hosts.v3.PreviousHostsPredicate"}}],
+    "host_selection_retry_max_attempts": 3,
+}
 
 
 def load_template(path: Path | str = TEMPLATE) -> dict[str, Any]:
@@ -52,7 +65,8 @@ def render(
 
     `extproc_port` is the ext_proc's port, or a list of its replicas' ports: with more than
     one, the ext_proc cluster round-robins streams over them and health-checks each
-    (`REPLICA_HEALTH_CHECK`); with one the cluster is the template's.
+    (`REPLICA_HEALTH_CHECK`), and a stream that cannot connect to one is retried on another
+    (`REPLICA_RETRY`); with one the config is the template's.
     `members` maps cluster name (the routing header value, e.g. "judge.demo") to the port of
     that member on 127.0.0.1; it replaces the template's member clusters. `access_log_path`
     replaces /dev/stdout. `ext_proc` is shallow-merged into the ext_proc filter's typed_config
@@ -69,12 +83,16 @@ def render(
     if access_log_path is not None:
         for log in hcm.get("access_log", []):
             log["typed_config"]["path"] = access_log_path
+    ports = [extproc_port] if isinstance(extproc_port, int) else list(extproc_port)
+    filter_config = _named(hcm["http_filters"], EXTPROC_FILTER)["typed_config"]
+    if len(ports) > 1:
+        filter_config["grpc_service"]["retry_policy"] = copy.deepcopy(REPLICA_RETRY)
     if ext_proc:
-        _named(hcm["http_filters"], EXTPROC_FILTER)["typed_config"].update(ext_proc)
+        filter_config.update(ext_proc)
 
     clusters = cfg["static_resources"]["clusters"]
     extproc = _named(clusters, EXTPROC_CLUSTER)
-    _set_replicas(extproc, [extproc_port] if isinstance(extproc_port, int) else extproc_port)
+    _set_replicas(extproc, ports)
     # Any template member cluster serves as the model for the new ones (same options).
     model = next(c for c in clusters if c["name"] != EXTPROC_CLUSTER)
     cfg["static_resources"]["clusters"] = [extproc] + [

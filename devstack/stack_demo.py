@@ -18,7 +18,7 @@ from devstack.procs import PROJECT_ROOT
 from devstack.stack import START_TIMEOUT, LocalStack, StackError
 from devstack.stack_ports import Ports
 from devstack.stack_replicas import Replica
-from devstack.stack_swaps import LogTail, describe
+from devstack.stack_swaps import LogTail, describe, swap_notices
 
 NAMESPACE = "demo"
 POOL = "shared-gpu"
@@ -147,8 +147,8 @@ class SwapLines:
     def print_new(self) -> None:
         """Print the notices logged since the last call."""
         for replica, tail in self.tails:
-            for entry in tail.read():
-                if entry.get("event") in SHOWN:
+            for entry in swap_notices(tail.read()):  # a follower's echo of its leader's swap: no
+                if entry["event"] in SHOWN:
                     who = f"  [{replica.name}]" if len(self.tails) > 1 else ""
                     print(f"  {describe(entry)}{who}", flush=True)
 

@@ -24,6 +24,13 @@ def extproc_cluster(cfg: dict) -> dict:
     return next(c for c in cfg["static_resources"]["clusters"] if c["name"] == "extproc")
 
 
+def ext_proc_filter(cfg: dict) -> dict:
+    """The rendered config's ext_proc filter settings."""
+    hcm = cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    return next(f for f in hcm["typed_config"]["http_filters"]
+                if f["name"] == envoyconf.EXTPROC_FILTER)["typed_config"]
+
+
 def ports_of(cluster: dict) -> list[int]:
     """The ports of a cluster's endpoints, in order."""
     return [e["endpoint"]["address"]["socket_address"]["port_value"]
@@ -31,7 +38,8 @@ def ports_of(cluster: dict) -> list[int]:
 
 
 def test_several_replicas_are_round_robin_endpoints_with_grpc_health_checks() -> None:
-    cluster = extproc_cluster(envoyconf.render(1111, 2222, [3331, 3332, 3333], {"x.ns": 4444}))
+    cfg = envoyconf.render(1111, 2222, [3331, 3332, 3333], {"x.ns": 4444})
+    cluster = extproc_cluster(cfg)
     assert ports_of(cluster) == [3331, 3332, 3333]
     assert cluster["lb_policy"] == "ROUND_ROBIN"
     (check,) = cluster["health_checks"]
@@ -40,6 +48,8 @@ def test_several_replicas_are_round_robin_endpoints_with_grpc_health_checks() ->
     assert check["interval"] == check["no_traffic_interval"] == "0.5s"
     assert cluster["common_lb_config"] == {"healthy_panic_threshold": {"value": 0.0},
                                            "update_merge_window": "0s"}
+    assert ext_proc_filter(cfg)["grpc_service"]["retry_policy"]["retry_on"] == \
+        "connect-failure,refused-stream"
 
 
 def test_one_replica_keeps_the_template_cluster() -> None:
@@ -50,6 +60,7 @@ def test_one_replica_keeps_the_template_cluster() -> None:
     assert ports_of(cluster) == [3333]
     assert {k: v for k, v in cluster.items() if k != "load_assignment"} == \
         {k: v for k, v in template.items() if k != "load_assignment"}
+    assert ext_proc_filter(one) == ext_proc_filter(envoyconf.load_template())
     with pytest.raises(ValueError):
         envoyconf.render(1111, 2222, [], {"x.ns": 4444})
 
@@ -91,6 +102,20 @@ async def test_streams_spread_over_serving_replicas_only(
     assert second.streams > before
     entries = envoy.wait_access_log(3 * REQUESTS)
     assert {e["upstream_cluster"] for e in entries} == {"judge.demo"}
+
+
+async def test_a_replica_gone_before_its_check_fails_costs_no_request(
+        envoy_factory, stub_extprocs, upstreams: dict[str, UpstreamHandle]) -> None:
+    first, second = await stub_extprocs(), await stub_extprocs()
+    envoy = envoy_factory([first.port, second.port], {"judge.demo": upstreams["judge"].port})
+    await healthy(envoy, {first.port: True, second.port: True})
+    assert second.server is not None
+    await second.server.stop(None)  # connections refused from now on; Envoy checks within 0.5 s
+    for _ in range(REQUESTS):  # round robin picks the gone one for every other stream
+        async with posted(f"{envoy.url}/v1/chat/completions",
+                          json={"model": "judge", "messages": []}) as resp:
+            assert resp.status == 200 and resp.headers["x-served-by"] == "judge"
+    assert first.streams == REQUESTS
 
 
 async def test_no_serving_replica_is_the_router_unavailable_503(
