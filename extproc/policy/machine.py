@@ -345,10 +345,13 @@ class PoolMachine:
         out.append(Scale(member, replicas))
 
     def routable(self, member: str) -> bool:
-        """May requests for ``member`` pass now? Resident and Ready, and (llmkube) none incoming."""
+        """May requests for ``member`` pass now? Serving, and this replica may admit."""
+        return self.serving(member) and self.now < self.admit_until
+
+    def serving(self, member: str) -> bool:
+        """Resident and Ready, and (llmkube, follow) no other member coming in."""
         obs = self.obs.get(member)  # (llmkube mode: the status may name it before it is seen)
-        if not member or member != self.resident or obs is None or not obs.ready \
-                or self.now >= self.admit_until:
+        if not member or member != self.resident or obs is None or not obs.ready:
             return False
         if self.actuation is Actuation.FOLLOW:
             return replicas.follower_admits(self, member)

@@ -19,7 +19,7 @@ def view(m: PoolMachine) -> PoolView:
         phase = PoolPhase.DEGRADED
     elif m.swap is not None:
         phase = PoolPhase.SWAPPING
-    elif m.routable(m.resident):
+    elif m.serving(m.resident):  # the pool's state, not whether this replica may admit
         phase = PoolPhase.READY
     else:
         phase = PoolPhase.PENDING

@@ -115,11 +115,13 @@ class Replicas:
         return not self._elects or (leader is not None and leader.is_leader())
 
     def judges(self, key: PoolKey) -> bool:
-        """Whether a foreign status write is ours to notice: we lead, and long enough that the
-        previous leader's last writes are behind us."""
+        """Whether a foreign status write is ours to notice: we lead, and long enough that a
+        write the previous leader had in flight when it let go is behind us (a deposed leader
+        stopped writing a lease duration before; one that released its Lease, one round trip
+        before: a retry period covers it and its watch lag)."""
         since = self._lead_since.get(key)
         return self.leads(key) and (not self._elects or (
-            since is not None and self._clock() - since > self._settings.leader_lease_duration))
+            since is not None and self._clock() - since > self._settings.leader_retry))
 
     def announce(self, key: PoolKey, target: str) -> None:
         """The pool's machine wants ``target`` announced (leader only; others ignore it)."""
