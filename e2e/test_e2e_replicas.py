@@ -11,18 +11,25 @@ import asyncio
 import json
 
 import aiohttp
+import pytest
 
 from devstack.stack import LocalStack
 from e2e_support import NAMESPACE, chat, eventually, pools, wait_resident
 from faults.invariants import ApiRecorder, exclusive_slot
 
-STACK_DOCS = pools(("ha", ["ha-a", "ha-b"], {"default": "ha-a"}))
+LOAD = "sim.llmkube.dev/load-delay"
+UNLOAD = "sim.llmkube.dev/unload-delay"
+STACK_DOCS = pools(
+    ("ha", ["ha-a", "ha-b"], {"default": "ha-a"}),
+    # slow stages, so that a kill lands inside each one
+    ("stages", ["st-a", "st-b"], {"default": "st-a", "member_annotations": {
+        "st-a": {LOAD: "3s", UNLOAD: "3s"}, "st-b": {LOAD: "3s", UNLOAD: "3s"}}}),
+)
 # a killed replica's requests are settled by the member's idle probe (the simulator serves
 # llama.cpp's /slots), or else after this wait: short here so a test never waits 600 s
 STACK_OPTIONS = {"replicas": 3, "api_proxies": True,
                  "extproc_args": ["--lost-replica-wait", "20s"]}
-POOLS = {(NAMESPACE, "ha"): ["ha-a", "ha-b"]}
-LEADER_LEASE = f"modelpool-extproc-leader.{NAMESPACE}.ha"
+POOLS = {(NAMESPACE, "ha"): ["ha-a", "ha-b"], (NAMESPACE, "stages"): ["st-a", "st-b"]}
 
 
 def leases(stack: LocalStack) -> dict[str, dict]:
@@ -31,9 +38,9 @@ def leases(stack: LocalStack) -> dict[str, dict]:
     return {item["metadata"]["name"]: item for item in listing["items"]}
 
 
-def leader(stack: LocalStack) -> str:
+def leader(stack: LocalStack, pool: str = "ha") -> str:
     """The replica holding the pool's leader Lease ("" if none)."""
-    lease = leases(stack).get(LEADER_LEASE) or {}
+    lease = leases(stack).get(f"modelpool-extproc-leader.{NAMESPACE}.{pool}") or {}
     return (lease.get("spec") or {}).get("holderIdentity") or ""
 
 
@@ -43,11 +50,16 @@ def replica_named(stack: LocalStack, name: str):
 
 
 def other(member: str) -> str:
-    return "ha-b" if member == "ha-a" else "ha-a"
+    prefix, _, last = member.rpartition("-")
+    return f"{prefix}-{'b' if last == 'a' else 'a'}"
 
 
-def resident(stack: LocalStack) -> str:
-    return (stack.pool("ha", NAMESPACE).get("status") or {}).get("residentMember") or ""
+def resident(stack: LocalStack, pool: str = "ha") -> str:
+    return (stack.pool(pool, NAMESPACE).get("status") or {}).get("residentMember") or ""
+
+
+def replicas_of(stack: LocalStack, member: str) -> int:
+    return int((stack.isvc(member).get("spec") or {}).get("replicas") or 0)
 
 
 def serving(replica) -> bool:
@@ -89,25 +101,41 @@ async def test_swaps_through_every_replica_keep_the_slot_exclusive(
     assert exclusive_slot(events, POOLS) == []
 
 
-async def test_leader_killed_mid_swap_the_next_leader_completes_it(
-        stack: LocalStack, http: aiohttp.ClientSession) -> None:
-    start = resident(stack) or "ha-a"
-    await wait_resident(stack, "ha", start)
-    await eventually(lambda: leader(stack), what="a leader")
-    boss = replica_named(stack, leader(stack))
+@pytest.mark.parametrize("stage", ["draining", "unloading", "loading"])
+async def test_leader_killed_in_each_swap_stage_the_next_leader_completes_it(
+        stack: LocalStack, http: aiohttp.ClientSession, stage: str) -> None:
+    start = resident(stack, "stages") or "st-a"
+    await wait_resident(stack, "stages", start, timeout=40)
+    await eventually(lambda: leader(stack, "stages"), what="a leader")
+    boss = replica_named(stack, leader(stack, "stages"))
+    target = other(start)
     recorder = await ApiRecorder(stack.kubeapi_url).start()
     try:
-        target = other(start)
+        # draining: a long stream on the incumbent keeps the drain open while the leader dies
+        streaming = asyncio.create_task(chat(http, stack, start, stream=True, tokens=40,
+                                             token_delay_ms=100)) if stage == "draining" \
+            else None
+        await asyncio.sleep(0.5)
         held = [asyncio.create_task(chat(http, stack, target)) for _ in range(4)]
-        await eventually(lambda: (stack.pool("ha", NAMESPACE).get("status") or {})
-                         .get("pendingMember") == target, what="the swap under way")
+        moments = {
+            "draining": lambda: (stack.pool("stages", NAMESPACE).get("status") or {})
+            .get("pendingMember") == target and replicas_of(stack, start) == 1,
+            "unloading": lambda: replicas_of(stack, start) == 0 and replicas_of(stack, target) == 0,
+            "loading": lambda: replicas_of(stack, target) == 1 and resident(stack, "stages") != target,
+        }
+        await eventually(moments[stage], what=f"the swap {stage}")
         await asyncio.to_thread(boss.kill)
-        await eventually(lambda: leader(stack) not in ("", boss.name), timeout=40,
+        await eventually(lambda: leader(stack, "stages") not in ("", boss.name), timeout=40,
                          what="another replica takes the leader Lease")
-        await wait_resident(stack, "ha", target, timeout=60)
+        await wait_resident(stack, "stages", target, timeout=60)
         replies = await asyncio.gather(*held)
         assert all(served_or_retry(r, target) for r in replies), \
             [(r.status, r.served_by, r.body[:80]) for r in replies]
+        if streaming is not None:
+            # routed before the leader died: it streams to its end from the incumbent, which
+            # the new leader unloads only afterwards (the dead leader's count is unknown)
+            reply = await streaming
+            assert reply.status == 200 and reply.served_by == start and len(reply.events) > 30
         after = await chat(http, stack, target)
         assert after.status == 200 and after.served_by == target
     finally:
