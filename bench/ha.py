@@ -4,9 +4,11 @@ Two local stacks run at once (``bench.ha_stacks``): 1 replica and 3 replicas, ea
 API emulator, simulator and members (load 0.2 s, unload 0.1 s, as part 2), all defaults of the
 service except ``--idle-probe-url`` (the loopback probe router) and ``--lost-replica-wait``.
 
-1. **Resident hits.** wrk (one thread, part 1's POST, 2 s warm-up then 8 s) at 1 and 32
+1. **Resident hits.** wrk (one thread, part 1's POST, 2 s warm-up then 6 s) at 1 and 32
    connections against the direct Envoy, the 1-replica stack's Envoy and the 3-replica stack's
-   Envoy (round-robin over its replicas), interleaved. Added p50 = p50 - direct p50.
+   Envoy (round-robin over its replicas), interleaved, two rounds; figures are the rounds'
+   means. Added p50 = p50 - direct p50. The noise is how far the two rounds of one path fell
+   apart (the larger of the two stacks'): "no worse than 1 replica" is judged within it.
 2. **A swap through the leader vs through a follower.** On the 3-replica stack, swaps a <-> b,
    each triggered by 3 concurrent requests sent to the Envoy whose ext_proc cluster is one
    chosen replica alone: the pool's leader (its leader Lease's holder, read before each swap)
@@ -41,12 +43,12 @@ from . import services, tools
 from .ha_stacks import HaBench, HaStack, chat
 from .stats import ms, percentile
 
-WRK_SECONDS, WRK_WARMUP = 8, 2
+WRK_SECONDS, WRK_WARMUP, ROUNDS = 6, 2, 2
 LOAD_DELAY, UNLOAD_DELAY = 0.2, 0.1
 SWAPS_PER_PATH, HELD = 10, 3
 SWAP_PAUSE = 0.6  # s after each swap: past the drain linger's 0.5 s cap
 REST_SECONDS = 20
-KILL_TRIALS = 2
+KILL_TRIALS = 3
 STREAM_TOKENS = 150  # the fake member streams a token every 20 ms: ~3 s
 PATHS = ("leader", "follower", "follower", "leader")
 VARIANTS = ("direct", "replicas1", "replicas3")
@@ -105,37 +107,50 @@ def at_rest(bench: HaBench, seconds: float) -> dict[str, Any]:
 
 
 def hits(bench: HaBench, workdir: Path, writes: dict[str, Any]) -> dict[str, Any]:
-    """wrk at c=1 and c=32 on direct, 1 replica, 3 replicas, interleaved; writes at c=32."""
+    """wrk at c=1 and c=32 on direct, 1 replica, 3 replicas, interleaved, ROUNDS rounds; the
+    API writes of each stack during its first c=32 run."""
     url = {"direct": bench.direct_url, "replicas1": bench.stacks[1].url(),
            "replicas3": bench.stacks[3].url()}
     script = tools.wrk_script(workdir, chat("a"))
     results: dict[str, Any] = {}
     for c in (1, 32):
-        row: dict[str, Any] = {}
-        for name in VARIANTS:
-            tools.wrk(url[name], script, c, WRK_WARMUP)
-            window = WriteWindow(bench.stacks[int(name[-1])]).open() \
-                if c == 32 and name != "direct" else None
-            row[name] = asdict(tools.wrk(url[name], script, c, WRK_SECONDS))
-            if window:
-                writes[name] = window.close()
-            print(f"  ha hits c={c} {name}: {row[name]['rps']:.0f} req/s, "
-                  f"p50 {row[name]['p50_ms']:.2f} ms, errors {row[name]['errors']}", flush=True)
+        row: dict[str, list[dict[str, Any]]] = {name: [] for name in VARIANTS}
+        for round_ in range(ROUNDS):
+            for name in VARIANTS:
+                tools.wrk(url[name], script, c, WRK_WARMUP)
+                window = WriteWindow(bench.stacks[int(name[-1])]).open() \
+                    if c == 32 and name != "direct" and round_ == 0 else None
+                r = asdict(tools.wrk(url[name], script, c, WRK_SECONDS))
+                row[name].append(r)
+                if window:
+                    writes[name] = window.close()
+                print(f"  ha hits c={c} {name}: {r['rps']:.0f} req/s, p50 {r['p50_ms']:.2f} ms, "
+                      f"errors {r['errors']}", flush=True)
         results[f"c{c}"] = _hits_summary(row)
     return results
 
 
-def _hits_summary(row: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _hits_summary(row: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Means over the rounds; ``noise``: how far two rounds of one path fell apart."""
     out: dict[str, Any] = {}
-    for name, r in row.items():
-        out.update({f"{name}_rps": round(r["rps"], 1), f"{name}_p50_ms": round(r["p50_ms"], 3),
-                    f"{name}_p99_ms": round(r["p99_ms"], 3), f"{name}_errors": r["errors"]})
+    mean = {name: {k: sum(r[k] for r in runs) / len(runs) for k in ("rps", "p50_ms", "p99_ms")}
+            for name, runs in row.items()}
+    for name, m in mean.items():
+        out.update({f"{name}_rps": round(m["rps"], 1), f"{name}_p50_ms": round(m["p50_ms"], 3),
+                    f"{name}_p99_ms": round(m["p99_ms"], 3),
+                    f"{name}_errors": sum(r["errors"] for r in row[name])})
         if name != "direct":
-            out[f"{name}_added_p50_ms"] = round(r["p50_ms"] - row["direct"]["p50_ms"], 3)
-    out["rps_3_vs_1"] = round(row["replicas3"]["rps"] / row["replicas1"]["rps"], 3)
-    out["added_p50_3_minus_1_ms"] = round(row["replicas3"]["p50_ms"]
-                                          - row["replicas1"]["p50_ms"], 3)
-    out["commands"] = {name: r["command"] for name, r in row.items()}
+            out[f"{name}_added_p50_ms"] = round(m["p50_ms"] - mean["direct"]["p50_ms"], 3)
+    one, three = mean["replicas1"], mean["replicas3"]
+    out["rps_3_vs_1"] = round(three["rps"] / one["rps"], 3)
+    out["added_p50_3_minus_1_ms"] = round(three["p50_ms"] - one["p50_ms"], 3)
+    runs = [row[name] for name in ("replicas1", "replicas3")]
+    out["noise_rps"] = round(max(abs(a["rps"] - b["rps"]) / max(a["rps"], b["rps"])
+                                 for a, b in (rs[:2] for rs in runs)), 3) if ROUNDS > 1 else 0.0
+    out["noise_p50_ms"] = round(max(abs(a["p50_ms"] - b["p50_ms"]) for a, b in
+                                    (rs[:2] for rs in runs)), 3) if ROUNDS > 1 else 0.0
+    out["rounds"] = ROUNDS
+    out["commands"] = {name: r[0]["command"] for name, r in row.items()}
     return out
 
 
@@ -181,14 +196,14 @@ def swaps(bench: HaBench, writes: dict[str, Any]) -> dict[str, Any]:
             runs[path].append(run)
             resident[3] = target
             time.sleep(SWAP_PAUSE)
-        writes["replicas3"] = window.close()
+        writes["replicas3"] = {**window.close(), "swaps": SWAPS_PER_PATH * 2}
         window = WriteWindow(one).open()
         for _ in range(SWAPS_PER_PATH):
             target = "b" if resident[1] == "a" else "a"
             runs["replicas1"].append(_swap(one, one.url(), target, pool))
             resident[1] = target
             time.sleep(SWAP_PAUSE)
-        writes["replicas1"] = window.close()
+        writes["replicas1"] = {**window.close(), "swaps": SWAPS_PER_PATH}
     for ha, member in ((three, resident[3]), (one, resident[1])):
         if member != "a":  # leave both on a for what follows
             with ThreadPoolExecutor(HELD) as pool:
@@ -235,6 +250,7 @@ def _kill_trial(bench: HaBench) -> dict[str, Any]:
         "kill_after_request_ms": ms(killed - sent),
         "kill_to_new_leader_s": round(taken - killed, 2) if taken else None,
         "kill_to_served_s": round(served - killed, 2),
+        "new_leader_to_served_s": round(served - taken, 2) if taken else None,
         "kill_to_resident_s": round(resident - killed, 2) if resident else None,
         "request_to_served_s": round(served - sent, 2),
         "held_served": sum(1 for (status, headers), _ in replies
