@@ -35,9 +35,12 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
+from datetime import datetime
 from pathlib import Path
 from statistics import median
 from typing import Any, Callable
+
+from devstack.stack_swaps import read_log
 
 from . import services, tools
 from .ha_stacks import HaBench, HaStack, chat
@@ -160,11 +163,46 @@ def _swap(ha: HaStack, url: str, target: str, pool: ThreadPoolExecutor) -> dict[
         sent = time.monotonic()
         status, headers = services.post(url, chat(target), timeout=30)
         return time.monotonic() - sent, status, headers.get("x-served-by", "")
+    sent = time.time()
     replies = list(pool.map(one, range(HELD)))
+    done = time.time()
     settled = _wait(lambda: ha.settled_on(target), 10) is not None
-    return {"latencies": [r[0] for r in replies],
+    return {"target": target, "sent": sent, "done": done, "latencies": [r[0] for r in replies],
             "failed": sum(1 for r in replies if r[1] != 200 or r[2] != target),
             "settled": settled}
+
+
+def _wall(entry: dict[str, Any]) -> float:
+    return datetime.fromisoformat(str(entry["ts"]).replace("Z", "+00:00")).timestamp()
+
+
+def _stages(log: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, float] | None:
+    """One swap's stages from the leader's log (millisecond timestamps): requests sent ->
+    SwapStarted (decide), -> incumbent scaled to 0 (drain), -> target scaled to 1 (unload),
+    -> last request served (load and release); None when an entry is missing."""
+    target = run["target"]
+    source = "a" if target == "b" else "b"
+    window = [e for e in log if run["sent"] - 0.002 <= _wall(e) <= run["done"]]
+    def first(match: Callable[[dict[str, Any]], bool]) -> float | None:
+        return next((_wall(e) for e in window if match(e)), None)
+    started = first(lambda e: e.get("event") == "SwapStarted" and e.get("member") == target)
+    down = first(lambda e: e.get("msg") == "member scaled" and e.get("member") == source
+                 and e.get("replicas") == 0)
+    up = first(lambda e: e.get("msg") == "member scaled" and e.get("member") == target
+               and e.get("replicas") == 1)
+    if started is None or down is None or up is None:
+        return None
+    return {"decide": started - run["sent"], "drain": down - started, "unload": up - down,
+            "load_and_release": run["done"] - up}
+
+
+def _breakdown(ha: HaStack, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median stages of ``runs`` from the log of the replica that led each."""
+    logs = {r.name: read_log(r.log_path) for r in ha.stack.replicas}
+    rows = [row for run in runs if (row := _stages(logs.get(run["leader"], []), run))]
+    if not rows:
+        return {"swaps": 0}
+    return {"swaps": len(rows), **{k: ms(median(r[k] for r in rows)) for k in rows[0]}}
 
 
 def _swap_figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -192,7 +230,7 @@ def swaps(bench: HaBench, writes: dict[str, Any]) -> dict[str, Any]:
             replica = boss if path == "leader" else followers[(i // 2) % len(followers)]
             target = "b" if resident[3] == "a" else "a"
             run = _swap(three, three.url(replica), target, pool)
-            run.update(replica=replica, leader_after=three.leader())
+            run.update(replica=replica, leader=boss, leader_after=three.leader())
             runs[path].append(run)
             resident[3] = target
             time.sleep(SWAP_PAUSE)
@@ -200,7 +238,8 @@ def swaps(bench: HaBench, writes: dict[str, Any]) -> dict[str, Any]:
         window = WriteWindow(one).open()
         for _ in range(SWAPS_PER_PATH):
             target = "b" if resident[1] == "a" else "a"
-            runs["replicas1"].append(_swap(one, one.url(), target, pool))
+            runs["replicas1"].append({**_swap(one, one.url(), target, pool),
+                                      "leader": one.stack.replicas[0].name})
             resident[1] = target
             time.sleep(SWAP_PAUSE)
         writes["replicas1"] = {**window.close(), "swaps": SWAPS_PER_PATH}
@@ -208,10 +247,16 @@ def swaps(bench: HaBench, writes: dict[str, Any]) -> dict[str, Any]:
         if member != "a":  # leave both on a for what follows
             with ThreadPoolExecutor(HELD) as pool:
                 _swap(ha, ha.url(), "a", pool)
-    result = {path: _swap_figures(r) for path, r in runs.items()}
-    # a "leader" swap whose replica no longer led afterwards measured something else
-    result["leader_moved_during"] = sum(1 for r in runs["leader"]
-                                        if r["leader_after"] != r["replica"])
+    result: dict[str, Any] = {
+        path: {**_swap_figures(r), "breakdown_p50_ms": _breakdown(one if path == "replicas1"
+                                                                  else three, r)}
+        for path, r in runs.items()}
+    result["runs"] = [{"path": path, "via": r.get("replica", "replica-0"), "leader": r["leader"],
+                       "target": r["target"], "served_ms": [ms(x) for x in r["latencies"]]}
+                      for path, rs in runs.items() for r in rs]
+    # a swap during which the leader changed measured something else
+    result["leader_moved_during"] = sum(1 for path in ("leader", "follower") for r in runs[path]
+                                        if r["leader_after"] != r["leader"])
     result["follower_minus_leader_p50_ms"] = round(
         result["follower"]["served_p50_ms"] - result["leader"]["served_p50_ms"], 2)
     result["follower_minus_leader_swap_p50_ms"] = round(

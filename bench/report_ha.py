@@ -79,11 +79,18 @@ def section(h: dict[str, Any] | None) -> list[str]:
     for path, label in (("replicas1", "1 replica"), ("leader", "3 replicas, via the leader"),
                         ("follower", "3 replicas, via a follower")):
         p = s[path]
+        b = p["breakdown_p50_ms"]
+        stages = [f"{b[k]} ms" if k in b else "-" for k in ("decide", "drain", "unload",
+                                                            "load_and_release")]
         rows.append([label, p["swaps"], p["requests"], f"{p['served_p50_ms']} ms",
                      f"{p['served_p90_ms']} ms", f"{p['served_max_ms']} ms",
-                     f"{p['swap_p50_ms']} ms", p["failed_requests"]])
+                     f"{p['swap_p50_ms']} ms", *stages, p["failed_requests"]])
     out.append(_table(["path", "swaps", "requests", "served p50", "served p90", "served max",
-                       "swap (last served) p50", "failed"], rows))
+                       "swap (last served) p50", "decide p50", "drain p50", "unload p50",
+                       "load + release p50", "failed"], rows))
+    out += ["", "Stages, from the leading replica's log (millisecond timestamps): requests sent "
+            "→ `SwapStarted` (decide) → incumbent scaled to 0 (drain) → target scaled to 1 "
+            "(unload) → last request served (load and release)."]
     out += ["", f"Follower minus leader: {s['follower_minus_leader_p50_ms']:+.1f} ms (p50 per "
             f"request), {s['follower_minus_leader_swap_p50_ms']:+.1f} ms (p50 per swap); "
             f"leadership moved during a leader swap: {s['leader_moved_during']} times."]
@@ -97,8 +104,9 @@ def section(h: dict[str, Any] | None) -> list[str]:
              f"{r.get('held_served')}/{r.get('held')}", r.get("idle_probes_of_incumbent"),
              r.get("error", "")] for i, r in enumerate(k["runs"])]
     out.append(_table(["trial", "killed", "incumbent up at kill", "new leader",
-                       "new leader holds the Lease", "then served", "held served",
-                       "status resident", "held served (own member)", "idle probes of incumbent",
+                       "kill → new leader holds the Lease (s)", "then → served (s)",
+                       "kill → last held served (s)", "kill → status resident (s)",
+                       "held served by their member", "idle probes of the incumbent",
                        "error"], rows))
     out += ["", "**API writes per replica per second** (each replica's "
             "`modelpool_extproc_kube_requests_total`, create/update/patch/delete; the "
