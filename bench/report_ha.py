@@ -93,7 +93,7 @@ def section(h: dict[str, Any] | None) -> list[str]:
             "(unload) → last request served (load and release)."]
     out += ["", f"Follower minus leader: {s['follower_minus_leader_p50_ms']:+.1f} ms (p50 per "
             f"request), {s['follower_minus_leader_swap_p50_ms']:+.1f} ms (p50 per swap); "
-            f"leadership moved during a leader swap: {s['leader_moved_during']} times."]
+            f"swaps during which the leader Lease changed hands: {s['leader_moved_during']}."]
     k = h["leader_kill"]
     out += ["", "**Leader SIGKILL mid-swap** (a streamed request on the incumbent through one "
             "follower, 3 requests for the other member through the other follower; SIGKILL once "

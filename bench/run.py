@@ -2,10 +2,10 @@
 
 Every figure is a ratio or a difference between two things measured in this same run. The
 whole run is bounded (fixed durations and counts, timeouts on every wait): about 9 minutes
-on this machine. Part 2 runs the same swaps in both actuation modes, own and llmkube; part 5
-runs 3 ext_proc replicas side by side with 1. ``python -m bench.run --only llmkube`` runs just
-part 2's llmkube half, ``--only ha`` just part 5, and merges it into the last run's
-bench/results.json (the other parts keep their figures).
+on this machine, 4 of them part 5. Part 2 runs the same swaps in both actuation modes, own and
+llmkube; part 5 runs 3 ext_proc replicas side by side with 1. ``python -m bench.run --only
+llmkube`` runs just part 2's llmkube half, ``--only ha`` just part 5, and merges it into the
+last run's bench/results.json (the other parts keep their figures).
 """
 
 from __future__ import annotations
