@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from devstack import envoyconf
 from devstack.procs import EnvoyProcess
@@ -37,10 +37,12 @@ def _hcm(cfg: dict[str, Any]) -> dict[str, Any]:
     return _named(listener["filter_chains"][0]["filters"], envoyconf.HCM_FILTER)["typed_config"]
 
 
-def render(envoy: EnvoyProcess, extproc_port: int, members: dict[str, int],
+def render(envoy: EnvoyProcess, extproc_port: int | Sequence[int], members: dict[str, int],
            direct_to: str | None = None, h2_members: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The bench config for ``envoy``'s ports; ``direct_to`` names the member of a direct run,
-    ``h2_members`` the member clusters reached over HTTP/2 (the sink of the scale test)."""
+    """The bench config for ``envoy``'s ports; ``extproc_port`` is one port or several replicas'
+    (round-robin and health checks, as the local stack renders them), ``direct_to`` names the
+    member of a direct run, ``h2_members`` the member clusters reached over HTTP/2 (the sink of
+    the scale test)."""
     cfg = envoyconf.render(envoy.listen_port, envoy.admin_port, extproc_port, members,
                            str(envoy.access_log_path))
     hcm = _hcm(cfg)
@@ -68,7 +70,7 @@ def render(envoy: EnvoyProcess, extproc_port: int, members: dict[str, int],
     return cfg
 
 
-def bench_envoy(workdir: Path, extproc_port: int, members: dict[str, int],
+def bench_envoy(workdir: Path, extproc_port: int | Sequence[int], members: dict[str, int],
                 direct_to: str | None = None, h2_members: tuple[str, ...] = ()) -> EnvoyProcess:
     """An EnvoyProcess (not started) running the bench config in ``workdir``."""
     envoy = EnvoyProcess(extproc_port, members, workdir=workdir)

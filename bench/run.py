@@ -1,9 +1,10 @@
-"""``make bench``: run the four parts in one go and write the results down.
+"""``make bench``: run the five parts in one go and write the results down.
 
 Every figure is a ratio or a difference between two things measured in this same run. The
-whole run is bounded (fixed durations and counts, timeouts on every wait): about 5 minutes
-on this machine. Part 2 runs the same swaps in both actuation modes, own and llmkube.
-``python -m bench.run --only llmkube`` runs just part 2's llmkube half and merges it into the
+whole run is bounded (fixed durations and counts, timeouts on every wait): about 9 minutes
+on this machine, 4 of them part 5. Part 2 runs the same swaps in both actuation modes, own and
+llmkube; part 5 runs 3 ext_proc replicas side by side with 1. ``python -m bench.run --only
+llmkube`` runs just part 2's llmkube half, ``--only ha`` just part 5, and merges it into the
 last run's bench/results.json (the other parts keep their figures).
 """
 
@@ -16,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import held, hotpath, machine, overhead, report, swap, tools
+from . import ha, held, hotpath, machine, overhead, report, swap, tools
 
 # Part 1: seconds per wrk run, after a warm-up of its own.
 WRK_SECONDS, WRK_WARMUP = 10, 3
@@ -37,6 +38,16 @@ def _llmkube_swaps(work: Path, versions: dict[str, str]) -> dict[str, object]:
     return result
 
 
+def _ha(work: Path, versions: dict[str, str]) -> dict[str, object]:
+    """Part 5, stamped with its own date and commit (it can run alone)."""
+    began = time.monotonic()
+    result = ha.run(work / "ha")
+    facts = machine.facts(versions)
+    result["measured"] = {"date": facts["date"], "git_commit": facts["git_commit"],
+                          "elapsed_s": round(time.monotonic() - began, 1)}
+    return result
+
+
 def _finish(results: dict, work: Path) -> None:
     report.write(results)
     for target, measured, limit, met in report.targets(results):
@@ -46,28 +57,32 @@ def _finish(results: dict, work: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run everything (or ``--only llmkube``) in a scratch directory (kept on failure)."""
+    """Run everything (or ``--only llmkube|ha``) in a scratch directory (kept on failure)."""
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
-    parser.add_argument("--only", choices=("llmkube",),
+    parser.add_argument("--only", choices=("llmkube", "ha"),
                         help="run only this part and merge it into bench/results.json")
     only = parser.parse_args(argv).only
     began = time.monotonic()
     versions = tools.ensure_tools()
     work = Path(tempfile.mkdtemp(prefix="modelpool-bench-"))
     print(f"bench: working in {work}", flush=True)
-    if only == "llmkube":
+    if only is not None:
         results = json.loads(report.RESULTS.read_text(encoding="utf-8"))
-        print("bench: 2/4 swap trigger and release latency, llmkube mode only", flush=True)
-        results["llmkube"] = _llmkube_swaps(work, versions)
+        if only == "llmkube":
+            print("bench: 2/5 swap trigger and release latency, llmkube mode only", flush=True)
+            results["llmkube"] = _llmkube_swaps(work, versions)
+        else:
+            print("bench: 5/5 several replicas, 3 beside 1", flush=True)
+            results["ha"] = _ha(work, versions)
         _finish(results, work)
         return
-    print("bench: 1/4 resident-hit overhead", flush=True)
+    print("bench: 1/5 resident-hit overhead", flush=True)
     results = {"overhead": overhead.run(work / "overhead", WRK_SECONDS, WRK_WARMUP)}
-    print("bench: 2/4 swap release latency, own and llmkube mode", flush=True)
+    print("bench: 2/5 swap release latency, own and llmkube mode", flush=True)
     results["swap"] = swap.run(work / "swap", SWAPS, HELD_PER_SWAP, LOAD_DELAY, UNLOAD_DELAY,
                                SWAP_BUDGET)
     results["llmkube"] = _llmkube_swaps(work, versions)
-    print("bench: 3/4 held at scale", flush=True)
+    print("bench: 3/5 held at scale", flush=True)
     # Ramped arrivals measure holding; the burst shows what an all-at-once arrival does.
     runs = held.run(work / "held-ramp", (2000, 10_000), STREAMS, RAMP_CONNECTIONS_PER_S)
     runs += held.run(work / "held-burst", (10_000,), STREAMS, 0)
@@ -75,8 +90,10 @@ def main(argv: list[str] | None = None) -> None:
     results["held"] = {**{k: largest.get(k) for k in (
         "n", "sent", "rss_mb", "rss_peak_mb", "release_all_ms", "release_p50_ms",
         "cpu_admit_s", "cpu_idle_hold_s_per_s", "cpu_release_s")}, "runs": runs}
-    print("bench: 4/4 API calls on the hot path", flush=True)
+    print("bench: 4/5 API calls on the hot path", flush=True)
     results["hotpath"] = hotpath.run(work / "hotpath")
+    print("bench: 5/5 several replicas, 3 beside 1", flush=True)
+    results["ha"] = _ha(work, versions)
     results["machine"] = machine.facts(versions)
     results["elapsed_s"] = round(time.monotonic() - began, 1)
     _finish(results, work)
