@@ -116,8 +116,9 @@ class Platform(Protocol):
     def announce(self, key: PoolKey, target: str) -> None:
         """The pool's leader wants ``target`` announced to the other replicas ("" for none)."""
 
-    def load_changed(self) -> None:
-        """This replica's counts changed in a way peers wait for: publish them soon."""
+    def load_changed(self, urgent: bool) -> None:
+        """This replica's counts changed in a way peers wait for: publish them soon (``urgent``:
+        a swap waits on it, an acknowledged epoch or a drained member; else coalesced)."""
 
     async def leave(self) -> None:
         """Shutting down: hand leadership over now; stop() ends membership later."""

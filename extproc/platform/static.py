@@ -124,7 +124,7 @@ class StaticPlatform:
     def announce(self, key: PoolKey, target: str) -> None:
         """One replica, no peers: nobody to announce a drain to."""
 
-    def load_changed(self) -> None:
+    def load_changed(self, urgent: bool) -> None:
         """No peers read the counts."""
 
     async def leave(self) -> None:

@@ -297,7 +297,7 @@ class PoolMachine:
                 and swap.stage in (Stage.LOAD, Stage.TRIGGERED) and obs.phase != swap.phase_at_load:
             swap.saw_progress = True
         if obs.name == self.resident and not obs.ready and before is not None \
-                and before.ready and (swap is None or swap.target != obs.name):
+                and before.ready and (swap is None or obs.name not in (swap.target, swap.incumbent)):
             # Self-heal: the resident died out of band (OOM, node drain, spec edit). Stop
             # routing to it now; the next request for it drives a swap back. (In llmkube mode
             # residency is what LLMKube's status says; a dead resident is not routable.)

@@ -105,7 +105,7 @@ class PoolDriver:
         self._closed = False
         self._peers: tuple[PeerState, ...] = ()
         self._announcing = ""  # the drain target last handed to the platform
-        self._load_mark: tuple = ()  # what peers wait for, as last published
+        self._load_mark: tuple = (0, (), ())  # what peers wait for: epoch, held for, streaming
 
     @property
     def spec(self) -> PoolSpec:
@@ -260,8 +260,11 @@ class PoolDriver:
             else ()
         mark = (machine.drain[0], tuple(book.held_by), streaming)
         if mark != self._load_mark:
+            # the epoch we obey and the members we still stream from gate a drain: no delay
+            before = self._load_mark
             self._load_mark = mark
-            self._platform.load_changed()
+            urgent = mark[0] != before[0] or mark[2] != before[2]
+            self._platform.load_changed(urgent)
 
     def _decide(self, ticket: Ticket | None, decision: Decision, outcome: str) -> None:
         if ticket is None:

@@ -72,7 +72,7 @@ class ScriptedPlatform:
         """Keep every drain announcement asked for."""
         self.announced.append(target)
 
-    def load_changed(self) -> None:
+    def load_changed(self, urgent: bool) -> None:
         """Count the early membership writes asked for."""
         self.load_writes += 1
 

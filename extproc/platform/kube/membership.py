@@ -103,6 +103,7 @@ class Membership:
         self._lease: Lease | None = None
         self._seen: dict[str, _Sighting] = {}
         self._wake = asyncio.Event()
+        self._urgent = False
         self._last_attempt = -math.inf
         self._task: asyncio.Task[None] | None = None
 
@@ -117,8 +118,10 @@ class Membership:
         await self._refresh_peers()
         self._task = asyncio.create_task(self._run(), name=f"membership {self.name}")
 
-    def request_write(self) -> None:
-        """Publish the current Load soon (coalesced), not only at the next renew."""
+    def request_write(self, urgent: bool = False) -> None:
+        """Publish the current Load soon (coalesced), not only at the next renew; ``urgent``
+        (a swap waits for it: an acknowledged epoch, a drained member) skips the coalescing."""
+        self._urgent = self._urgent or urgent
         self._wake.set()
 
     def peers(self) -> list[Peer]:
@@ -174,12 +177,15 @@ class Membership:
             wait = self._last_attempt + self.renew_every - self._clock()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), max(0.0, wait))
-            if self._wake.is_set():  # asked for an early write: at most one per write_interval
+            early = self._wake.is_set()
+            if early and not self._urgent:  # an early write: at most one per write_interval
                 await asyncio.sleep(max(0.0, self._last_attempt + self.write_interval - self._clock()))
             self._wake.clear()
+            self._urgent = False
             await self._renew()
             self._on_renew()
-            await self._refresh_peers()
+            if not early:  # (a Lease watch, where there is one, brings the peers sooner)
+                await self._refresh_peers()
 
     async def _renew(self) -> bool:
         """One write of the Lease with the current Load; True when it landed."""

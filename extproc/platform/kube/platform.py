@@ -134,9 +134,9 @@ class KubePlatform:
         """Have the pool's leader Lease announce ``target`` (a no-op unless we lead it)."""
         self.replicas.announce(key, target)
 
-    def load_changed(self) -> None:
-        """Write the membership Lease soon: a peer waits for these counts."""
-        self.replicas.load_changed()
+    def load_changed(self, urgent: bool) -> None:
+        """Write the membership Lease soon (``urgent``: a swap waits for it)."""
+        self.replicas.load_changed(urgent)
 
     def _ours(self, key: PoolKey, status: dict) -> bool:
         # A status change is someone else's only if we lead the pool (a peer's writes while

@@ -129,9 +129,9 @@ class Replicas:
         if leader is not None:
             leader.announce(target)
 
-    def load_changed(self) -> None:
-        """Publish the counts soon (coalesced by the membership)."""
-        self.membership.request_write()
+    def load_changed(self, urgent: bool) -> None:
+        """Publish the counts soon (coalesced by the membership unless ``urgent``)."""
+        self.membership.request_write(urgent)
 
     async def leave(self) -> None:
         """SIGTERM: hand every pool's leadership over at once."""
