@@ -108,6 +108,7 @@ class Service:
             # Held requests would be cut when the grace period ends and reach the client as
             # Envoy's generic fail-open 503; answer them now with our own 503 + Retry-After.
             self.hub.reject_held("shutting_down", "the model router is restarting; retry")
+            self.hub.stop_admitting()  # and admit nothing more: the open streams drain
         if self.platform is not None:
             await self.platform.leave()
         if self._health_grpc is not None:

@@ -46,6 +46,7 @@ class Peer:
     lost: bool
     silent_since: float
     pools: Mapping[str, PoolLoad] | None
+    scopes: tuple[str, ...] = ()  # the namespaces it watches (none: every namespace)
 
 
 class PoolListener(Protocol):

@@ -92,9 +92,14 @@ def switch(m: PoolMachine, actuation: Actuation, reason: str, out: Out) -> None:
         return
     if actuation is Actuation.FOLLOW:
         # The leader carries the swap on; we hold the incumbent's requests until it is done.
+        # Our scale wishes die with the lead (the runtime drops them): forget them, so a
+        # later lead asks again rather than waiting for a scale-down it never sent.
         m.resident = m.status.resident if m.status.resident in m.spec.members else ""
+        m.asked_down.clear()
         if swap is not None:
             swap.stage, swap.load_started, swap.probing = Stage.TRIGGERED, m.now, set()
+            swap.scaled_down.clear()
+            swap.followed_epoch = m.drain[0]
         return
     if before is Actuation.FOLLOW:
         # The new leader resumes from the cluster's state, as a restarted process does: the

@@ -65,6 +65,7 @@ class Swap:
     refused: tuple[str, bool | None] | None = None
     probe_retry_at: float = -math.inf  # after a refused probe, DRAIN waits until then
     reclaim: bool = False  # started by swapPolicy reclaim, not by a request
+    followed_epoch: int = 0  # follow mode: the leader's announcement when we began following
     # The watchdog's record (watchdog.py): what the stage last looked like, since when, and
     # what is missing once it stopped moving ("" while it moves).
     progress_mark: tuple = ()

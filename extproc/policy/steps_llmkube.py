@@ -57,12 +57,30 @@ def follow_swap(m: PoolMachine, now: float, out: Out) -> None:
     """Follow it: the incumbent's new requests are held from now, held ones released after."""
     target = incoming(m)
     m.swap = Swap(target=target, incumbent=m.resident, started=now, stage=Stage.TRIGGERED,
-                  load_started=now)
+                  load_started=now, followed_epoch=m.drain[0])
     m.owner_picked = True
     m.version += 1
     by = "LLMKube" if m.actuation is Actuation.LLMKUBE else "the replica leading the pool"
     out.append(Notice("SwapStarted", f"swap {m.resident or '(none)'} -> {target} started "
                       f"(by {by})", source=m.resident, target=target))
+
+
+def leader_dropped(m: PoolMachine, now: float) -> bool:
+    """Follow mode: the leader gave the swap up (a cancelled reclaim, a change of hands): a
+    newer announcement no longer names its target, nor does the status."""
+    swap = swap_of(m)
+    return m.drain[0] > swap.followed_epoch and m.drain[1] != swap.target \
+        and m.status.pending != swap.target and m.status.resident != swap.target
+
+
+def stop_following(m: PoolMachine, now: float, out: Out) -> None:
+    """Back to Idle: the incumbent's held requests pass again once it may be routed to."""
+    swap = swap_of(m)
+    m.swap = None
+    m.version += 1
+    out.append(Notice("SwapCancelled", f"swap {swap.incumbent or '(none)'} -> {swap.target} "
+                      "given up by the replica leading the pool", source=swap.incumbent,
+                      target=swap.target))
 
 
 def drained_here(m: PoolMachine, now: float) -> bool:

@@ -42,7 +42,9 @@ llmkube mode drains the same way, then Draining --trigger--> Triggered, which en
 LLMKube's status names the target resident (or fails like Loading); a swap LLMKube started
 is followed from Idle straight to Triggered. Follow mode (own mode on a replica that does not
 lead the pool, ``replicas.py``) has only those following edges: the leader decides, this
-replica holds, and releases when the leader's status names the target resident.
+replica holds, and releases when the leader's status names the target resident; it goes
+back to Idle when the leader gives the swap up (a newer announcement and the status no longer
+name the target).
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ LLMKUBE = frozenset({Actuation.LLMKUBE})
 ROUTING = frozenset({Actuation.OWN, Actuation.HANDS_OFF})  # residency is ours to decide
 # residency is someone else's: LLMKube's reconciler, or (follow) the replica leading the pool
 FOLLOWING = frozenset({Actuation.LLMKUBE, Actuation.FOLLOW})
+FOLLOW = frozenset({Actuation.FOLLOW})
 
 
 def _not_ready_after(m: PoolMachine) -> str:
@@ -155,6 +158,7 @@ TRANSITIONS: tuple[Edge, ...] = (
     Edge(_T, steps.timed_out, _I, steps.fail(_not_ready_after), _A, FOLLOWING),
     Edge(_T, llm.target_resident, _I, steps.complete, _S, FOLLOWING),
     Edge(_T, steps.target_failed, _I, steps.fail(_reported_failed), _H, FOLLOWING),
+    Edge(_T, llm.leader_dropped, _I, llm.stop_following, _A, FOLLOW),
 )
 
 _BY_SOURCE: dict[Stage, tuple[Edge, ...]] = {

@@ -186,7 +186,10 @@ class PoolDriver:
         """This replica's counts for the pool, as its membership Lease publishes them."""
         book = self._machine.requests
         members = set(self._machine.spec.members) | self._machine.departing
-        return PoolLoad(self._machine.drain[0],
+        # Only a follower obeys the announcement: a leader (even one deposed that has not
+        # noticed yet) acknowledges nothing, so no new leader unloads under its admissions.
+        following = self._machine.actuation is Actuation.FOLLOW
+        return PoolLoad(self._machine.drain[0] if following else 0,
                         {m: book.busy(m) for m in sorted(members) if book.busy(m)},
                         dict(book.held_by))
 
@@ -255,16 +258,16 @@ class PoolDriver:
         if want != self._announcing:
             self._announcing = want
             self._platform.announce(self.key, want)
-        book = machine.requests
-        streaming = tuple(m for m in machine.spec.members if book.busy(m)) if machine.drain[1] \
-            else ()
-        mark = (machine.drain[0], tuple(book.held_by), streaming)
+        book, following = machine.requests, machine.actuation is Actuation.FOLLOW
+        streaming = tuple(m for m in machine.spec.members if book.busy(m)) \
+            if following and machine.drain[1] else ()
+        mark = (machine.drain[0] if following else 0, tuple(book.held_by), streaming)
         if mark != self._load_mark:
-            # the epoch we obey and the members we still stream from gate a drain: no delay
+            # a follower's epoch and the members it still streams from gate the leader's
+            # drain: written at once; held counts (demand) are coalesced
             before = self._load_mark
             self._load_mark = mark
-            urgent = mark[0] != before[0] or mark[2] != before[2]
-            self._platform.load_changed(urgent)
+            self._platform.load_changed(mark[0] != before[0] or mark[2] != before[2])
 
     def _decide(self, ticket: Ticket | None, decision: Decision, outcome: str) -> None:
         if ticket is None:

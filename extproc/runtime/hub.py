@@ -71,6 +71,7 @@ class Hub:
         self._platform = platform
         # Several replicas: what the platform reported, kept for pools created later.
         self.admit_until = math.inf
+        self._leaving = False
         self._leading: dict[PoolKey, bool] = {}
         self._announced: dict[PoolKey, tuple[int, str]] = {}
         self._peers: Sequence[Peer] = ()
@@ -141,9 +142,16 @@ class Hub:
 
     def admission_changed(self, until: float) -> None:
         """This replica's membership Lease moved: every pool admits until ``until``."""
+        if self._leaving:
+            return
         self.admit_until = until
         for driver in self._drivers.values():
             driver.admission(until)
+
+    def stop_admitting(self) -> None:
+        """Shutting down: nothing is admitted any more, whatever the Lease says."""
+        self.admission_changed(-math.inf)
+        self._leaving = True
 
     def leadership_changed(self, key: PoolKey, leading: bool) -> None:
         """This replica gained or lost a pool's leader Lease."""
@@ -172,6 +180,8 @@ class Hub:
     def _peer_states(self, key: PoolKey) -> tuple[PeerState, ...]:
         states = []
         for peer in self._peers:
+            if peer.scopes and key.namespace not in peer.scopes:
+                continue  # it does not serve this pool: nothing of it to wait for
             load = None if peer.pools is None else peer.pools.get(str(key), PoolLoad())
             if load is None:
                 states.append(PeerState(peer.identity, peer.silent_since, lost=True))

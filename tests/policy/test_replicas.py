@@ -193,3 +193,22 @@ def test_admission_closes_at_the_lease_and_held_requests_wait() -> None:
     out = m.handle(MemberObserved(Obs("b", **READY)), 7.0)
     assert [n.kind for n in kinds(out, Notice)] == ["SwapCompleted"] and not kinds(out, Admit)
     assert [a.rid for a in kinds(m.handle(AdmissionLease(20.0), 8.0), Admit)] == [3]
+
+
+def test_follower_gives_up_a_swap_the_leader_dropped() -> None:
+    m = machine(Actuation.FOLLOW)
+    m.handle(DrainAnnounced(2, "b"), 1.0)
+    m.handle(StatusObserved(PoolStatus(resident="a", pending="b")), 1.1)
+    assert m.stage is Stage.TRIGGERED and kinds(m.handle(RequestArrived(1, "a"), 1.2), Hold)
+    m.handle(DrainAnnounced(3, ""), 2.0)  # a cancelled reclaim, a new leader's other choice
+    out = m.handle(StatusObserved(PoolStatus(resident="a")), 2.1)
+    assert m.stage is Stage.IDLE and [a.rid for a in kinds(out, Admit)] == [1]
+    assert kinds(m.handle(RequestArrived(2, "a"), 2.2), Admit)
+
+
+def test_a_leadership_blip_while_unloading_asks_again_for_the_scale_down() -> None:
+    m = machine()
+    out = m.handle(RequestArrived(1, "b"), 1.0)
+    assert Scale("a", 0) in out and m.stage is Stage.UNLOAD
+    m.handle(LeadershipChanged(False), 12.0)  # the runtime drops the wish that never landed
+    assert Scale("a", 0) in m.handle(LeadershipChanged(True), 14.0)

@@ -270,3 +270,12 @@ async def test_a_leader_announces_its_drain_and_publishes_what_peers_wait_for() 
     d.end(admitted)
     await asyncio.sleep(0)
     assert ("a", 0) in platform.scales
+
+
+async def test_only_a_follower_acknowledges_the_announcement() -> None:
+    platform = ScriptedPlatform()
+    d = driver(platform)
+    d.announced(5, "b")
+    assert d.load().acked == 0  # a leader (even a deposed one) obeys no announcement
+    d.lead(False)
+    assert d.load().acked == 5

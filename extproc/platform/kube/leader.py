@@ -145,7 +145,10 @@ class LeaderLease:
         leading = False
         while True:
             self._wake.clear()
-            await self.try_acquire_or_renew()
+            try:  # one attempt may not outlast the renew deadline (client-go's bound too)
+                await asyncio.wait_for(self.try_acquire_or_renew(), self.renew_deadline)
+            except TimeoutError:
+                log.info("leader lease attempt timed out", lease=self.name)
             if self.is_leader() != leading:
                 leading = not leading
                 on_change(leading)

@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import math
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -82,6 +83,18 @@ class _Sighting:
     changed_at: float  # our monotonic clock when its resourceVersion was first seen
 
 
+def _incarnation(lease: Lease) -> str | None:
+    payload = lease.payload if isinstance(lease.payload, dict) else {}
+    value = payload.get("incarnation")
+    return value if isinstance(value, str) else None
+
+
+def _scopes(lease: Lease) -> tuple[str, ...]:
+    payload = lease.payload if isinstance(lease.payload, dict) else {}
+    value = payload.get("namespaces")
+    return tuple(v for v in value if isinstance(v, str)) if isinstance(value, list) else ()
+
+
 class Membership:
     """One replica's membership Lease, its renew loop and its view of the peers."""
 
@@ -102,6 +115,13 @@ class Membership:
         self._clock = clock
         self._lease: Lease | None = None
         self._seen: dict[str, _Sighting] = {}
+        # Each process is an incarnation: a pod restarted under the same name takes its Lease
+        # back at once, but the dead process's routed streams may still flow (Envoy fails
+        # open), so its counts become a lost "ghost" until the idle probe or the wait settles.
+        self.incarnation = uuid.uuid4().hex[:12]
+        self.lost_wait = settings.lost_replica_wait
+        self.scopes = sorted(settings.namespaces)  # a peer never waits on pools we do not serve
+        self._ghosts: dict[str, tuple[str, float]] = {}  # lease name -> (identity, silent since)
         self._wake = asyncio.Event()
         self._urgent = False
         self._last_attempt = -math.inf
@@ -132,8 +152,18 @@ class Membership:
             lost = now - seen.changed_at > seen.lease.duration_seconds + self.margin
             load = None if lost else Load.from_payload(seen.lease.payload)
             result.append(Peer(seen.lease.holder, name, lost, seen.changed_at,
-                               None if load is None else load.pools))
+                               None if load is None else load.pools, _scopes(seen.lease)))
+        for name, (identity, since) in list(self._ghosts.items()):
+            if now - since > self.lost_wait:
+                del self._ghosts[name]  # whatever it streamed has ended by now
+            else:
+                result.append(Peer(f"{identity} (previous run)", name, True, since, None))
         return result
+
+    def _haunt(self, lease: Lease, since: float) -> None:
+        """``lease`` carries another incarnation's counts than the one about to replace them."""
+        if _incarnation(lease) is not None:
+            self._ghosts[lease.name] = (lease.holder, since)
 
     def keep_only(self, names: set[str]) -> None:
         """Forget peers whose Lease is gone from a full list (deleted: they left cleanly)."""
@@ -149,6 +179,8 @@ class Membership:
             return
         seen = self._seen.get(lease.name)
         if seen is None or seen.lease.resource_version != lease.resource_version:
+            if seen is not None and _incarnation(seen.lease) != _incarnation(lease):
+                self._haunt(seen.lease, seen.changed_at)  # restarted: the old run is lost
             self._seen[lease.name] = _Sighting(lease, self._clock())
 
     async def stop(self) -> None:
@@ -190,7 +222,8 @@ class Membership:
     async def _renew(self) -> bool:
         """One write of the Lease with the current Load; True when it landed."""
         sent = self._last_attempt = self._clock()
-        payload = self._load().to_payload()
+        payload = {**self._load().to_payload(), "incarnation": self.incarnation,
+                   "namespaces": self.scopes}
         try:
             if self._lease is None:
                 self._lease = await self._create_or_take_back(payload)
@@ -217,6 +250,8 @@ class Membership:
             current = await self.leases.get(self.name)
             if current is None:
                 raise
+            if _incarnation(current) != self.incarnation:
+                self._haunt(current, self._clock())  # our previous run may still stream
             return await self.leases.renew(current, holder=self.identity,
                                            duration_seconds=self.duration, payload=payload)
 

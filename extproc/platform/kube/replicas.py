@@ -81,6 +81,8 @@ class Replicas:
         self._recovering = False
         self._peers_told: tuple[Peer, ...] | None = None
         self.listed = asyncio.Event()  # the Lease watch's first list is in
+        self._releases: set[asyncio.Task[None]] = set()  # leader Leases of removed pools
+        self._leader_leases: dict[str, PoolKey] = {}  # leader Lease name -> pool, as listed
 
     async def start(self) -> None:
         """Write the membership Lease (retrying until it lands); call before any watch."""
@@ -134,11 +136,14 @@ class Replicas:
         self.membership.request_write(urgent)
 
     async def leave(self) -> None:
-        """SIGTERM: hand every pool's leadership over at once."""
+        """SIGTERM: our machines follow from now on, then every leader Lease is given up."""
         for task in self._tasks.values():
             task.cancel()
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
         self._tasks.clear()
+        for key, leader in self._leaders.items():
+            if leader.is_leader():
+                self._lead(key, False)  # before the release: a new leader may act at once
         await asyncio.gather(*(leader.release() for leader in self._leaders.values()))
 
     async def stop(self) -> None:
@@ -165,7 +170,9 @@ class Replicas:
         if task is not None:
             task.cancel()
         if leader is not None:
-            asyncio.get_running_loop().create_task(leader.release())
+            release = asyncio.get_running_loop().create_task(leader.release())
+            self._releases.add(release)
+            release.add_done_callback(self._releases.discard)
 
     # ---- reports -----------------------------------------------------------------------------
 
@@ -215,7 +222,11 @@ class Replicas:
 
     def _listed(self, items: list[dict]) -> None:
         leases = [Lease.from_object(item) for item in items]
-        self.membership.keep_only({lease.name for lease in leases})
+        names = {lease.name for lease in leases}
+        self.membership.keep_only(names)
+        for name in [n for n in self._leader_leases if n not in names]:
+            # deleted while we were not watching: its epochs start again
+            self._tell(self._leader_leases.pop(name), 0, "")
         for lease in leases:
             self._apply(lease, deleted=False)
         self._report_peers()
@@ -237,6 +248,10 @@ class Replicas:
         pool = (lease.payload or {}).get("pool") if isinstance(lease.payload, dict) else None
         namespace, _, name = str(pool or "").partition("/")
         key = PoolKey(namespace, name)
+        if deleted:
+            self._leader_leases.pop(lease.name, None)
+        elif name:
+            self._leader_leases[lease.name] = key
         if lease.holder == self.identity and not deleted:
             ours = self._leaders.get(key)
             if ours is not None:  # our own write came through the watch: in force, maybe
