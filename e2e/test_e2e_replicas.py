@@ -78,9 +78,15 @@ async def test_every_replica_holds_a_membership_lease_and_one_leads(stack: Local
     await eventually(lambda: leader(stack), what="a leader for pool ha")
     names = set(leases(stack))
     assert {f"modelpool-extproc-{r.name}" for r in stack.replicas} <= names
-    payload = json.loads(leases(stack)[f"modelpool-extproc-{stack.replicas[0].name}"]
-                         ["metadata"]["annotations"]["modelpool.inference.llmkube.dev/replica-state"])
-    assert f"{NAMESPACE}/ha" in payload["pools"]
+
+    def published() -> dict:
+        lease = leases(stack)[f"modelpool-extproc-{stack.replicas[0].name}"]
+        return json.loads(lease["metadata"]["annotations"]
+                          ["modelpool.inference.llmkube.dev/replica-state"])
+    # written before any pool was read (so no peer misses it), with its counts from the next renew
+    payload = await eventually(lambda: published() if f"{NAMESPACE}/ha" in published()["pools"]
+                               else None, what="the replica's counts for pool ha")
+    assert payload["incarnation"] and payload["pools"][f"{NAMESPACE}/ha"]["acked"] >= 0
 
 
 async def test_swaps_through_every_replica_keep_the_slot_exclusive(

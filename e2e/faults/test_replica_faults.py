@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections import Counter
 
 import aiohttp
 from faultkit import at_rest, attempt, emulator, violations
@@ -71,7 +72,8 @@ async def test_rolling_restart_of_every_replica_under_mixed_traffic(
                 await asyncio.sleep(1)
         await asyncio.gather(traffic.run(25), roll())
     await at_rest(stack, timeout=60)
-    print(f"rolling restart: {len(traffic.outcomes)} requests, {traffic.served()} served")
+    print(f"rolling restart: {len(traffic.outcomes)} requests, {traffic.served()} served, "
+          f"the rest {Counter((o.status, o.code) for o in traffic.outcomes if o.status != 200)}")
     assert traffic.served() >= 200
     assert traffic.without_retry_after() == []
     assert violations(stack, recorder.ordered(), traffic.outcomes) == []

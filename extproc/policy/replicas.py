@@ -85,6 +85,17 @@ def peer_demand(m: PoolMachine) -> list[str]:
     return wanted
 
 
+def peers_release_first(m: PoolMachine) -> bool:
+    """Live peers still hold requests for the member that just took the slot: they release
+    them once they see the status name it; the next swap waits for that (a fairness window
+    at most), or it would announce another target and hold them for good."""
+    resident, bound = m.resident, m.spec.fairness_window or m.spec.swap_budget
+    if m.actuation is not Actuation.OWN or not m.serving(resident) or \
+            m.now - m.resident_since >= bound:
+        return False
+    return any(p.held.get(resident, 0) > 0 for p in live(m))
+
+
 def peers_drained(m: PoolMachine, members: list[str]) -> bool:
     """Every live peer obeys the announcement in force and has nothing in flight on ``members``
     (own mode; in llmkube mode LLMKube's reconciler and its idle probe guard the unload)."""

@@ -63,7 +63,7 @@ def release_serving(m: PoolMachine, now: float, out: Out) -> None:
 
 def wanted(m: PoolMachine) -> str:
     """The member the slot should go to next, or "" to stay put."""
-    if m.now >= m.admit_until:
+    if m.now >= m.admit_until or replicas.peers_release_first(m):
         return ""  # past its admission Lease this replica's view may be stale: start nothing
     hint = m.hints.pending
     if hint in m.spec.members and not m.routable(hint):
@@ -287,6 +287,7 @@ def complete(m: PoolMachine, now: float, out: Out) -> None:
     swap = swap_of(m)
     m.swap = None
     m.resident = swap.target
+    m.resident_was, m.resident_since = swap.target, now  # (replicas.peers_release_first)
     m.version += 1
     duration = now - swap.started
     m.history.record(swap.incumbent, swap.target, duration)

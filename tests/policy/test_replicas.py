@@ -212,3 +212,17 @@ def test_a_leadership_blip_while_unloading_asks_again_for_the_scale_down() -> No
     assert Scale("a", 0) in out and m.stage is Stage.UNLOAD
     m.handle(LeadershipChanged(False), 12.0)  # the runtime drops the wish that never landed
     assert Scale("a", 0) in m.handle(LeadershipChanged(True), 14.0)
+
+
+def test_the_next_swap_waits_for_peers_to_release_what_they_hold_for_the_new_resident() -> None:
+    m = machine()
+    m.handle(PeersObserved((peer(held={"b": 2}),)), 1.0)  # the peer's demand starts a->b
+    m.handle(DrainAnnounced(1, "b"), 1.1)
+    m.handle(PeersObserved((peer(1, held={"b": 2}),)), 1.2)
+    m.handle(MemberObserved(Obs("a", **STOPPED)), 2.0)
+    m.handle(RequestArrived(1, "a"), 2.5)  # demand for a, here
+    out = m.handle(MemberObserved(Obs("b", **READY)), 3.0)
+    assert [n.kind for n in kinds(out, Notice)] == ["SwapCompleted"]
+    assert m.swap is None  # not straight back to a: the peer's two requests for b go first
+    out = m.handle(PeersObserved((peer(1, in_flight={"b": 2}),)), 3.1)
+    assert m.swap is not None and m.swap.target == "a"
