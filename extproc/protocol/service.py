@@ -9,6 +9,7 @@ this handler returns, which is exactly what "drain before unload" needs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from typing import Any
@@ -273,6 +274,8 @@ class ExtProcService:
 
     @staticmethod
     async def _until_closed(context: grpc.aio.ServicerContext) -> None:
-        """Keep the stream (the request) open until Envoy ends it."""
-        while await context.read() is not grpc.aio.EOF:
-            pass
+        """Keep the stream (the request) open until Envoy ends it, or the server stops (its
+        reads then fail: the decision was sent, so the stream is simply over)."""
+        with contextlib.suppress(Exception):  # (grpc raises its private _ServerStoppedError)
+            while await context.read() is not grpc.aio.EOF:
+                pass
