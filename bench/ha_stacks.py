@@ -12,7 +12,7 @@ Envoys rendered the way part 1 renders its own (``bench.envoycfg``):
 - ``per_replica``: for the 3-replica stack, one Envoy per replica whose ext_proc cluster is that
   replica alone, so a request is decided (held, released) by the replica chosen for it.
 
-Both stacks' replicas run with ``--idle-probe-url`` naming ``bench.proberouter`` (the cluster
+Both stacks' replicas run with ``--idle-probe-url`` naming ``devstack.proberouter`` (the cluster
 DNS stand-in that lets the probe reach a member's ``/slots`` on loopback) and
 ``--lost-replica-wait 60s`` (a bound only: if the probe cannot answer, a swap after a lost
 replica waits 60 s instead of 600 s, well past the target, so it shows as missed).
@@ -33,7 +33,9 @@ from devstack.stack_manifests import pool_with_members
 from devstack.stack_ports import Ports
 from devstack.stack_replicas import Replica, metric_sum
 
-from . import envoycfg, proberouter, services
+from devstack import proberouter
+
+from . import envoycfg, services
 
 POOL = "pool"
 MEMBERS = ("a", "b")
@@ -172,7 +174,7 @@ class HaBench:
         ports = {n: Ports.free(list(MEMBERS), replicas=n) for n in NAMESPACE}
         routes = [f"{NAMESPACE[n]}/{m}={p.members[m]}" for n, p in ports.items() for m in MEMBERS]
         self.router = ManagedProcess(
-            [sys.executable, "-m", "bench.proberouter", "--port", str(self.router_port),
+            [sys.executable, "-m", "devstack.proberouter", "--port", str(self.router_port),
              *[arg for route in routes for arg in ("--member", route)]],
             workdir / "proberouter.log", cwd=PROJECT_ROOT)
         self.extproc_args = ["--idle-probe-url", proberouter.template(self.router_port),

@@ -40,9 +40,10 @@ from typing import Any, Iterable
 
 import yaml
 
+from devstack import proberouter
 from devstack import stack_manifests as manifests
 from devstack.procs import LOCALHOST, PROJECT_ROOT, EnvoyProcess, ManagedProcess, \
-    StackError, await_ready, kill_member_server, wait_for_http, writing_into
+    StackError, await_ready, free_port, kill_member_server, wait_for_http, writing_into
 from devstack.reconciler import USER as RECONCILER_USER
 from devstack.simulator_timeline import read_timeline
 from devstack.stack_ports import Ports
@@ -83,6 +84,7 @@ class LocalStack:
         self.metrics_url = f"http://{LOCALHOST}:{ports.metrics}/metrics"
         self.debug_url = f"http://{LOCALHOST}:{ports.metrics}/debug/pools"
         self.kubeapi_url = f"http://{LOCALHOST}:{ports.kubeapi}"  # the API emulator
+        self.probe_port = free_port()  # devstack.proberouter: the members' idle probe
         self.load_delay, self.unload_delay = load_delay, unload_delay
         self.extproc_args = list(extproc_args)
         self.namespaces = manifests.namespaces_of(docs)
@@ -121,6 +123,7 @@ class LocalStack:
             self._start_simulator(timeout)
             if self.reconciler:
                 self._start_reconciler(timeout)
+            self._start_probe_router(timeout)
             self.start_extproc(timeout)
             self.envoy = EnvoyProcess(
                 [r.grpc_port for r in self.replicas],
@@ -135,7 +138,8 @@ class LocalStack:
         return self
 
     def stop(self) -> None:
-        """Stop Envoy, the ext_proc, the reconciler, the simulator and its servers, the emulator."""
+        """Stop Envoy, the ext_proc, the reconciler, the probe router, the simulator and its
+        servers, the emulator."""
         if self.envoy is not None:
             self.envoy.stop()
         for replica in self.replicas:
@@ -144,6 +148,7 @@ class LocalStack:
             if replica.proxy is not None:
                 replica.proxy.stop()
         self._stop("reconciler")
+        self._stop("proberouter")
         self._stop("simulator")
         # The simulator stops its member servers on SIGTERM, but one it could not stop (it was
         # SIGKILLed after its grace, or crashed earlier) outlives it in its own session.
@@ -300,12 +305,26 @@ class LocalStack:
             kubeconfig = self._user_kubeconfig("modelpool-extproc")
             if self.api_proxies:
                 kubeconfig = through_proxy(replica, kubeconfig)
+            # the members' idle probe through the stand-in for cluster DNS (a later
+            # --idle-probe-url in extproc_args wins)
+            probe = ["--idle-probe-url", proberouter.template(self.probe_port)]
             replica.configure(serve_args(replica, kubeconfig, self.namespaces,
-                                         self.lease_namespace, self.actuation, self.extproc_args))
+                                         self.lease_namespace, self.actuation,
+                                         probe + self.extproc_args))
             # In the stack's piece list after the simulator (and reconciler), before Envoy.
             assert replica.process is not None
             self._procs[replica.piece] = replica.process
         return self.replicas
+
+    def _start_probe_router(self, timeout: float) -> None:
+        """The members' /slots on loopback, as the idle probe finds them in a cluster."""
+        routes = [f"{ns}/{m}={self.ports.members[m]}" for ns, m in self.members]
+        proc = self._launch("proberouter", [
+            sys.executable, "-m", "devstack.proberouter", "--port", str(self.probe_port),
+            *[arg for route in routes for arg in ("--member", route)]])
+        wait_for_http(f"http://{LOCALHOST}:{self.probe_port}/healthz", timeout=timeout,
+                      expect_status=200)
+        assert proc.running
 
     def _stop(self, name: str) -> None:
         proc = self._procs.get(name)

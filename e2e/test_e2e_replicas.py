@@ -25,8 +25,8 @@ STACK_DOCS = pools(
     ("stages", ["st-a", "st-b"], {"default": "st-a", "member_annotations": {
         "st-a": {LOAD: "3s", UNLOAD: "3s"}, "st-b": {LOAD: "3s", UNLOAD: "3s"}}}),
 )
-# a killed replica's requests are settled by the member's idle probe (the simulator serves
-# llama.cpp's /slots), or else after this wait: short here so a test never waits 600 s
+# a killed replica's requests are settled by the member's idle probe (the stack's probe router
+# asks the member's llama.cpp-style /slots), or else after this wait: a cap, never 600 s here
 STACK_OPTIONS = {"replicas": 3, "api_proxies": True,
                  "extproc_args": ["--lost-replica-wait", "20s"]}
 POOLS = {(NAMESPACE, "ha"): ["ha-a", "ha-b"], (NAMESPACE, "stages"): ["st-a", "st-b"]}

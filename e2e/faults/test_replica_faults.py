@@ -23,7 +23,7 @@ STACK_DOCS = pools(*((name, members, {"default": members[0], "swap_budget": "8s"
                                       "fairness_window": "2s"})
                      for name, members in POOLS.items()))
 # A killed replica's in-flight requests are unknown until the member's idle probe says idle
-# (the simulator's members have no probe URL the service can template) or this wait passed.
+# (devstack.proberouter answers it from the member's /slots) or, failing that, this wait.
 STACK_OPTIONS = {"replicas": 3, "load_delay": 0.3, "unload_delay": 0.1,
                  "extproc_args": ["--lost-replica-wait", "15s"]}
 CONCURRENCY = 40

@@ -1,4 +1,4 @@
-"""Loopback stand-in for the cluster DNS the idle probe relies on: ``python -m bench.proberouter``.
+"""Loopback stand-in for the cluster DNS the idle probe relies on: ``python -m devstack.proberouter``.
 
 In a cluster the service asks a member's llama.cpp ``/slots`` at
 ``http://{member}.{namespace}.svc:8080/slots`` (``--idle-probe-url``'s default). On loopback
@@ -73,7 +73,7 @@ async def serve(port: int, members: dict[str, int]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Command line: --port P --member NAMESPACE/MEMBER=PORT ..."""
-    parser = argparse.ArgumentParser(prog="python -m bench.proberouter", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m devstack.proberouter", description=__doc__)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--member", action="append", default=[], metavar="NS/MEMBER=PORT",
                         type=lambda text: tuple(text.split("=", 1)))
