@@ -32,5 +32,5 @@ async def test_stop_reaps_member_servers_of_a_killed_simulator(tmp_path: Path) -
         assert processes_logging_into(stack.log_dir / "members") == servers
     finally:
         stack.stop()
-    assert stack.exited() == ["kubeapi", "simulator", "extproc", "envoy"]
+    assert stack.exited() == ["kubeapi", "simulator", "proberouter", "extproc", "envoy"]
     assert processes_logging_into(tmp_path) == []

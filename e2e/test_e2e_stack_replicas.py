@@ -142,7 +142,7 @@ def test_stop_leaves_nothing_behind_with_a_replica_paused_and_one_cut_off(tmp_pa
         own.replica(1).proxy.cut()
     finally:
         own.stop()
-    assert sorted(own.exited()) == sorted(["kubeapi", "simulator", "extproc-replica-0",
-                                           "extproc-replica-1", "envoy"])
+    assert sorted(own.exited()) == sorted(["kubeapi", "simulator", "proberouter",
+                                           "extproc-replica-0", "extproc-replica-1", "envoy"])
     assert processes_logging_into(tmp_path) == []
     assert not any(r.proxy is None or r.proxy.running for r in own.replicas)
