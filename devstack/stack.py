@@ -84,7 +84,7 @@ class LocalStack:
         self.metrics_url = f"http://{LOCALHOST}:{ports.metrics}/metrics"
         self.debug_url = f"http://{LOCALHOST}:{ports.metrics}/debug/pools"
         self.kubeapi_url = f"http://{LOCALHOST}:{ports.kubeapi}"  # the API emulator
-        self.probe_port = free_port()  # devstack.proberouter: the members' idle probe
+        self.probe_port = ports.probe or free_port()  # devstack.proberouter: the idle probe
         self.load_delay, self.unload_delay = load_delay, unload_delay
         self.extproc_args = list(extproc_args)
         self.namespaces = manifests.namespaces_of(docs)

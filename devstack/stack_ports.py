@@ -34,12 +34,13 @@ class Ports:
     kubeapi: int
     members: dict[str, int] = field(default_factory=dict)
     more_replicas: list[tuple[int, int]] = field(default_factory=list)
+    probe: int = 0  # devstack.proberouter (0: picked when the stack starts)
 
     @classmethod
     def free(cls, members: list[str], replicas: int = 1) -> Ports:
         """Kernel-picked ports for everything (tests: several stacks can run at once)."""
         ports = cls(free_port(), free_port(), free_port(), free_port(), free_port(),
-                    {m: free_port() for m in members})
+                    {m: free_port() for m in members}, probe=free_port())
         ports.ensure_replicas(replicas)
         return ports
 
