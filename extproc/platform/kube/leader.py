@@ -145,8 +145,12 @@ class LeaderLease:
         leading = False
         while True:
             self._wake.clear()
-            try:  # one attempt may not outlast the renew deadline (client-go's bound too)
-                await asyncio.wait_for(self.try_acquire_or_renew(), self.renew_deadline)
+            # One attempt may not outlast the renew deadline (client-go's bound too).
+            # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation that
+            # meets the inner call's end, and this loop must stop when cancelled (leave()).
+            try:
+                async with asyncio.timeout(self.renew_deadline):
+                    await self.try_acquire_or_renew()
             except TimeoutError:
                 log.info("leader lease attempt timed out", lease=self.name)
             if self.is_leader() != leading:
@@ -159,7 +163,8 @@ class LeaderLease:
             if self.is_leader() and not self.at_rest():
                 continue  # the announcement changed while we wrote: write it now
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._next_try())
+                async with asyncio.timeout(self._next_try()):
+                    await self._wake.wait()
 
     async def release(self) -> None:
         """Give the Lease up if we hold it (holder emptied), so a candidate takes it at once."""

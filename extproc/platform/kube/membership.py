@@ -207,8 +207,9 @@ class Membership:
     async def _run(self) -> None:
         while True:
             wait = self._last_attempt + self.renew_every - self._clock()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), max(0.0, wait))
+            with contextlib.suppress(TimeoutError):  # (asyncio.timeout: see leader.run)
+                async with asyncio.timeout(max(0.0, wait)):
+                    await self._wake.wait()
             early = self._wake.is_set()
             if early and not self._urgent:  # an early write: at most one per write_interval
                 await asyncio.sleep(max(0.0, self._last_attempt + self.write_interval - self._clock()))

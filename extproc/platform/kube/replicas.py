@@ -139,7 +139,8 @@ class Replicas:
         """SIGTERM: our machines follow from now on, then every leader Lease is given up."""
         for task in self._tasks.values():
             task.cancel()
-        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        if self._tasks:  # bounded: a shutdown must go on even if one did not end in time
+            await asyncio.wait(self._tasks.values(), timeout=self._settings.leader_retry)
         self._tasks.clear()
         for key, leader in self._leaders.items():
             if leader.is_leader():
