@@ -100,7 +100,7 @@ class Membership:
 
     def __init__(self, client: KubeClient, namespace: str, identity: str, load: Callable[[], Load],
                  settings: Settings, *, clock: Callable[[], float] = time.monotonic,
-                 on_renew: Callable[[], None] = lambda: None) -> None:
+                 on_renew: Callable[[], None] = lambda: None, lists_peers: bool = True) -> None:
         self.leases = LeaseClient(client, namespace)
         self.identity = identity
         self.name = settings.membership_lease_name.format(replica=identity)
@@ -112,6 +112,8 @@ class Membership:
         self.failed_renews = 0
         self._load = load
         self._on_renew = on_renew  # after every attempt, landed or not
+        # False when a Lease watch feeds observe(): listing after each renew would repeat it
+        self._lists_peers = lists_peers
         self._clock = clock
         self._lease: Lease | None = None
         self._seen: dict[str, _Sighting] = {}
@@ -135,7 +137,8 @@ class Membership:
         """Create (or take back) this replica's Lease, retrying until it is written, then renew on."""
         while not await self._renew():
             await asyncio.sleep(self.renew_every)
-        await self._refresh_peers()
+        if self._lists_peers:
+            await self._refresh_peers()
         self._task = asyncio.create_task(self._run(), name=f"membership {self.name}")
 
     def request_write(self, urgent: bool = False) -> None:
@@ -217,7 +220,7 @@ class Membership:
             self._urgent = False
             await self._renew()
             self._on_renew()
-            if not early:  # (a Lease watch, where there is one, brings the peers sooner)
+            if not early and self._lists_peers:
                 await self._refresh_peers()
 
     async def _renew(self) -> bool:

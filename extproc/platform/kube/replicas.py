@@ -71,7 +71,8 @@ class Replicas:
         self.namespace = lease_namespace(settings)
         self._client, self._settings, self._relist, self._clock = client, settings, relist, clock
         self.membership = Membership(client, self.namespace, self.identity, self._load,
-                                     settings, clock=clock, on_renew=self._renewed)
+                                     settings, clock=clock, on_renew=self._renewed,
+                                     lists_peers=False)  # the Lease watch brings them
         self._elects = settings.actuation != "llmkube"  # llmkube mode: any replica triggers
         self._leaders: dict[PoolKey, LeaderLease] = {}
         self._lead_since: dict[PoolKey, float] = {}
