@@ -184,6 +184,19 @@ class Settings:
                               "this long shows status.residentIdleSince (shorter idle spells "
                               "are not written, so busy pools cost no status writes)",
                               group="swap", metavar="DURATION")
+    activation_grace: float = _opt(5.0, "llmkube mode: a trigger that leaves no trace in the "
+                                   "cluster this long (the target back at 0 replicas, neither "
+                                   "pending nor resident) was dropped by LLMKube's reconciler "
+                                   "and is sent again; the k-th retry waits twice as long",
+                                   group="swap", metavar="DURATION")
+    activation_retries: int = _opt(3, "llmkube mode: dropped triggers sent again before the swap "
+                                   "is given up (its held requests get 503 activation_lost)",
+                                   group="swap", metavar="COUNT")
+    hands_off_quiet: float = _opt(300.0, "own mode: a pool handed off because another writer "
+                                  "fought over it resumes after this long without a foreign "
+                                  "write (doubling for each new spell, up to 16x); at once "
+                                  "with the annotation modelpool.inference.llmkube.dev/resume",
+                                  group="swap", metavar="DURATION")
     park_margin: float = _opt(5.0, "extra time asked of Envoy (override_message_timeout) beyond "
                               "a held request's budget, so our own 503 arrives before Envoy's",
                               group="swap", metavar="DURATION")
@@ -265,7 +278,7 @@ class Settings:
 
 _DURATION_FIELDS = {"shutdown_grace", "swap_budget", "fairness_window", "drain_linger",
                     "swap_timeout", "failure_backoff", "idle_probe_timeout", "probe_retry",
-                    "park_margin", "stall_after", "idle_report", "watch_timeout",
+                    "park_margin", "stall_after", "activation_grace", "hands_off_quiet", "idle_report", "watch_timeout",
                     "api_retry_initial", "api_retry_max", "route_check_interval",
                     *("membership_lease_duration", "membership_renew", "lease_margin",
                       "membership_write_interval", "leader_lease_duration",

@@ -81,7 +81,7 @@ from .reclaim import idle_deadline, report_policy, track_idle
 from .requests import RequestBook
 from .respec import respec
 from .state import Limits, PolicyError, Stage, Swap
-from .steps_llmkube import incoming
+from .steps_llmkube import incoming, lost_at, track_activation
 from .swap import advance
 
 __all__ = ["Limits", "PolicyError", "PoolMachine"]
@@ -103,6 +103,7 @@ class PoolMachine:
         self.asked_down: dict[str, bool] = {}
         self.undone: dict[str, list[float]] = {}
         self.fight = ""  # own mode: why we think someone scales against us ("" if not)
+        self.hands_off = modes.HandsOff()  # own mode's spells of not actuating (modes.py)
         self.limits = limits
         self.obs: dict[str, MemberObservation] = {}
         self.resident = ""
@@ -161,7 +162,8 @@ class PoolMachine:
         """The earliest time at which a Tick would change something (inf if none)."""
         times = [self.requests.next_deadline()]
         times.extend(self.failed_until.values())  # the status's failed member clears then
-        times.extend((idle_deadline(self), watchdog.deadline(self)))
+        times.extend((idle_deadline(self), watchdog.deadline(self), modes.resume_at(self),
+                      lost_at(self)))
         swap = self.swap
         if swap is not None:
             if swap.stage is Stage.DRAIN:
@@ -226,9 +228,12 @@ class PoolMachine:
                 raise PolicyError(f"unknown event {event!r}")
         self._expire(now, out)
         advance(self, now, out)
-        if modes.settle_fight(self, out):
+        if modes.settle_fight(self, out) or modes.resume(self, out):
             advance(self, now, out)
         watchdog.watch(self, now, out)
+        if incoming(self) == "" and self.stage is Stage.TRIGGERED:
+            advance(self, now, out)  # a trigger just marked stalled lets the resident serve
+        track_activation(self, now)
         replicas.track_announcement(self)
         track_idle(self, now)
         report_policy(self, out)
@@ -287,6 +292,8 @@ class PoolMachine:
         self.obs[obs.name] = obs
         if before != obs:
             self.version += 1
+        if before is not None and before.replicas != obs.replicas:
+            modes.foreign_write(self)  # (hands-off scales nothing: any change is someone else's)
         modes.note_scaled_up(self, obs.name, obs.replicas, self.now)
         swap = self.swap
         if swap is not None and obs.replicas > 0:
@@ -325,9 +332,22 @@ class PoolMachine:
         for rid, held in self.requests.expired(now):
             out.append(Reject(rid, 503, "swap_budget_exceeded",
                               f"model {held.member!r} did not become ready within the "
-                              f"pool's swap budget ({self.spec.swap_budget:g}s); the swap "
-                              "continues, retry shortly", self.retry_after(),
+                              f"pool's swap budget ({self.spec.swap_budget:g}s); "
+                              f"{self._swap_state(held.member)}", self.retry_after(),
                               now - held.arrived))
+
+    def _swap_state(self, member: str) -> str:
+        """What a request refused at its budget is told of the swap: only what is true."""
+        swap = self.swap
+        if swap is None:
+            return "no swap is under way for it now; retry after Retry-After"
+        if swap.stalled:
+            return f"the swap to {swap.target} is stalled: {swap.stalled}"
+        if self.deferred[0]:
+            return f"the swap to {swap.target} is deferred: {self.deferred[1]}"
+        if swap.target != member:
+            return f"the swap to {swap.target} under way comes first; retry shortly"
+        return "the swap continues, retry shortly"
 
     # ---- shared by the events and the transitions -----------------------------------------
 
@@ -351,6 +371,8 @@ class PoolMachine:
     def serving(self, member: str) -> bool:
         """Resident and Ready, and (llmkube, follow) no other member coming in."""
         obs = self.obs.get(member)  # (llmkube mode: the status may name it before it is seen)
+        if self.actuation is Actuation.HANDS_OFF:
+            return obs is not None and obs.ready  # not ours to decide: the cluster's word
         if not member or member != self.resident or obs is None or not obs.ready:
             return False
         if self.actuation is Actuation.FOLLOW:

@@ -59,6 +59,8 @@ class PoolSpec:
     reclaim_after: float = 300.0
     # annotation modelpool.inference.llmkube.dev/max-held; None: the process's --max-held
     max_held: int | None = None
+    # annotation modelpool.inference.llmkube.dev/resume: a new value ends a hands-off spell now
+    resume: str = ""
 
 
 class Actuation(str, Enum):

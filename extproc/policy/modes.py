@@ -5,11 +5,20 @@ Rules of this file: it only sets ``PoolMachine.actuation`` and what follows from
 hands (the swap's stage, held requests): the one change of stage made outside
 ``swap.TRANSITIONS``, because it is not an edge of either mode but the move from one mode's
 graph to the other's. The machine does it between events, never inside an edge.
+
+Hands-off is a spell, not a verdict. Own mode stops actuating a pool that another writer
+fights over (its status rewritten, or a member scaled up again FIGHT_SCALE_DOWNS times), but
+an operator trying ``kubectl scale`` a few times is not a controller: once no foreign write
+has been seen for ``hands_off_quiet`` (doubling for each new spell within FIGHT_WINDOW of the
+last, up to 16x), the pool resumes, and a new value of the annotation RESUME_ANNOTATION ends
+the spell at once. Meanwhile every member the cluster shows Ready is routed to, and the rest
+get 503 ``pool_conflict`` saying when and how the pool resumes.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import math
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from .events import Command, Notice, Reject, Trigger
@@ -27,17 +36,78 @@ Out = list[Command]
 FIGHT_SCALE_DOWNS = 3
 FIGHT_WINDOW = 600.0
 CONFLICT_CODE = "pool_conflict"
+RESUME_ANNOTATION = "modelpool.inference.llmkube.dev/resume"
+MAX_SPELL_FACTOR = 16
+
+
+@dataclass(slots=True)
+class HandsOff:
+    """Own mode's hands-off spells: how many in a row, the last foreign write, how to end it."""
+
+    spells: int = 0
+    quiet_since: float = -math.inf  # the last foreign write seen during the spell
+    ended: float = -math.inf  # when the last spell ended
+    token: str = ""  # the resume annotation's value when the spell began
+
+
+def quiet_needed(m: PoolMachine) -> float:
+    """How long the spell under way lasts without a foreign write."""
+    return m.limits.hands_off_quiet * min(MAX_SPELL_FACTOR, 2 ** max(0, m.hands_off.spells - 1))
+
+
+def resume_at(m: PoolMachine) -> float:
+    """When the hands-off spell under way ends by itself (inf: none under way)."""
+    if m.actuation is not Actuation.HANDS_OFF:
+        return math.inf
+    return m.hands_off.quiet_since + quiet_needed(m)
+
+
+def foreign_write(m: PoolMachine) -> None:
+    """A write that was not ours (a replica change, a foreign status) restarts the quiet clock."""
+    if m.actuation is Actuation.HANDS_OFF:
+        m.hands_off.quiet_since = m.now
+
+
+def resume(m: PoolMachine, out: Out) -> bool:
+    """End the hands-off spell when it has been quiet long enough or the annotation says so."""
+    if m.actuation is not Actuation.HANDS_OFF:
+        return False
+    spell = m.hands_off
+    if m.spec.resume != spell.token:
+        why = f"annotation {RESUME_ANNOTATION} changed"
+    elif m.now >= resume_at(m):
+        why = f"no foreign write for {quiet_needed(m):g}s"
+    else:
+        return False
+    spell.ended = m.now
+    m.fight = ""
+    m.undone.clear()
+    m.asked_down.clear()
+    switch(m, Actuation.OWN, f"hands-off over ({why}); actuating again", out)
+    return True
+
+
+def resume_hint(m: PoolMachine) -> str:
+    """How the spell ends, for the Event that announces it and the answers it gives."""
+    key = m.spec.key
+    return (f"this router routes only to members the cluster shows Ready and resumes "
+            f"actuating after {quiet_needed(m):g}s without a foreign write, or at once with: "
+            f"kubectl annotate mpool {key.name} -n {key.namespace} "
+            f"{RESUME_ANNOTATION}=\"$(date +%s)\" --overwrite")
 
 
 def observe_status(m: PoolMachine, status: PoolStatus, out: Out) -> None:
     """A new ``.status``: followed in llmkube and follow mode, a conflict in own mode if foreign."""
-    m.status = status
+    before, m.status = m.status, status
     if m.actuation is Actuation.FOLLOW and m.auto and status.llmkube:
         switch(m, Actuation.LLMKUBE, "LLMKube's reconciler manages this pool (its status "
                "carries LLMKube's conditions)", out)
     elif m.actuation is Actuation.OWN and m.auto and (status.foreign or status.llmkube):
         switch(m, Actuation.LLMKUBE, "LLMKube's reconciler manages this pool (its status "
                "carries LLMKube's conditions or fields we did not write)", out)
+    elif m.actuation is Actuation.HANDS_OFF and status.foreign:
+        if status != before:  # (a re-list repeats what we saw: not a new write)
+            foreign_write(m)
     elif m.actuation is Actuation.OWN and status.foreign:
         switch(m, Actuation.HANDS_OFF, "another controller rewrites this pool's status; run "
                "with --actuation llmkube (or auto) beside LLMKube", out)
@@ -80,6 +150,11 @@ def switch(m: PoolMachine, actuation: Actuation, reason: str, out: Out) -> None:
     before, m.actuation = m.actuation, actuation
     m.auto_said = True
     m.version += 1
+    if actuation is Actuation.HANDS_OFF:
+        spell = m.hands_off
+        spell.spells = spell.spells + 1 if m.now - spell.ended < FIGHT_WINDOW else 1
+        spell.quiet_since, spell.token = m.now, m.spec.resume
+        reason = f"{reason}; {resume_hint(m)}"
     out.append(Notice("ActuationChanged", f"actuation {before.value} -> {actuation.value}: "
                       f"{reason}", source=before.value, target=actuation.value))
     swap = m.swap
@@ -122,9 +197,10 @@ def switch(m: PoolMachine, actuation: Actuation, reason: str, out: Out) -> None:
 
 def conflict_reject(m: PoolMachine, rid: int, held_for: float) -> Reject:
     """The answer for a request this pool cannot serve while someone else fights over it."""
-    return Reject(rid, 503, CONFLICT_CODE, f"pool {m.spec.key} is managed by another "
-                  "controller; this router only routes to its current member",
-                  m.limits.retry_after_default, held_for)
+    wait = max(1, math.ceil(resume_at(m) - m.now)) if resume_at(m) < math.inf else 0
+    return Reject(rid, 503, CONFLICT_CODE, f"pool {m.spec.key} is hands-off: another writer "
+                  f"fought over it; {resume_hint(m)}",
+                  min(wait, m.limits.retry_after_max) or m.limits.retry_after_default, held_for)
 
 
 def note_scaled_up(m: PoolMachine, member: str, replicas: int, now: float) -> None:

@@ -44,6 +44,9 @@ class Limits:
     stall_after: float  # a swap stage with no observed progress this long is SwapStalled
     idle_report: float  # a resident idle this long shows status.residentIdleSince
     lost_replica_wait: float  # a lost replica's requests may stream this long after it fell silent
+    activation_grace: float  # llmkube: a trigger with no trace in the cluster this long is lost
+    activation_retries: int  # llmkube: lost triggers sent again before the swap is given up
+    hands_off_quiet: float  # own: hands-off ends after this long without a foreign write
 
 
 @dataclass(slots=True)
@@ -71,3 +74,7 @@ class Swap:
     progress_mark: tuple = ()
     progress_at: float = 0.0
     stalled: str = ""
+    # llmkube mode (steps_llmkube.py): triggers LLMKube dropped so far, and since when the
+    # current one has left no trace in the cluster (None while it shows one).
+    lost: int = 0
+    lost_since: float | None = None

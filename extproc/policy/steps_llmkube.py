@@ -7,13 +7,25 @@ target's ``spec.replicas`` 0 -> 1, nothing else), hold every new request for the
 from the moment any swap is under way, and release the held requests when the target is
 Ready *and* ``status.residentMember`` names it. Which stage each function leads from and to
 is written in ``swap.TRANSITIONS``.
+
+A trigger can be lost. LLMKube's reconciler sometimes decides from a cached pool that does not
+yet hold its own ``pendingMember`` write, falls back to the resident and puts the target back
+at 0 (docs/guarantees.md, "Never wedged"); an admin can also scale the target back. Then the
+cluster shows no trace of the swap: the target at 0 replicas, neither pending nor resident.
+Once that has lasted ``activation_grace`` (doubling per loss, so a reconciler that is merely
+slow to write ``pendingMember`` is not raced), the swap goes back to Draining and triggers
+again; after ``activation_retries`` losses it is given up, its held requests are told so, and
+the incumbent serves again. The watchdog (``watchdog.py``) watches Triggered too, and while a
+trigger is stalled the resident LLMKube still names serves its own requests.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .events import Command, Notice, Trigger
+import math
+
+from .events import Command, Notice, Reject, Trigger
 from .model import PHASE_FAILED, Actuation
 from .state import Stage, Swap
 from .steps import drained, swap_of
@@ -31,6 +43,8 @@ def incoming(m: PoolMachine) -> str:
     ``spec.replicas >= 1`` (someone's trigger that the reconciler has not recorded yet).
     """
     swap = m.swap
+    if swap is not None and swap.stage is Stage.TRIGGERED and stalled_trigger_frees(m):
+        return ""  # nothing of it in the cluster: the resident serves meanwhile
     if swap is not None and swap.stage is Stage.TRIGGERED:
         return swap.target
     announced = m.drain[1]  # follow mode: the leader's drain announcement comes first
@@ -105,3 +119,86 @@ def target_resident(m: PoolMachine, now: float) -> bool:
     """The target is Ready and LLMKube's status names it resident: release its requests."""
     swap = swap_of(m)
     return m.status.resident == swap.target and m.obs[swap.target].ready
+
+
+# ---- a trigger LLMKube lost (see the module header) ------------------------------------------
+
+def activation_gone(m: PoolMachine) -> bool:
+    """Our trigger left no trace: the target at 0 replicas, neither pending nor resident."""
+    swap = m.swap
+    if m.actuation is not Actuation.LLMKUBE or swap is None or swap.stage is not Stage.TRIGGERED:
+        return False
+    target = m.obs.get(swap.target)
+    return target is not None and target.replicas == 0 \
+        and swap.target not in (m.status.pending, m.status.resident)
+
+
+def track_activation(m: PoolMachine, now: float) -> None:
+    """After every event: since when the trigger under way has left no trace (None: it has)."""
+    swap = m.swap
+    if swap is not None and swap.stage is Stage.TRIGGERED:
+        swap.lost_since = (swap.lost_since if swap.lost_since is not None else now) \
+            if activation_gone(m) else None
+
+
+def lost_at(m: PoolMachine) -> float:
+    """When the trigger under way counts as lost (inf: it shows in the cluster)."""
+    swap = m.swap
+    if swap is None or swap.lost_since is None or not activation_gone(m):
+        return math.inf
+    return swap.lost_since + m.limits.activation_grace * 2 ** swap.lost
+
+
+def activation_lost(m: PoolMachine, now: float) -> bool:
+    """The trigger was dropped and may be sent again."""
+    return now >= lost_at(m) and swap_of(m).lost < m.limits.activation_retries
+
+
+def activation_abandoned(m: PoolMachine, now: float) -> bool:
+    """The trigger was dropped once more than ``activation_retries`` allows."""
+    return now >= lost_at(m) and swap_of(m).lost >= m.limits.activation_retries
+
+
+def _where(m: PoolMachine) -> str:
+    return f"its status stays on {m.status.resident or 'no member'}" + \
+        (f", pending {m.status.pending}" if m.status.pending else ", nothing pending")
+
+
+def retrigger(m: PoolMachine, now: float, out: Out) -> None:
+    """Back to Draining: our own requests drain again (if any came in) and the trigger repeats."""
+    swap = swap_of(m)
+    swap.lost += 1
+    swap.stage, swap.lost_since = Stage.DRAIN, None
+    m.version += 1
+    out.append(Notice("ActivationLost", f"LLMKube dropped the activation of {swap.target}: it "
+                      f"is back at 0 replicas and {_where(m)}; triggering again "
+                      f"({swap.lost}/{m.limits.activation_retries})",
+                      source=swap.incumbent, target=swap.target))
+
+
+def abandon(m: PoolMachine, now: float, out: Out) -> None:
+    """Give the swap up: its held requests hear why, the incumbent's pass again."""
+    swap = swap_of(m)
+    m.swap = None
+    m.version += 1
+    reason = (f"LLMKube's ModelPool reconciler dropped the activation of {swap.target} "
+              f"{swap.lost + 1} times ({_where(m)})")
+    for rid, held in m.requests.held_for(swap.target):
+        m.requests.unhold(rid)
+        out.append(Reject(rid, 503, "activation_lost", f"model {held.member!r} was not loaded: "
+                          f"{reason}; retry after Retry-After", m.retry_after(),
+                          now - held.arrived))
+    out.append(Notice("ActivationLost", f"{reason}; the swap is given up",
+                      source=swap.incumbent, target=swap.target))
+    out.append(Notice("SwapFailed", f"swap {swap.incumbent or '(none)'} -> {swap.target} "
+                      f"given up: {reason}", source=swap.incumbent, target=swap.target,
+                      duration=now - swap.started))
+
+
+def stalled_trigger_frees(m: PoolMachine) -> bool:
+    """A trigger the watchdog marked stalled whose target has no pod: LLMKube is not moving,
+    so the resident it names keeps serving (its idle probe still guards the unload)."""
+    swap = m.swap
+    target = m.obs.get(swap.target) if swap is not None else None
+    return swap is not None and swap.stage is Stage.TRIGGERED and bool(swap.stalled) \
+        and m.actuation is Actuation.LLMKUBE and target is not None and target.pods == 0

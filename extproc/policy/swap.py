@@ -38,9 +38,16 @@ Own mode (this service drains, unloads and loads)::
     Loading   --target Failed / swap_timeout-->                 Idle (its held requests rejected)
     any       --target left the spec-->                         Idle (cancelled)
 
-llmkube mode drains the same way, then Draining --trigger--> Triggered, which ends Idle when
-LLMKube's status names the target resident (or fails like Loading); a swap LLMKube started
-is followed from Idle straight to Triggered. Follow mode (own mode on a replica that does not
+llmkube mode drains the same way, then::
+
+    Draining  --our requests drained, nothing else coming in-->  Triggered (target 0 -> 1)
+    Triggered --target Ready and named resident-->              Idle (held requests admitted)
+    Triggered --target Failed / swap_timeout-->                 Idle (its held requests rejected)
+    Triggered --no trace of the trigger for the grace-->        Draining (trigger again)
+    Triggered --no trace, retries used up-->                    Idle (given up, told so)
+    Triggered --stalled, target without pods-->                 Triggered (resident's held pass)
+
+A swap LLMKube started is followed from Idle straight to Triggered. Follow mode (own mode on a replica that does not
 lead the pool, ``replicas.py``) has only those following edges: the leader decides, this
 replica holds, and releases when the leader's status names the target resident; it goes
 back to Idle when the leader gives the swap up (a newer announcement and the status no longer
@@ -158,6 +165,9 @@ TRANSITIONS: tuple[Edge, ...] = (
     Edge(_T, steps.timed_out, _I, steps.fail(_not_ready_after), _A, FOLLOWING),
     Edge(_T, llm.target_resident, _I, steps.complete, _S, FOLLOWING),
     Edge(_T, steps.target_failed, _I, steps.fail(_reported_failed), _H, FOLLOWING),
+    Edge(_T, llm.activation_abandoned, _I, llm.abandon, _A, LLMKUBE),
+    Edge(_T, llm.activation_lost, _D, llm.retrigger, _A, LLMKUBE),
+    Edge(_T, steps.held_for_serving, _T, steps.release_serving, _S, LLMKUBE),
     Edge(_T, llm.leader_dropped, _I, llm.stop_following, _A, FOLLOW),
 )
 

@@ -1,10 +1,12 @@
 """The watchdog for swaps that stopped moving: what operators of every peer miss most.
 
-While a swap unloads or loads, every change in what the cluster reports about the members
-involved is progress. When none comes for ``Limits.stall_after``, the swap is marked stalled
-with what is missing (a SwapStalled condition, a Warning Event, a gauge); the next change
-clears it. The watchdog never changes the swap's stage: ``swap_timeout`` still decides
-failure, this only makes a wedge visible long before that.
+While a swap unloads, loads or waits for LLMKube (Triggered), every change in what the cluster
+reports about the members involved (and, when LLMKube carries the swap, in the pool's status)
+is progress. When none comes for ``Limits.stall_after``, the swap is marked stalled with what
+is missing (a SwapStalled condition, a Warning Event, a gauge); the next change clears it.
+The watchdog never changes the swap's stage: ``swap_timeout`` still decides failure, this
+only makes a wedge visible long before that. One thing follows from the mark: a stalled
+trigger whose target has no pod lets the resident serve again (``steps_llmkube.py``).
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ import math
 from typing import TYPE_CHECKING
 
 from .events import Command, Notice
+from .model import Actuation
 from .state import Stage
 
 if TYPE_CHECKING:
     from .machine import PoolMachine
 
-_WATCHED = (Stage.UNLOAD, Stage.LOAD)
+_WATCHED = (Stage.UNLOAD, Stage.LOAD, Stage.TRIGGERED)
 
 
 def watch(m: PoolMachine, now: float, out: list[Command]) -> None:
@@ -26,7 +29,8 @@ def watch(m: PoolMachine, now: float, out: list[Command]) -> None:
     swap = m.swap
     if swap is None or swap.stage not in _WATCHED:
         return
-    mark = (swap.stage, tuple(m.obs.get(name) for name in _involved(m)))
+    mark = (swap.stage, m.status if swap.stage is Stage.TRIGGERED else None,
+            tuple(m.obs.get(name) for name in _involved(m)))
     if mark != swap.progress_mark:
         swap.progress_mark, swap.progress_at = mark, now
         if swap.stalled:
@@ -59,6 +63,12 @@ def missing(m: PoolMachine, quiet: float) -> str:
                          f"(phase {o.phase or 'unknown'}) after {quiet:.0f}s" for o in left) \
             or "waiting for the unloaded members to be observed"
     target = m.obs[swap.target]
+    if swap.stage is Stage.TRIGGERED:
+        return (f"{'LLMKube' if m.actuation is Actuation.LLMKUBE else 'the leading replica'} "
+                f"has not moved the swap for {quiet:.0f}s: target {target.name} has "
+                f"{target.replicas} replica(s) and {target.pods} pod(s) (phase "
+                f"{target.phase or 'unknown'}); the status names {m.status.resident or 'no'} "
+                f"resident, {m.status.pending or 'nothing'} pending")
     if target.replicas < 1:
         return f"target {target.name} is not scaled up yet (replicas 0)"
     if target.pods == 0:
@@ -70,4 +80,6 @@ def missing(m: PoolMachine, quiet: float) -> str:
 def _involved(m: PoolMachine) -> list[str]:
     swap = m.swap
     assert swap is not None
+    if swap.stage is Stage.TRIGGERED:
+        return [swap.target, *([swap.incumbent] if swap.incumbent else [])]
     return m.others() if swap.stage is Stage.UNLOAD else [swap.target]

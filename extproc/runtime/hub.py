@@ -55,7 +55,10 @@ def limits_from(settings: Settings) -> Limits:
                   retry_after_max=settings.retry_after_max, idle_gate=settings.idle_gate,
                   drain_linger=settings.drain_linger, probe_retry=settings.probe_retry,
                   max_held=settings.max_held, stall_after=settings.stall_after,
-                  idle_report=settings.idle_report, lost_replica_wait=settings.lost_replica_wait)
+                  idle_report=settings.idle_report, lost_replica_wait=settings.lost_replica_wait,
+                  activation_grace=settings.activation_grace,
+                  activation_retries=settings.activation_retries,
+                  hands_off_quiet=settings.hands_off_quiet)
 
 
 class Hub:

@@ -16,6 +16,7 @@ APP_LABEL = "app"
 ALIASES_ANNOTATION = "modelpool.inference.llmkube.dev/aliases"
 FAIRNESS_ANNOTATION = "modelpool.inference.llmkube.dev/fairness-window"
 MAX_HELD_ANNOTATION = "modelpool.inference.llmkube.dev/max-held"
+# (any new value of RESUME_ANNOTATION ends own mode's hands-off spell at once: policy/modes.py)
 # The CRD's defaults (LLMKube's too), for objects stored before a default existed.
 DEFAULT_SWAP_POLICY = "sticky"
 DEFAULT_RECLAIM_AFTER = 300.0
@@ -126,7 +127,8 @@ def pool_spec(pool: dict[str, Any], settings: Settings) -> tuple[PoolSpec, tuple
     return PoolSpec(key=key, members=tuple(members), default=default, swap_budget=swap_budget,
                     fairness_window=fairness, generation=int(meta.get("generation") or 0),
                     aliases=aliases, swap_policy=swap_policy,
-                    reclaim_after=reclaim_after, max_held=max_held), tuple(problems)
+                    reclaim_after=reclaim_after, max_held=max_held,
+                    resume=str(annotations.get(RESUME_ANNOTATION) or "")), tuple(problems)
 
 
 def _swap_policy(raw: Any, problems: list[str]) -> str:
