@@ -9,6 +9,7 @@ from typing import Any
 
 from extproc.platform.kube.idle import IdleProbe, choose_probe
 from extproc.policy.model import PoolKey, PoolSpec, PoolStatus
+from extproc.policy.modes import RESUME_ANNOTATION  # a new value ends a hands-off spell
 from extproc.settings import Settings, parse_duration
 
 SERVICE_LABEL = "inference.llmkube.dev/service"
@@ -16,7 +17,6 @@ APP_LABEL = "app"
 ALIASES_ANNOTATION = "modelpool.inference.llmkube.dev/aliases"
 FAIRNESS_ANNOTATION = "modelpool.inference.llmkube.dev/fairness-window"
 MAX_HELD_ANNOTATION = "modelpool.inference.llmkube.dev/max-held"
-# (any new value of RESUME_ANNOTATION ends own mode's hands-off spell at once: policy/modes.py)
 # The CRD's defaults (LLMKube's too), for objects stored before a default existed.
 DEFAULT_SWAP_POLICY = "sticky"
 DEFAULT_RECLAIM_AFTER = 300.0
