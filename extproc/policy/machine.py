@@ -81,6 +81,7 @@ from .reclaim import idle_deadline, report_policy, track_idle
 from .requests import RequestBook
 from .respec import respec
 from .state import Limits, PolicyError, Stage, Swap
+from .steps import reask_at
 from .steps_llmkube import incoming, lost_at, track_activation
 from .swap import advance
 
@@ -171,6 +172,8 @@ class PoolMachine:
                                          *replicas.settle_times(self)) if t > self.now)
             if swap.stage in (Stage.LOAD, Stage.TRIGGERED):
                 times.append(swap.load_started + self.limits.swap_timeout)
+            if swap.stage is Stage.LOAD:
+                times.append(reask_at(self))
         return min(times)
 
     def view(self) -> PoolView:
@@ -226,6 +229,7 @@ class PoolMachine:
                 pass
             case _:
                 raise PolicyError(f"unknown event {event!r}")
+        watchdog.watch(self, now, out)  # (first: a budget 503 at the stall's instant says so)
         self._expire(now, out)
         advance(self, now, out)
         if modes.settle_fight(self, out) or modes.resume(self, out):

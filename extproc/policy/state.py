@@ -63,6 +63,7 @@ class Swap:
     # moved since, so a stale Failed from an earlier attempt does not fail a fresh load.
     phase_at_load: str | None = None
     saw_progress: bool = False
+    asked_up_at: float = 0.0  # LOAD: when we last asked for the target (steps.target_at_zero)
     probing: set[str] = field(default_factory=set)
     # The first probe answer that was not "idle": (member, False busy / None unknown).
     refused: tuple[str, bool | None] | None = None

@@ -270,6 +270,7 @@ def load(m: PoolMachine, now: float, out: Out) -> None:
     m.clear_deferral()
     target = m.obs[swap.target]
     swap.stage, swap.load_started, swap.phase_at_load = Stage.LOAD, now, target.phase
+    swap.asked_up_at = now
     m.version += 1
     if target.replicas < 1 or swap.target in swap.scaled_down:
         # (an early scale-up of the target by someone else was undone: ask again)
@@ -277,6 +278,33 @@ def load(m: PoolMachine, now: float, out: Out) -> None:
         m.scale(swap.target, 1, out)
     else:
         swap.saw_progress = True  # already asked up: its phase is current
+
+
+def others_back(m: PoolMachine, now: float) -> bool:
+    """While loading, another member holds the GPU again (scaled up behind our back): unload
+    before load holds for it too, the target included (it waits at 0 until the slot is free)."""
+    return not others_gone(m, now)
+
+
+def reask_at(m: PoolMachine) -> float:
+    """When a loading target still seen at 0 replicas is asked for again (inf: it is not)."""
+    swap = swap_of(m)
+    if m.obs[swap.target].replicas:
+        return math.inf
+    return swap.asked_up_at + m.limits.activation_grace
+
+
+def target_at_zero(m: PoolMachine, now: float) -> bool:
+    """The loading target has shown no replica for the grace since we asked: our patch is
+    slow, or someone scaled it back (kubectl, a GitOps sync; a watch may show only the 0).
+    The slot is free and ours, so it would otherwise wait for a load nobody runs."""
+    return now >= reask_at(m)
+
+
+def scale_up_again(m: PoolMachine, now: float, out: Out) -> None:
+    swap = swap_of(m)
+    swap.asked_up_at = now
+    m.scale(swap.target, 1, out)
 
 
 def target_ready(m: PoolMachine, now: float) -> bool:

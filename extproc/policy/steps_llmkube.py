@@ -149,6 +149,27 @@ def lost_at(m: PoolMachine) -> float:
     return swap.lost_since + m.limits.activation_grace * 2 ** swap.lost
 
 
+def _awaited(m: PoolMachine) -> bool:
+    target = swap_of(m).target
+    return bool(m.requests.held_by.get(target)) or target in m.wishes
+
+
+def activation_unwanted(m: PoolMachine, now: float) -> bool:
+    """A swap with no trace left that nobody here waits for (one LLMKube started and then
+    gave up for a newer request, or our own whose requests left): nothing to trigger again."""
+    return now >= lost_at(m) and not _awaited(m)
+
+
+def drop_lost(m: PoolMachine, now: float, out: Out) -> None:
+    """Back to Idle, following the cluster again."""
+    swap = swap_of(m)
+    m.swap = None
+    m.version += 1
+    out.append(Notice("SwapCancelled", f"swap {swap.incumbent or '(none)'} -> {swap.target} "
+                      f"left no trace ({swap.target} at 0 replicas, {_where(m)}) and no "
+                      "request waits for it", source=swap.incumbent, target=swap.target))
+
+
 def activation_lost(m: PoolMachine, now: float) -> bool:
     """The trigger was dropped and may be sent again."""
     return now >= lost_at(m) and swap_of(m).lost < m.limits.activation_retries

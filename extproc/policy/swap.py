@@ -35,6 +35,8 @@ Own mode (this service drains, unloads and loads)::
     Unloading --another member still scaled up-->               Unloading (scale it to 0)
     Unloading --every other member gone (pods too)-->           Loading (scale target to 1)
     Loading   --target Ready-->                                 Idle (held requests admitted)
+    Loading   --another member scaled up by someone-->          Unloading (it goes first)
+    Loading   --target still at 0 replicas after the grace-->   Loading (ask for it again)
     Loading   --target Failed / swap_timeout-->                 Idle (its held requests rejected)
     any       --target left the spec-->                         Idle (cancelled)
 
@@ -43,6 +45,7 @@ llmkube mode drains the same way, then::
     Draining  --our requests drained, nothing else coming in-->  Triggered (target 0 -> 1)
     Triggered --target Ready and named resident-->              Idle (held requests admitted)
     Triggered --target Failed / swap_timeout-->                 Idle (its held requests rejected)
+    Triggered --no trace for the grace, nobody waits for it-->  Idle (dropped)
     Triggered --no trace of the trigger for the grace-->        Draining (trigger again)
     Triggered --no trace, retries used up-->                    Idle (given up, told so)
     Triggered --stalled, target without pods-->                 Triggered (resident's held pass)
@@ -159,12 +162,15 @@ TRANSITIONS: tuple[Edge, ...] = (
     Edge(_U, steps.others_gone, _L, steps.load, _H, OWN),
     Edge(_L, steps.timed_out, _I, steps.fail(_not_ready_after), _A, OWN),
     Edge(_L, steps.target_ready, _I, steps.complete, _S, OWN),
+    Edge(_L, steps.others_back, _U, steps.to_unload, _H, OWN),
+    Edge(_L, steps.target_at_zero, _L, steps.scale_up_again, _H, OWN),
     Edge(_L, steps.target_failed, _I, steps.fail(_reported_failed), _H, OWN),
     # llmkube mode: drain our own requests, trigger, then follow LLMKube's reconciler
     Edge(_D, llm.drained_here, _T, llm.trigger, _H, LLMKUBE),
     Edge(_T, steps.timed_out, _I, steps.fail(_not_ready_after), _A, FOLLOWING),
     Edge(_T, llm.target_resident, _I, steps.complete, _S, FOLLOWING),
     Edge(_T, steps.target_failed, _I, steps.fail(_reported_failed), _H, FOLLOWING),
+    Edge(_T, llm.activation_unwanted, _I, llm.drop_lost, _A, LLMKUBE),
     Edge(_T, llm.activation_abandoned, _I, llm.abandon, _A, LLMKUBE),
     Edge(_T, llm.activation_lost, _D, llm.retrigger, _A, LLMKUBE),
     Edge(_T, steps.held_for_serving, _T, steps.release_serving, _S, LLMKUBE),

@@ -329,6 +329,7 @@ class PoolDriver:
         elif notice.kind == "Reclaimed":
             metrics.reclaimed(ns, pool, notice.source, notice.target)
         if notice.kind == "ActuationChanged" and notice.target == Actuation.HANDS_OFF.value:
+            self._scaler.cancel()  # hands-off writes nothing: no wish of ours may land later
             level = log.error  # someone fights over this pool: an operator must act
         elif notice.kind in WARNING_NOTICES:
             level = log.warning

@@ -143,3 +143,13 @@ def test_a_second_spell_soon_after_the_first_lasts_twice_as_long() -> None:
     assert m.actuation is Actuation.OWN
     m.handle(StatusObserved(PoolStatus(resident="b", foreign=True)), 310.0)
     assert m.actuation is Actuation.HANDS_OFF and m.next_deadline() == 310.0 + 600.0
+
+
+def test_a_swap_llmkube_gave_up_that_nobody_waits_for_is_dropped_not_triggered() -> None:
+    m = machine(Actuation.LLMKUBE)
+    out = m.handle(StatusObserved(PoolStatus(resident="a", pending="b")), 1.0)  # LLMKube's own
+    assert "SwapStarted" in notices(out)
+    m.handle(StatusObserved(PoolStatus(resident="a")), 2.0)  # and it gave it up again
+    out = m.handle(Tick(), m.next_deadline())
+    assert notices(out) == ["SwapCancelled"] and not of(out, Trigger) and m.swap is None
+    assert of(m.handle(RequestArrived(1, "a"), 8.0), Admit)

@@ -1,0 +1,407 @@
+"""Exhaustive explicit-state search over the real ``PoolMachine`` (in the manner of TLA+'s TLC).
+
+A state is the machine (copied with ``copy.deepcopy``, compared by a fingerprint of its
+fields) plus the environment of ``explore_env.py`` (a frozen value). From each state the search
+tries every enabled move of the environment, breadth first, up to a depth, and skips states
+it has seen. It checks two things:
+
+* Safety, at every step: no scale-up while another member holds the GPU as the machine sees
+  it (nor while a scale-up of ours is still in flight), no scale-down of a member with a
+  stream on it, no admission to a member the machine does not see Ready, no trigger but of a
+  member seen at 0 replicas, no request held past its deadline, no ``PolicyError``, and every 503 that says
+  "the swap continues" has a swap that is moving.
+* No wedge, at every state, taken as the moment the environment goes quiet (no more faults or
+  new clients; the cluster only carries out what it was asked, and time passes): after the
+  quiet horizon (``quiet_horizon``, from the limits) every held request has been answered, and
+  a new request for each member is served within its budget, unless something outside the
+  service blocks that member (a pod stuck terminating, a member that fails to load), where it
+  must be refused with the truth; and a new request for a resident the cluster shows Ready is
+  always served.
+
+A violation carries the shortest trace that leads to it, one readable line per move.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from enum import Enum
+
+from explore_env import NAMES, STATUS, TRIGGER, Env, kubelet_step, land, landable, reconcile
+from extproc.policy.events import (Admit, Event, Hold, IdleProbed, MemberObserved, Reject,
+                                   RequestArrived, RequestEnded, Scale, StatusObserved, Tick,
+                                   Trigger, ProbeIdle)
+from extproc.policy.machine import PolicyError, PoolMachine
+from extproc.policy.model import (PHASE_READY, MemberObservation, PeerState, PoolKey,
+                                  PoolSpec, PoolStatus, StartHints)
+from extproc.policy.state import Limits as _Limits
+
+MAX_QUIET_STEPS = 2_000
+MAX_TICKS_AT_ONE_TIME = 5
+
+# The machine's frozen values are shared between copies, never mutated: copying them is waste
+# (three quarters of the search's time before this).
+for _frozen in (MemberObservation, PeerState, PoolKey, PoolSpec, PoolStatus, StartHints, _Limits):
+    copy._deepcopy_dispatch[_frozen] = lambda value, memo: value  # type: ignore[attr-defined]
+
+
+class Violation(AssertionError):
+    """A broken invariant or a wedge, with the moves that lead to it."""
+
+    def __init__(self, what: str, trace: tuple[str, ...]) -> None:
+        self.what, self.trace = what, trace
+        lines = "\n".join(f"  {i + 1:2}. {line}" for i, line in enumerate(trace))
+        super().__init__(f"{what}\nafter:\n{lines}")
+
+
+@dataclass(slots=True)
+class Node:
+    """One state of the search: the machine, its environment, and how it was reached."""
+
+    machine: PoolMachine
+    env: Env
+    trace: tuple[str, ...] = ()
+    answers: dict[int, str] = field(default_factory=dict)  # rid -> "admitted" or the refusal
+
+
+_HASHABLE = (MemberObservation, PoolKey, PoolStatus, StartHints, _Limits)  # frozen, flat
+_FIELDS: dict[type, tuple[str, ...]] = {}
+_SHARED: dict[int, object] = {}  # id -> fingerprint of shared frozen values (PoolSpec)
+
+
+def fingerprint(value: object) -> object:
+    """A hashable value equal for equal states (the request book's lazy heap left out: its
+    stale entries change nothing, its live ones follow from the held requests)."""
+    if value is None or isinstance(value, (str, int, float, bool, _HASHABLE)):
+        return value
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, dict):
+        return tuple((k, fingerprint(v)) for k, v in value.items())
+    if isinstance(value, (set, frozenset)):
+        return tuple(sorted(fingerprint(v) for v in value))
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "deque":
+        return tuple(fingerprint(v) for v in value)
+    if isinstance(value, PoolSpec):  # frozen and shared by every copy: once per object
+        if id(value) not in _SHARED:
+            _SHARED[id(value)] = (value, tuple(fingerprint(getattr(value, f.name))
+                                               for f in fields(value)))
+        return _SHARED[id(value)][1]
+    kind = type(value)
+    names = _FIELDS.get(kind)
+    if names is None:
+        names = _FIELDS[kind] = tuple(f.name for f in fields(value)) if is_dataclass(value) \
+            else ()
+    if names:
+        return (kind.__name__, *(fingerprint(getattr(value, n)) for n in names))
+    return (kind.__name__, *((k, fingerprint(v)) for k, v in sorted(vars(value).items())
+                             if k != "_deadlines"))
+
+
+def key(node: Node) -> object:
+    """What makes two nodes the same state."""
+    return fingerprint(node.machine), node.env
+
+
+@dataclass
+class Scenario:
+    """A starting state and the bounds of its search."""
+
+    name: str
+    root: Node
+    depth: int
+    quiet_horizon: float
+
+
+class Search:
+    """Breadth-first search of one scenario; ``run`` raises ``Violation`` or returns counts."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        self.explored = 0
+        self.quiet_checked = 0
+        self._verdicts: set[object] = set()  # states whose quiet continuation was checked
+        self._in_place = False
+
+    # ---- the search ------------------------------------------------------------------------
+
+    def run(self) -> tuple[int, int]:
+        """Explore every state up to the depth; (states explored, distinct quiet continuations)."""
+        frontier = [self.scenario.root]
+        seen = {key(self.scenario.root)}
+        for level in range(self.scenario.depth + 1):
+            following: list[Node] = []
+            for node in frontier:
+                self.explored += 1
+                self.never_wedged(node)
+                if level == self.scenario.depth:
+                    continue
+                for child in self.children(node):
+                    k = key(child)
+                    if k not in seen:
+                        seen.add(k)
+                        following.append(child)
+            frontier = following
+        return self.explored, self.quiet_checked
+
+    def children(self, node: Node) -> Iterator[Node]:
+        """Every state one move away."""
+        for label, make in self.moves(node, quiet=False):
+            yield make()
+
+    # ---- moves -----------------------------------------------------------------------------
+
+    def moves(self, node: Node, quiet: bool) -> list[tuple[str, Callable[[], Node]]]:
+        """The moves enabled in ``node``: progress first (a quiet cluster takes the first),
+        then clients and faults (never when ``quiet``), then time."""
+        env, m = node.env, node.machine
+        out: list[tuple[str, Callable[[], Node]]] = []
+
+        def add(label: str, new_env: Env, *events: Event, at: float | None = None) -> None:
+            out.append((label, lambda: self.apply(node, label, new_env, events, at)))
+
+        for name in sorted(env.dirty)[:1] if quiet else sorted(env.dirty):
+            rest = replace(env, dirty=env.dirty - {name})
+            if name == STATUS:
+                add(f"the watch delivers the status {env.pool_status()}", rest,
+                    StatusObserved(env.pool_status()))
+            else:
+                add(f"the watch delivers {env.observe(name)}", rest,
+                    MemberObserved(env.observe(name)))
+        if quiet and out:
+            return out  # a quiet cluster takes the first progress move only
+        for i in landable(env):
+            name, replicas = env.patches[i]
+            what = "trigger" if replicas == TRIGGER else f"replicas={replicas}"
+            add(f"our patch {name} {what} lands", land(env, i))
+        if quiet and out:
+            return out  # a quiet cluster takes the first progress move only
+        if env.probes:
+            name = env.probes[0]
+            idle = not env.busy(name)
+            add(f"the idle probe of {name} says {'idle' if idle else 'busy'}",
+                replace(env, probes=env.probes[1:]), IdleProbed(name, idle))
+        if quiet and out:
+            return out  # a quiet cluster takes the first progress move only
+        for name in NAMES:
+            stepped = kubelet_step(env, name)
+            if stepped is not None:
+                add(f"{name}'s pods move: {stepped.member(name)}", stepped)
+        if quiet and out:
+            return out  # a quiet cluster takes the first progress move only
+        if env.llmkube:
+            passed = reconcile(env, m.spec.default)
+            if passed is not None:
+                add(f"LLMKube's reconciler passes: status {passed.status}, "
+                    f"replicas {[x.replicas for x in passed.members]}", passed)
+        if quiet and out:
+            return out  # a quiet cluster takes the first progress move only
+        for rid, name in env.admitted:
+            add(f"request {rid} on {name} ends", replace(
+                env, admitted=tuple(a for a in env.admitted if a[0] != rid)), RequestEnded(rid))
+        if quiet and out:
+            return out  # a quiet cluster takes the first progress move only
+        if not quiet:
+            out.extend(self._clients_and_faults(node, add))
+        deadline = m.next_deadline()
+        if deadline < float("inf"):
+            out.append((f"time passes to {deadline:g}s",
+                        lambda: self.apply(node, "time passes", env, (Tick(),), deadline)))
+        return out
+
+    def _clients_and_faults(self, node: Node, add: Callable[..., None]) -> list:
+        env, m = node.env, node.machine
+        if env.arrivals:
+            for name in m.spec.members:
+                add(f"request {env.rid} for {name} arrives",
+                    replace(env, rid=env.rid + 1, arrivals=env.arrivals - 1),
+                    RequestArrived(env.rid, name))
+        if not env.faults:
+            return []
+        fault = replace(env, faults=env.faults - 1)
+        for name in NAMES:
+            member = env.member(name)
+            if member.replicas == 0:
+                add(f"FAULT someone scales {name} up", fault.with_member(
+                    name, replace(member, replicas=1)))
+            else:
+                add(f"FAULT someone scales {name} down", fault.with_member(
+                    name, replace(member, replicas=0)))
+            if member.replicas == 0 and member.pods and not member.stuck:
+                add(f"FAULT {name}'s terminating pod gets stuck",
+                    fault.with_member(name, replace(member, stuck=True)))
+        if env.llmkube and env.status[1]:
+            stale = reconcile(fault, m.spec.default, stale=True)
+            if stale is not None:
+                add(f"FAULT LLMKube's stale pass: status {stale.status}, "
+                    f"replicas {[x.replicas for x in stale.members]}", stale)
+        if not env.llmkube and not env.foreign:
+            add("FAULT another writer rewrites the status", replace(
+                fault, foreign=True, status=(m.resident, ""), dirty=env.dirty | {STATUS}))
+        for i, (name, replicas) in enumerate(env.patches):
+            if replicas == TRIGGER:
+                add(f"FAULT our trigger of {name} is refused (resourceVersion)", replace(
+                    fault, patches=env.patches[:i] + env.patches[i + 1:]))
+        if env.probes:
+            add(f"FAULT the idle probe of {env.probes[0]} cannot tell",
+                replace(fault, probes=env.probes[1:]), IdleProbed(env.probes[0], None))
+        for rid, name in env.held:
+            add(f"FAULT the client of held request {rid} leaves", replace(
+                fault, held=tuple(h for h in env.held if h[0] != rid)), RequestEnded(rid))
+        watched = [*NAMES, *([STATUS] if env.llmkube or env.foreign else [])]
+        relisted = [MemberObserved(env.observe(n)) for n in NAMES] + \
+            ([StatusObserved(env.pool_status())] if STATUS in watched else [])
+        add("FAULT the watches restart and re-list", replace(fault, dirty=frozenset()),
+            *relisted)
+        return []
+
+    # ---- one step --------------------------------------------------------------------------
+
+    def apply(self, node: Node, label: str, env: Env, events: tuple[Event, ...],
+              at: float | None = None) -> Node:
+        """The state after ``events`` reached a copy of the machine (the machine itself while
+        ``self._in_place``: a quiet continuation is one path), commands carried out."""
+        m = node.machine if self._in_place else copy.deepcopy(node.machine)
+        now = m.now if at is None else at
+        trace = node.trace + (f"t={now:g}s {label}",)
+        child = Node(m, env, trace)
+        for event in events:
+            try:
+                commands = m.handle(event, now)
+            except PolicyError as exc:
+                raise Violation(f"PolicyError: {exc}", trace) from None
+            for command in commands:
+                self._carry(child, command)
+        if m.actuation.value == "hands-off" and child.env.patches:
+            # The runtime cancels its scaler with the spell (driver._on_notice); a patch
+            # already on the wire lands within the API's request timeout, long before a spell
+            # ends, so none is left in flight for the machine that resumes.
+            child.env = replace(child.env, patches=())
+        self._check(child, now)
+        child.trace = trace[:-1] + (f"{trace[-1]}  [{m.stage.value}"
+                                    f"{', ' + m.actuation.value if m.actuation.value != 'own' else ''}]",)
+        return child
+
+    def _carry(self, node: Node, command: object) -> None:
+        m, env = node.machine, node.env
+        fail = lambda what: Violation(what, node.trace)  # noqa: E731
+        match command:
+            case Admit(rid, member):
+                obs = m.obs.get(member)
+                if obs is None or not obs.ready:
+                    raise fail(f"request {rid} admitted to {member}, which it does not see Ready")
+                node.env = replace(env, held=tuple(h for h in env.held if h[0] != rid),
+                                   admitted=env.admitted + ((rid, member),))
+                node.answers[rid] = "admitted"
+            case Hold(rid, member):
+                node.env = replace(env, held=env.held + ((rid, member),))
+            case Reject(rid, _, code, message):
+                member = next((n for r, n in env.held if r == rid), "")
+                swap = m.swap
+                if "continues" in message and (swap is None or swap.stalled
+                                               or swap.target != member):
+                    raise fail(f"request {rid} was told the swap continues; it does not: "
+                               f"{message}")
+                node.env = replace(env, held=tuple(h for h in env.held if h[0] != rid))
+                node.answers[rid] = f"{code}: {message}"
+            case Scale(member, replicas):
+                if replicas and any(not (m.obs.get(o) and m.obs[o].unloaded)
+                                    for o in m.spec.members if o != member):
+                    raise fail(f"{member} scaled up while another member holds the GPU")
+                if replicas and any(n != member and r > 0 for n, r in env.patches):
+                    raise fail(f"{member} scaled up while a scale-up of another is in flight")
+                if not replicas and env.busy(member):
+                    raise fail(f"{member} scaled down with a stream on it")
+                node.env = replace(env, patches=env.patches + ((member, replicas),))
+            case Trigger(member):
+                seen = m.obs.get(member)
+                if seen is None or seen.replicas:
+                    raise fail(f"{member} triggered though not seen at 0 replicas")
+                node.env = replace(env, patches=env.patches + ((member, TRIGGER),))
+            case ProbeIdle(member):
+                node.env = replace(env, probes=env.probes + (member,))
+
+    def _check(self, node: Node, now: float) -> None:
+        m, env = node.machine, node.env
+        late = [rid for rid, held in m.requests.held.items() if held.deadline <= now]
+        if late:
+            raise Violation(f"requests {late} held past their budget", node.trace)
+        if set(m.requests.held) != {r for r, _ in env.held} or \
+                dict(m.requests.in_flight) != dict(env.admitted):
+            raise Violation("the machine's request book and the clients disagree", node.trace)
+
+    # ---- no wedge --------------------------------------------------------------------------
+
+    def quiet(self, node: Node, until: float, done: Callable[[Node], bool],
+              path: list[object] | None = None) -> Node | None:
+        """Let the environment go quiet from ``node`` (a copy: the path is walked in place):
+        progress moves, then time, up to ``until`` or until ``done``. With ``path``, each
+        state's key is collected, and None returned on reaching a state already checked
+        (the rest of a quiet continuation is fixed by its state)."""
+        node = Node(copy.deepcopy(node.machine), node.env, node.trace, dict(node.answers))
+        ticks, last = 0, node.machine.now
+        self._in_place = True
+        try:
+            for _ in range(MAX_QUIET_STEPS):
+                if path is not None:
+                    k = key(node)
+                    if k in self._verdicts:
+                        return None
+                    path.append(k)
+                if done(node):
+                    return node
+                moves = [(label, make) for label, make in self.moves(node, quiet=True)
+                         if not label.startswith("time")
+                         or node.machine.next_deadline() <= until]
+                if not moves:
+                    return node
+                label, make = moves[0]
+                node = make()
+                ticks = ticks + 1 if node.machine.now == last and label.startswith("time") else 0
+                last = node.machine.now
+                if ticks > MAX_TICKS_AT_ONE_TIME:
+                    raise Violation("next_deadline() does not move on", node.trace)
+        finally:
+            self._in_place = False
+        raise Violation("the quiet cluster never comes to rest (livelock)", node.trace)
+
+    def never_wedged(self, node: Node) -> None:
+        """From ``node`` gone quiet, the pool reaches (a), (b) or (c) of docs/guarantees.md."""
+        path: list[object] = []
+        rest = self.quiet(node, node.machine.now + self.scenario.quiet_horizon,
+                          lambda n: False, path)
+        if rest is not None:
+            self.quiet_checked += 1
+            if rest.machine.requests.held:
+                raise Violation(f"still held after the quiet horizon: "
+                                f"{list(rest.machine.held)}", rest.trace)
+            for name in rest.machine.spec.members:
+                self._served_after_quiet(rest, name)
+        self._verdicts.update(path)
+
+    def _served_after_quiet(self, rest: Node, name: str) -> None:
+        env, m = rest.env, rest.machine
+        rid = env.rid
+        asked = self.apply(rest, f"(quiet) request {rid} for {name} arrives",
+                           replace(env, rid=rid + 1), (RequestArrived(rid, name),))
+        end = self.quiet(asked, asked.machine.now + m.spec.swap_budget + 1.0,
+                         lambda n: rid in n.answers)
+        assert end is not None
+        answer = end.answers.get(rid)
+        if answer == "admitted":
+            return
+        member = env.member(name)
+        resident = env.status[0] if env.llmkube else m.resident
+        serving = member.phase == PHASE_READY and member.replicas and member.pods
+        if answer is None:
+            raise Violation(f"request {rid} for {name} still held after its budget", end.trace)
+        if (serving and name == resident) or not self._blocked(env, name):
+            raise Violation(f"request {rid} for {name} refused after the cluster went quiet "
+                            f"({answer}) though nothing outside the service blocks it",
+                            end.trace)
+
+    @staticmethod
+    def _blocked(env: Env, name: str) -> bool:
+        """Something outside the service keeps ``name`` from serving."""
+        return name in env.fails or any(m.stuck for m in env.members)

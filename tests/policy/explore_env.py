@@ -1,0 +1,172 @@
+"""The environment of the exhaustive search: a small cluster, LLMKube's reconciler and clients.
+
+Everything here is a frozen value, so a state of the search is the real ``PoolMachine`` (copied)
+plus one ``Env``. The environment is asynchronous: anything that may happen next is a move,
+with no timers of its own (a load that takes 15 s or 15 min is the same move, early or late
+against the machine's deadlines, which are the only clock jumps). Moves are split in two:
+
+* progress: what a well-behaved cluster does by itself: a watch delivers a changed object,
+  one of our patches lands, the kubelet takes a pod one step towards its spec, LLMKube's
+  reconciler runs a pass, an idle probe answers truthfully, a client's stream ends;
+* faults, bounded per trace: a foreign scale-up or scale-down (kubectl, an admin), another
+  writer's status, LLMKube's stale pass (it decides from a pool read taken before its own
+  ``pendingMember`` write: LLMKUBE.md), a trigger refused by its resourceVersion, a pod stuck
+  terminating, an idle probe that cannot tell, a watch re-list, a client leaving while held.
+
+LLMKube's reconciler is modelled from what its source does (LLMKUBE.md): the owner is a member
+scaled up that is neither resident nor pending (a newer request), else the pending member, else
+the resident, else ``spec.default``; every other member goes to 0 unless Ready and busy; the
+owner is held at 0 (and recorded pending) while any other member has replicas or pods, and
+named resident once Ready.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from extproc.policy.model import MemberObservation, PoolStatus
+
+NAMES = ("a", "b", "c")
+STATUS = "status"
+TRIGGER = -1  # a patch that is our llmkube trigger (0 -> 1 under a resourceVersion)
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One InferenceService and its pods, as the API server and kubelet have them."""
+
+    replicas: int = 0
+    pods: int = 0
+    phase: str = "Stopped"
+    stuck: bool = False  # its pod never finishes terminating (a node problem: not ours)
+
+
+READY = Member(1, 1, "Ready")
+
+
+@dataclass(frozen=True, slots=True)
+class Env:
+    """Everything outside the machine: the cluster, what the watch has not delivered yet, our
+    writes in flight, the clients, and what may still happen (arrivals and faults left)."""
+
+    llmkube: bool
+    members: tuple[Member, ...]
+    status: tuple[str, str] = ("", "")  # LLMKube's (residentMember, pendingMember)
+    foreign: bool = False  # own mode: another writer rewrote the status
+    dirty: frozenset[str] = frozenset()  # objects changed since the watch last delivered them
+    patches: tuple[tuple[str, int], ...] = ()  # our scale patches and triggers in flight
+    probes: tuple[str, ...] = ()  # idle probes asked, not answered
+    admitted: tuple[tuple[int, str], ...] = ()  # streams on a member: (rid, member)
+    held: tuple[int, ...] = ()
+    rid: int = 1  # the next request's id
+    arrivals: int = 2
+    faults: int = 1
+    fails: frozenset[str] = frozenset()  # members whose load ends Failed (the scenario's)
+
+    def member(self, name: str) -> Member:
+        """The member called ``name``."""
+        return self.members[NAMES.index(name)]
+
+    def with_member(self, name: str, member: Member) -> Env:
+        """This environment with ``name`` changed (and marked for the watch)."""
+        i = NAMES.index(name)
+        if self.members[i] == member:
+            return self
+        members = self.members[:i] + (member,) + self.members[i + 1:]
+        return replace(self, members=members, dirty=self.dirty | {name})
+
+    def with_status(self, resident: str, pending: str) -> Env:
+        """This environment with LLMKube's status written (and marked for the watch)."""
+        if (resident, pending) == self.status:
+            return self
+        return replace(self, status=(resident, pending), dirty=self.dirty | {STATUS})
+
+    def busy(self, name: str) -> bool:
+        """A stream of ours is on ``name`` (what its idle probe would say)."""
+        return any(m == name for _, m in self.admitted)
+
+    def observe(self, name: str) -> MemberObservation:
+        """What a watch event for ``name`` carries."""
+        m = self.member(name)
+        return MemberObservation(name, True, m.phase, m.replicas, m.pods)
+
+    def pool_status(self) -> PoolStatus:
+        """What a watch event for the ModelPool's status carries."""
+        if self.llmkube:
+            return PoolStatus(resident=self.status[0], pending=self.status[1], llmkube=True)
+        return PoolStatus(resident=self.status[0], foreign=self.foreign)
+
+    def broken(self) -> bool:
+        """Something outside our control keeps a swap from completing (a stuck pod, a failing
+        member): there a refused request is fine if it is told the truth."""
+        return bool(self.fails) or any(m.stuck for m in self.members)
+
+
+def kubelet_step(env: Env, name: str) -> Env | None:
+    """One step of the member's controller and kubelet towards its spec (None: at rest)."""
+    m = env.member(name)
+    if m.replicas == 0:
+        if m.pods and not m.stuck:
+            return env.with_member(name, Member(0, 0, "Stopped"))
+        if m.phase != "Stopped":
+            return env.with_member(name, replace(m, phase="Stopped"))
+        return None
+    if not m.pods or m.phase == "Stopped":
+        return env.with_member(name, replace(m, pods=max(1, m.pods), phase="Creating"))
+    if m.phase == "Creating":
+        return env.with_member(name, replace(m, phase="Failed" if name in env.fails else "Ready"))
+    return None
+
+
+def reconcile(env: Env, default: str, stale: bool = False) -> Env | None:
+    """One pass of LLMKube's ModelPoolReconciler (None: it changes nothing).
+
+    ``stale``: the pass decides from a pool read taken before its own ``pendingMember`` write
+    (the race LLMKUBE.md records), so it sees no pending member; its status write lands.
+    """
+    resident, pending = env.status
+    if stale:
+        pending = ""
+    requested = [n for n in NAMES if env.member(n).replicas >= 1 and n not in (resident, pending)]
+    owner = requested[0] if requested else (pending or resident or default)
+    out = env
+    for name in NAMES:
+        m = env.member(name)
+        if name != owner and m.replicas and not (m.phase == "Ready" and env.busy(name)):
+            out = out.with_member(name, replace(m, replicas=0))
+    others_hold = any(out.member(n).replicas or out.member(n).pods
+                      for n in NAMES if n != owner)
+    mine = out.member(owner)
+    if others_hold:
+        out = out.with_member(owner, replace(mine, replicas=0))
+        out = out.with_status(resident, owner if owner != resident else "")
+    else:
+        out = out.with_member(owner, replace(mine, replicas=1))
+        ready = mine.phase == "Ready" and mine.pods and mine.replicas
+        out = out.with_status(owner, "") if ready else \
+            out.with_status(resident, owner if owner != resident else "")
+    return None if out == env else out
+
+
+def land(env: Env, index: int) -> Env:
+    """Our patch ``index`` reaches the API server (a trigger only where replicas are still 0:
+    its resourceVersion precondition refuses it otherwise)."""
+    name, replicas = env.patches[index]
+    rest = env.patches[:index] + env.patches[index + 1:]
+    m = env.member(name)
+    if replicas == TRIGGER:
+        changed = env.with_member(name, replace(m, replicas=1)) if m.replicas == 0 else env
+    else:
+        changed = env.with_member(name, replace(m, replicas=replicas))
+    return replace(changed, patches=rest)
+
+
+def landable(env: Env) -> list[int]:
+    """Patches that may land next: the oldest per member (the scaler applies them in order)."""
+    seen: set[str] = set()
+    out = []
+    for i, (name, _) in enumerate(env.patches):
+        if name not in seen:
+            seen.add(name)
+            out.append(i)
+    return out
