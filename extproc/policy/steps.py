@@ -289,7 +289,7 @@ def others_back(m: PoolMachine, now: float) -> bool:
 def reask_at(m: PoolMachine) -> float:
     """When a loading target still seen at 0 replicas is asked for again (inf: it is not)."""
     swap = swap_of(m)
-    if m.obs[swap.target].replicas:
+    if m.obs[swap.target].replicas or m.missing():  # (a Degraded pool changes no replicas)
         return math.inf
     return swap.asked_up_at + m.limits.activation_grace
 
