@@ -24,6 +24,11 @@ Invariants (the property tests in tests/policy check each of them)
 5. Fairness: once a swap has waited ``fairness_window``, new requests for the incumbent are
    held too, so the incumbent drains and waiting requests get the slot.
 6. A Degraded pool (a member does not exist) makes no replica changes.
+7. Never wedged: once the cluster stops changing, within max(budget, hands-off quiet, the
+   retried triggers, stall_after) the pool serves the member requests wait for, or has told
+   every held request the truth, or says what outside it is stuck while its Ready resident
+   serves (docs/guarantees.md, "Never wedged"; tests/policy/test_exhaustive.py searches every
+   interleaving for a counterexample).
 
 Theory of operation
 -------------------
