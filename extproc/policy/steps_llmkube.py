@@ -40,7 +40,8 @@ def incoming(m: PoolMachine) -> str:
     """The member LLMKube is bringing in, as the cluster shows it ("" if none).
 
     Our own trigger, ``status.pendingMember``, or a member that is not resident but has
-    ``spec.replicas >= 1`` (someone's trigger that the reconciler has not recorded yet).
+    ``spec.replicas >= 1`` (someone's trigger that the reconciler has not recorded yet); as a
+    follower, the leader's announcement or its status only.
     """
     swap = m.swap
     if swap is not None and swap.stage is Stage.TRIGGERED and stalled_trigger_frees(m):
@@ -50,6 +51,9 @@ def incoming(m: PoolMachine) -> str:
     announced = m.drain[1]  # follow mode: the leader's drain announcement comes first
     if m.actuation is Actuation.FOLLOW and announced in m.spec.members and announced != m.resident:
         return announced
+    # (a follower follows its leader's word only: a member someone scaled up behind the
+    # leader's back is the leader's to undo, and it announces that swap like any other)
+    follower = m.actuation is Actuation.FOLLOW
     # A member whose load just failed is not coming in (LLMKube gives way to the next request).
     def coming(name: str) -> bool:
         obs = m.obs.get(name)
@@ -58,6 +62,8 @@ def incoming(m: PoolMachine) -> str:
 
     if m.status.pending and coming(m.status.pending):
         return m.status.pending
+    if follower:
+        return ""
     return next((name for name in m.spec.members if coming(name) and name in m.obs
                  and m.obs[name].replicas > 0), "")
 

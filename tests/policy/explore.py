@@ -28,10 +28,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from enum import Enum
 
-from explore_env import NAMES, STATUS, TRIGGER, Env, kubelet_step, land, landable, reconcile
-from extproc.policy.events import (Admit, Event, Hold, IdleProbed, MemberObserved, Reject,
+from explore_env import (LEASE, NAMES, STATUS, TRIGGER, Env, announce, kubelet_step, land,
+                         landable, lead, reconcile)
+from extproc.policy.events import (Admit, DrainAnnounced, Event, Hold, IdleProbed,
+                                   LeadershipChanged, MemberObserved, ProbeIdle, Reject,
                                    RequestArrived, RequestEnded, Scale, StatusObserved, Tick,
-                                   Trigger, ProbeIdle)
+                                   Trigger)
+from extproc.policy.model import Actuation
 from extproc.policy.machine import PolicyError, PoolMachine
 from extproc.policy.model import (PHASE_READY, MemberObservation, PeerState, PoolKey,
                                   PoolSpec, PoolStatus, StartHints)
@@ -166,6 +169,9 @@ class Search:
             if name == STATUS:
                 add(f"the watch delivers the status {env.pool_status()}", rest,
                     StatusObserved(env.pool_status()))
+            elif name == LEASE:
+                add(f"the leader Lease shows epoch {env.epoch} for {env.announced!r}", rest,
+                    DrainAnnounced(env.epoch, env.announced))
             else:
                 add(f"the watch delivers {env.observe(name)}", rest,
                     MemberObserved(env.observe(name)))
@@ -195,6 +201,12 @@ class Search:
             if passed is not None:
                 add(f"LLMKube's reconciler passes: status {passed.status}, "
                     f"replicas {[x.replicas for x in passed.members]}", passed)
+        if env.follow:
+            acked = m.drain[0] if m.actuation is Actuation.FOLLOW else 0
+            led = lead(env, dict(m.requests.held_by), acked)
+            if led is not None:
+                add(f"the leading replica acts: epoch {led.epoch} for {led.announced!r}, "
+                    f"status {led.status}, replicas {[x.replicas for x in led.members]}", led)
         if quiet and out:
             return out  # a quiet cluster takes the first progress move only
         for rid, name in env.admitted:
@@ -236,7 +248,13 @@ class Search:
             if stale is not None:
                 add(f"FAULT LLMKube's stale pass: status {stale.status}, "
                     f"replicas {[x.replicas for x in stale.members]}", stale)
-        if not env.llmkube and not env.foreign:
+        if env.follow:
+            if env.announced and env.announced != env.status[0]:
+                add(f"FAULT the leader gives the swap to {env.announced} up",
+                    announce(fault, ""))
+            add("FAULT the leader dies: this replica takes the lead",
+                replace(fault, follow=False), LeadershipChanged(True))
+        if not env.llmkube and not env.follow and not env.foreign:
             add("FAULT another writer rewrites the status", replace(
                 fault, foreign=True, status=(m.resident, ""), dirty=env.dirty | {STATUS}))
         for i, (name, replicas) in enumerate(env.patches):
@@ -249,9 +267,11 @@ class Search:
         for rid, name in env.held:
             add(f"FAULT the client of held request {rid} leaves", replace(
                 fault, held=tuple(h for h in env.held if h[0] != rid)), RequestEnded(rid))
-        watched = [*NAMES, *([STATUS] if env.llmkube or env.foreign else [])]
-        relisted = [MemberObserved(env.observe(n)) for n in NAMES] + \
-            ([StatusObserved(env.pool_status())] if STATUS in watched else [])
+        relisted: list[Event] = [MemberObserved(env.observe(n)) for n in NAMES]
+        if env.llmkube or env.follow or env.foreign:
+            relisted.append(StatusObserved(env.pool_status()))
+        if env.follow:
+            relisted.append(DrainAnnounced(env.epoch, env.announced))
         add("FAULT the watches restart and re-list", replace(fault, dirty=frozenset()),
             *relisted)
         return []
@@ -291,6 +311,9 @@ class Search:
                 obs = m.obs.get(member)
                 if obs is None or not obs.ready:
                     raise fail(f"request {rid} admitted to {member}, which it does not see Ready")
+                if m.actuation is Actuation.FOLLOW and m.drain[1] not in ("", member):
+                    raise fail(f"request {rid} admitted to {member} after the leader's "
+                               f"announcement for {m.drain[1]}")
                 node.env = replace(env, held=tuple(h for h in env.held if h[0] != rid),
                                    admitted=env.admitted + ((rid, member),))
                 node.answers[rid] = "admitted"

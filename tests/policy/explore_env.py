@@ -18,6 +18,12 @@ scaled up that is neither resident nor pending (a newer request), else the pendi
 the resident, else ``spec.default``; every other member goes to 0 unless Ready and busy; the
 owner is held at 0 (and recorded pending) while any other member has replicas or pods, and
 named resident once Ready.
+
+As a follower, the replica that leads the pool plays the same part (``lead``): it announces a
+target under a new epoch in its leader Lease (for the member this replica holds requests for),
+scales the incumbent down only once this replica acknowledged that epoch with nothing in flight
+on it, loads the target once the others' pods are gone, and names it resident once Ready; a
+member scaled up behind its back makes it announce the resident (its converging swap).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from extproc.policy.model import MemberObservation, PoolStatus
 
 NAMES = ("a", "b", "c")
 STATUS = "status"
+LEASE = "lease"  # the pool's leader Lease: its drain announcement (follow mode)
 TRIGGER = -1  # a patch that is our llmkube trigger (0 -> 1 under a resourceVersion)
 
 
@@ -51,6 +58,9 @@ class Env:
 
     llmkube: bool
     members: tuple[Member, ...]
+    follow: bool = False  # another replica leads the pool (own mode); it acts through ``lead``
+    epoch: int = 0  # the leader Lease's announcement: epoch and target
+    announced: str = ""
     status: tuple[str, str] = ("", "")  # LLMKube's (residentMember, pendingMember)
     foreign: bool = False  # own mode: another writer rewrote the status
     dirty: frozenset[str] = frozenset()  # objects changed since the watch last delivered them
@@ -94,6 +104,8 @@ class Env:
         """What a watch event for the ModelPool's status carries."""
         if self.llmkube:
             return PoolStatus(resident=self.status[0], pending=self.status[1], llmkube=True)
+        if self.follow:
+            return PoolStatus(resident=self.status[0], pending=self.status[1])
         return PoolStatus(resident=self.status[0], foreign=self.foreign)
 
     def broken(self) -> bool:
@@ -170,3 +182,45 @@ def landable(env: Env) -> list[int]:
             seen.add(name)
             out.append(i)
     return out
+
+
+def announce(env: Env, target: str) -> Env:
+    """The leader announces ``target`` under a new epoch (and says so in the status; a swap
+    back to a resident that lost its pods names no resident meanwhile)."""
+    resident = env.status[0]
+    out = replace(env, epoch=env.epoch + 1, announced=target, dirty=env.dirty | {LEASE})
+    if not target:
+        return out.with_status(resident, "")
+    return out.with_status(resident if target != resident else "", target)
+
+
+def _serving(env: Env, name: str) -> bool:
+    m = env.member(name)
+    return name == env.status[0] and m.phase == "Ready" and bool(m.replicas and m.pods)
+
+
+def lead(env: Env, held_by: dict[str, int], acked: int) -> Env | None:
+    """One step of the replica leading the pool (None: nothing to do). ``held_by``: this
+    replica's held requests per member; ``acked``: the epoch it acknowledged."""
+    target = env.announced
+    if not target or _serving(env, target):
+        wanted = next((n for n in NAMES if held_by.get(n) and not _serving(env, n)), "")
+        resident = env.status[0]
+        if not wanted and _serving(env, resident) and target != resident and any(
+                env.member(n).replicas for n in NAMES if n != resident):
+            wanted = resident  # a member scaled up behind its back: converge, announced too
+        return announce(env, wanted) if wanted else None
+    for name in NAMES:
+        m = env.member(name)
+        if name != target and m.replicas:
+            if acked != env.epoch or env.busy(name):
+                return None  # two-phase drain: unload only after the acknowledgement
+            return env.with_member(name, replace(m, replicas=0))
+    if any(env.member(n).pods for n in NAMES if n != target):
+        return None
+    mine = env.member(target)
+    if not mine.replicas:
+        return env.with_member(target, replace(mine, replicas=1))
+    if mine.phase == "Ready" and mine.pods:
+        return env.with_status(target, "")
+    return None

@@ -15,7 +15,7 @@ import pytest
 
 from explore import Node, Scenario, Search
 from explore_env import NAMES, READY, Env, Member
-from extproc.policy.events import MemberObserved, StatusObserved
+from extproc.policy.events import DrainAnnounced, LeadershipChanged, MemberObserved, StatusObserved
 from extproc.policy.machine import PoolMachine
 from extproc.policy.model import Actuation, PoolKey, PoolSpec, StartHints
 from harness import limits
@@ -30,10 +30,14 @@ def root(actuation: Actuation, warm: str, **env_kw) -> Node:
     spec = PoolSpec(KEY, NAMES, default="a", fairness_window=30.0)
     lim = limits(activation_retries=1)
     m = PoolMachine(spec, lim, 0.0, StartHints(resident=warm), actuation=actuation)
-    llmkube = actuation is Actuation.LLMKUBE
-    env = Env(llmkube=llmkube, members=tuple(READY if n == warm else STOPPED for n in NAMES),
-              status=(warm, "") if llmkube else ("", ""), **env_kw)
-    if llmkube:
+    llmkube, follow = actuation is Actuation.LLMKUBE, actuation is Actuation.FOLLOW
+    env = Env(llmkube=llmkube, follow=follow,
+              members=tuple(READY if n == warm else STOPPED for n in NAMES),
+              status=(warm, "") if llmkube or follow else ("", ""), **env_kw)
+    if follow:
+        m.handle(LeadershipChanged(False), 0.0)
+        m.handle(DrainAnnounced(0, ""), 0.0)
+    if llmkube or follow:
         m.handle(StatusObserved(env.pool_status()), 0.0)
     for name in NAMES:
         m.handle(MemberObserved(env.observe(name)), 0.0)
@@ -55,6 +59,7 @@ SCENARIOS = {
     "own-cold": (lambda: root(Actuation.OWN, ""), 6),
     "llmkube-warm": (lambda: root(Actuation.LLMKUBE, "a"), 6),
     "llmkube-cold": (lambda: root(Actuation.LLMKUBE, ""), 5),
+    "follower-warm": (lambda: root(Actuation.FOLLOW, "a"), 6),
 }
 
 
