@@ -23,12 +23,15 @@ def test_ports_are_below_the_ephemeral_range_distinct_and_bindable() -> None:
 
 
 def test_a_port_in_use_is_not_handed_out(monkeypatch) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as spare:
+        spare.bind((procs.LOCALHOST, 0))
+        free = spare.getsockname()[1]  # free again once closed (no listener, no TIME_WAIT)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((procs.LOCALHOST, 0))
         sock.listen()
         taken = sock.getsockname()[1]
-        # every draw lands on the taken port first, then on the next one
-        draws = iter([taken, taken + 1])
+        # the first draw lands on the port in use, every later one on the free port
+        draws = iter([taken])
         monkeypatch.setattr(procs, "_ephemeral_range", lambda: (65000, 65535))
-        monkeypatch.setattr(procs._RANDOM, "randrange", lambda a, b: next(draws))
-        assert procs.free_port() == taken + 1
+        monkeypatch.setattr(procs._RANDOM, "randrange", lambda a, b: next(draws, free))
+        assert procs.free_port() == free
