@@ -114,11 +114,10 @@ clean:
 	rm -rf $(VENV) .tools .demo .pytest_cache .hypothesis
 
 # --- ops tools (deploy tests): helm and promtool built from their Go modules ---------------------
-# Like egctl: built with the machine's `go` from the Go module proxy at a pinned release, kept in
-# a cache outside the clone keyed by the release and the Go version, and linked into .tools/bin.
-# Nothing is installed system-wide and nothing needs root.
+# Both built with the machine's `go` from the Go module proxy at a pinned release; promtool, like
+# egctl, is kept in a cache outside the clone keyed by the release and the Go version and linked
+# into .tools/bin. Nothing is installed system-wide and nothing needs root.
 TOOLS_CACHE := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/modelpool-extproc
-GO_VERSION := $(shell $(GO) env GOVERSION 2>/dev/null)
 # helm goes straight to .tools/bin (Go's own caches make a fresh clone's rebuild take seconds)
 HELM_VERSION := v3.22.0
 HELM := .tools/bin/helm
@@ -126,7 +125,7 @@ export MODELPOOL_HELM_BIN := $(abspath $(HELM))
 
 # promtool of Prometheus 3.16.0: the Go module numbers release 3.X.Y as v0.(300+X).Y.
 PROMETHEUS_VERSION := v0.316.0
-PROMTOOL_CACHE := $(TOOLS_CACHE)/promtool-$(PROMETHEUS_VERSION)-$(GO_VERSION)
+PROMTOOL_CACHE := $(TOOLS_CACHE)/promtool-$(PROMETHEUS_VERSION)-$(GO_ID)
 PROMTOOL := .tools/bin/promtool
 export MODELPOOL_PROMTOOL_BIN := $(abspath $(PROMTOOL))
 
