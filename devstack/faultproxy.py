@@ -188,9 +188,11 @@ class FaultProxy:
 
     async def _forward(self, link: _Link, reader: asyncio.StreamReader) -> None:
         try:
-            target_reader, link.target = await asyncio.wait_for(
-                asyncio.open_connection(*self.target), CONNECT_TIMEOUT)
-        except (OSError, asyncio.TimeoutError):
+            # asyncio.timeout, not wait_for: 3.11's wait_for can swallow the cancellation of a
+            # proxy being stopped when it meets a connect that just succeeded
+            async with asyncio.timeout(CONNECT_TIMEOUT):
+                target_reader, link.target = await asyncio.open_connection(*self.target)
+        except (OSError, TimeoutError):
             self._reset(link.client)  # the target is down: the client sees a reset, not a hang
             return
         if link not in self._links:  # cut while connecting: the client was reset already

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -39,9 +40,34 @@ def envoy_binary() -> Path:
                        "run `make bootstrap` for Envoy 1.40")
 
 
+# Ports handed out are drawn below the kernel's ephemeral range. A port from bind(0) lies in
+# that range, which every outgoing connection on the machine draws its source port from too:
+# between free_port() and the server's own bind, any client's connect (a test's, another
+# user's, a `go` download) could take it, and Envoy or kube-apiserver then died with "Address
+# already in use". Below the range only explicit binds compete, and those are checked for.
+PORT_FLOOR = 10000
+_RANDOM = random.Random()  # its own generator: a test that seeds `random` must not repeat ports
+_HANDED_OUT: set[int] = set()  # handed out by this process, maybe not bound yet: never twice
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port(host: str = LOCALHOST) -> int:
-    """A TCP port that was free a moment ago (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """A TCP port that was free a moment ago, below the ephemeral range where it can be."""
+    low, _ = _ephemeral_range()
+    if low - PORT_FLOOR >= 1000:
+        for _ in range(100):
+            port = _RANDOM.randrange(PORT_FLOOR, low)
+            if port not in _HANDED_OUT and port_is_free(port, host):
+                _HANDED_OUT.add(port)
+                return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # no room below: the kernel's
         sock.bind((host, 0))
         return sock.getsockname()[1]
 

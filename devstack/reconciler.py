@@ -40,7 +40,7 @@ from devstack.reconciler_plan import PoolView, differs, member_names, needs_idle
     resolve_owner
 from devstack.simulator_kube import GROUP, MERGE_PATCH, PLURAL, SERVICE_LABEL, TRANSIENT, VERSION, \
     ApiSource, Backoff, Kube, await_first_lists, connect, controller_parser, disconnect, \
-    duration_arg, parse_controller_args, run_controller, watch_forever
+    duration_arg, parse_controller_args, run_controller, wait_event, watch_forever
 # The same llama.cpp /slots reading the service uses: one fail-closed reading, not two twins.
 from extproc.platform.kube.idle import probe_idle
 
@@ -172,10 +172,7 @@ class ModelPoolReconciler:
         wake, backoff = self._wake[key], Backoff()
         timeout: float | None = None
         while True:
-            try:
-                await asyncio.wait_for(wake.wait(), timeout)
-            except asyncio.TimeoutError:
-                pass  # the requeue: pods are not watched, so look again
+            await wait_event(wake, timeout)  # a timeout is the requeue: pods are not watched
             wake.clear()
             if key not in self.pools:
                 timeout = None

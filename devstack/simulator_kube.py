@@ -67,11 +67,25 @@ async def disconnect(api: client.ApiClient | None, source: ApiSource) -> None:
         await api.close()
 
 
+async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
+    """True if the event fired within the timeout (None waits without limit); cancellable."""
+    # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the inner result when a
+    # cancel() meets an event set in the same loop turns, so a controller loop stopped right
+    # after a watch event went on running and its stop() (a test's teardown) never returned.
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+        return True
+    except TimeoutError:
+        return False
+
+
 async def await_first_lists(listed: list[asyncio.Event], timeout: float,
                             stop: Callable[[], Awaitable[None]]) -> None:
     """Wait until every watch has listed once; on a timeout (or cancel) `stop()`, then raise."""
     try:
-        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in listed)), timeout)
+        async with asyncio.timeout(timeout):  # not wait_for: see wait_event
+            await asyncio.gather(*(e.wait() for e in listed))
     except BaseException:
         await stop()
         raise

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from devstack.simulator_kube import (
-    KILL_SEEN, TRANSIENT, Backoff, Kube, is_terminating, parse_duration)
+    KILL_SEEN, TRANSIENT, Backoff, Kube, is_terminating, parse_duration, wait_event)
 from devstack.simulator_server import UpstreamServer
 from devstack.simulator_timeline import Timeline
 from kubernetes.aio.client.exceptions import ApiException
@@ -73,15 +73,6 @@ def kill_requested(isvc: dict[str, Any] | None, pod: dict[str, Any]) -> bool:
     return _annotations(isvc).get(ANN_KILL, "") != seen
 
 
-async def _wait_event(event: asyncio.Event, timeout: float | None) -> bool:
-    """True if the event fired within the timeout (None waits without limit)."""
-    try:
-        await asyncio.wait_for(event.wait(), timeout)
-        return True
-    except asyncio.TimeoutError:
-        return False
-
-
 class MemberActor:
     """Reconciles one InferenceService: its pod, its status and its fake upstream process."""
 
@@ -125,7 +116,7 @@ class MemberActor:
         while True:
             # while serving, also look at the process now and then: a crashed server must
             # not stay reported Ready (no API traffic unless it really died)
-            woke = await _wait_event(self.wake, CRASH_POLL if self.server else None)
+            woke = await wait_event(self.wake, CRASH_POLL if self.server else None)
             if not woke and self.server and self.server.process.running:
                 continue
             self.wake.clear()
@@ -205,7 +196,7 @@ class MemberActor:
         """Wait the rollout delay; False when the member was scaled down meanwhile (no pod)."""
         deadline = time.monotonic() + self.ctx.rollout_delay
         while (left := deadline - time.monotonic()) > 0:
-            if await _wait_event(self.wake, left):
+            if await wait_event(self.wake, left):
                 self.wake.clear()
                 if desired_replicas(self.isvc) < 1:
                     self.wake.set()  # the next pass handles the scale-down
@@ -257,7 +248,7 @@ class MemberActor:
                     - time.monotonic()
                 if timeout <= 0:
                     return "failed" if _flag(isvc, ANN_FAIL) else "loaded"
-            if await _wait_event(self.wake, timeout):
+            if await wait_event(self.wake, timeout):
                 self.wake.clear()
                 current = await self.kube.read_pod(self.namespace, pod["metadata"]["name"])
                 if current is None or is_terminating(current):

@@ -13,11 +13,13 @@ import contextlib
 import inspect
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
+
+T = TypeVar("T")
 
 
 # The static pools file of the in-process stacks: members judge and coder share one slot.
@@ -60,6 +62,21 @@ async def eventually(check: Callable[[], Any], timeout: float = 5.0, what: str =
         if time.monotonic() >= deadline:
             raise TimedOut(f"timed out after {timeout:g}s waiting for {what} (last: {result!r})")
         await asyncio.sleep(interval)
+
+
+async def finish_within(awaitable: Awaitable[T], seconds: float, what: str) -> T:
+    """Await ``awaitable`` for at most ``seconds``; TimedOut naming ``what`` if it is not done.
+
+    For fixture teardowns: unlike ``asyncio.timeout``, this returns even when the awaited work
+    ignores its cancellation (a task caught in a swallowed cancel), so a stuck stop fails the
+    test in seconds, saying what it waited for, instead of hanging until pytest-timeout.
+    """
+    task = asyncio.ensure_future(awaitable)
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    if not done:
+        task.cancel()
+        raise TimedOut(f"teardown: {what} did not finish within {seconds:g}s")
+    return task.result()
 
 
 def chat_body(model: str, *, stream: bool = False, tokens: int = 8, **extra: Any) -> bytes:

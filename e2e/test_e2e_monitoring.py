@@ -1,6 +1,6 @@
 """Monitoring against a live service: every series the dashboard and the alerts name is one
 the running ext_proc exports, and the alerts fire (or stay quiet) on the series it really
-emitted, run through `promtool test rules` (needs Debian's prometheus package)."""
+emitted, run through `promtool test rules` (the promtool `make ops-tools` builds)."""
 
 from __future__ import annotations
 

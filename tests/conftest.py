@@ -16,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from devstack import procs
+from devstack.testkit import finish_within
 from devstack.upstream import UpstreamHandle, start_upstream
 from extproc.protocol.service import SERVICE
 
@@ -39,7 +40,7 @@ async def upstreams() -> AsyncIterator[dict[str, UpstreamHandle]]:
         yield handles
     finally:
         for handle in handles.values():
-            await handle.stop()
+            await finish_within(handle.stop(), 15, f"fake member {handle.name} to stop")
 
 
 EnvoyFactory = Callable[..., procs.EnvoyProcess]
@@ -152,9 +153,9 @@ async def stub_extprocs() -> AsyncIterator[StubFactory]:
     try:
         yield start
     finally:
-        for stub in started:
+        for n, stub in enumerate(started):
             assert stub.server is not None
-            await stub.server.stop(grace=None)
+            await finish_within(stub.server.stop(grace=None), 15, f"stub ext_proc #{n} to stop")
 
 
 @pytest.fixture

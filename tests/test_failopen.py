@@ -138,7 +138,7 @@ async def test_hung_extproc_fails_open_after_message_timeout(
     ) as resp:
         await assert_fallback(resp)
     elapsed = time.monotonic() - started
-    assert 1.8 <= elapsed < 6, elapsed  # message_timeout is 2 s
+    assert 1.8 <= elapsed < 12, elapsed  # message_timeout is 2 s; the client gives up at 15
     assert_untouched(upstreams)
 
 

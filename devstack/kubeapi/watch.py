@@ -103,8 +103,11 @@ async def serve_watch(request: web.BaseRequest, store: Store, rt: ResourceType,
                                                    "metadata": {"resourceVersion": str(store.resource_version)}})
                 next_bookmark = now + options.bookmark_interval
             wake = min(deadline, next_bookmark if options.bookmarks else deadline, now + _LIVENESS_POLL)
+            # asyncio.timeout, not wait_for: 3.11's wait_for swallows a cancellation that meets
+            # a queued event, and this handler must end when the emulator stops
             try:
-                item = await asyncio.wait_for(watcher.queue.get(), max(wake - now, 0.001))
+                async with asyncio.timeout(max(wake - now, 0.001)):
+                    item = await watcher.queue.get()
             except TimeoutError:
                 continue
             if item == EXPIRED:

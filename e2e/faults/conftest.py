@@ -8,6 +8,7 @@ import pytest_asyncio
 from invariants import ApiRecorder
 
 from devstack.stack import LocalStack
+from devstack.testkit import finish_within
 
 
 @pytest_asyncio.fixture
@@ -17,4 +18,4 @@ async def recorder(stack: LocalStack) -> AsyncIterator[ApiRecorder]:
     try:
         yield rec
     finally:
-        await rec.stop()
+        await finish_within(rec.stop(), 15, "the API recorder's watches to end")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import shutil
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -10,15 +10,19 @@ from typing import Any
 import pytest
 import yaml
 
-MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+MONITORING = PROJECT_ROOT / "deploy" / "monitoring"
+PROMTOOL_ENV = "MODELPOOL_PROMTOOL_BIN"
 
 
 def promtool() -> str:
-    """promtool from Debian's `prometheus` package; skips saying how to get it."""
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.skip("promtool is not on PATH (`make ops-tools` installs Debian's prometheus)")
-    return path
+    """promtool as `make ops-tools` builds it (Prometheus 3.16's Go module); skips saying how."""
+    configured = os.environ.get(PROMTOOL_ENV)
+    path = Path(configured) if configured else PROJECT_ROOT / ".tools" / "bin" / "promtool"
+    if not os.access(path, os.X_OK):
+        pytest.skip(f"no promtool at {path} (set {PROMTOOL_ENV} or run `make ops-tools`: "
+                    "a Go build of github.com/prometheus/prometheus/cmd/promtool)")
+    return str(path)
 
 
 def rule_groups() -> dict[str, Any]:

@@ -10,18 +10,24 @@ from __future__ import annotations
 
 import copy
 import datetime
+import functools
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import kubernetes_validate
+import pytest
 import yaml
 
+from devstack import upstream_crds
 from devstack.kubeapi.resources import apply_defaults as fill_defaults
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-SHARED_CRDS = PROJECT_ROOT.parent / "shared" / "reference" / "crds"
 OUR_CRDS = PROJECT_ROOT / "crds"
+#: LLMKube's own CRDs: published in no Go module, so they come from ../shared (tests skip without)
+LLMKUBE = upstream_crds.SHARED_CRDS / "llmkube"
+#: The Prometheus Operator kinds our manifests use (the operator's other CRDs are not loaded).
+OPERATOR_KINDS = ("ServiceMonitor", "PodMonitor", "PrometheusRule")
 
 FORMATS = jsonschema.FormatChecker()
 #: Kubernetes release whose built-in schemas (from kubernetes-validate) manifests must meet.
@@ -101,6 +107,36 @@ def load_crds(path: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
                 key = (spec["group"], version["name"], spec["names"]["kind"])
                 schemas[key] = version["schema"]["openAPIV3Schema"]
     return schemas
+
+
+def upstream_crd_files() -> list[Path]:
+    """Gateway API's, Envoy Gateway's and the operator kinds' CRD files from the Go module
+    cache (`make schemas`); a skip saying why when not recorded, a failure under CI=true."""
+    return (upstream_crds.need(upstream_crds.files, "gateway-api")
+            + upstream_crds.need(upstream_crds.files, "envoy-gateway")
+            + upstream_crds.need(upstream_crds.files, "prometheus-operator", OPERATOR_KINDS))
+
+
+@functools.cache
+def _upstream_schemas() -> dict[tuple[str, str, str], dict[str, Any]]:
+    schemas: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for path in upstream_crd_files():
+        schemas |= load_crds(path)
+    return schemas
+
+
+def upstream_schemas() -> dict[tuple[str, str, str], dict[str, Any]]:
+    """(group, version, kind) -> schema of every upstream CRD file above (parsed once, shared:
+    do not modify)."""
+    return _upstream_schemas()
+
+
+def llmkube_crd(name: str) -> Path:
+    """LLMKube's CRD file `name` from ../shared; a skip saying so when it is not there."""
+    try:
+        return upstream_crds.llmkube_crd(name)
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
 
 
 def errors(schema: dict[str, Any], obj: dict[str, Any], strict: bool = False) -> list[str]:

@@ -13,18 +13,19 @@ from typing import Any
 import pytest
 import yaml
 
-from k8s_schema import OUR_CRDS, SHARED_CRDS, apply_defaults, errors
+from k8s_schema import LLMKUBE, OUR_CRDS, apply_defaults, errors
 from modelpool_samples import (INVALID, NEWER_INVALID, NEWER_VALID, VALID, newer_llmkube_schema,
                                pool)
 
 OURS = OUR_CRDS / "inference.llmkube.dev_modelpools.yaml"
-SEED = SHARED_CRDS / "llmkube" / "inference.llmkube.dev_modelpools.yaml"
+SEED = LLMKUBE / "inference.llmkube.dev_modelpools.yaml"
 EVERY_SAMPLE = {**VALID, **INVALID, **NEWER_VALID, **NEWER_INVALID}
 
 
 def _schema(path: Path) -> dict[str, Any]:
     if not path.exists():
-        pytest.skip(f"{path} is missing (the shared reference folder ../shared is not here)")
+        pytest.skip(f"{path} is missing: LLMKube's own CRD is published in no Go module, "
+                    "only in the shared reference folder ../shared")
     return yaml.safe_load(path.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 

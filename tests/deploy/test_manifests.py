@@ -16,8 +16,8 @@ from extproc.cli import build_parser
 from extproc.settings import Settings, from_sources, parse_duration
 from downward import POD_NAME, as_flags, downward_env, pod_env
 from tools import tool_binary
-from k8s_schema import (BUILTIN_GROUPS, OUR_CRDS, PROJECT_ROOT, SHARED_CRDS, builtin_errors,
-                        errors, load_crds)
+from k8s_schema import (BUILTIN_GROUPS, OUR_CRDS, PROJECT_ROOT, builtin_errors, errors, llmkube_crd,
+                        load_crds, upstream_schemas)
 
 OVERLAYS = ["deploy/overlays/envoy-gateway", "deploy/overlays/standalone-envoy"]
 RENDERINGS = OVERLAYS + ["deploy/base"]
@@ -60,14 +60,12 @@ def test_renders(render, path: str) -> None:
 
 @pytest.fixture(scope="module")
 def reference_crds() -> dict[tuple[str, str, str], dict[str, Any]]:
-    if not SHARED_CRDS.exists():
-        pytest.skip(f"{SHARED_CRDS} is missing (the shared reference folder ../shared is not here)")
-    crds = load_crds(SHARED_CRDS / "gateway-api") | load_crds(SHARED_CRDS / "envoy-gateway")
-    # our own CRDs, not LLMKube's: the manifests must validate against what we install
-    return crds | load_crds(OUR_CRDS)
+    """Upstream schemas from the Go module cache, and ours (not LLMKube's: the manifests must
+    validate against what we install)."""
+    return upstream_schemas() | load_crds(OUR_CRDS)
 
 
-@pytest.mark.parametrize("path", OVERLAYS)
+@pytest.mark.parametrize("path", OVERLAYS + ["deploy/monitoring"])
 def test_custom_resources_validate_against_their_crds(render, reference_crds, path: str) -> None:
     checked, unchecked = [], set()
     for obj in render(path):
@@ -81,20 +79,30 @@ def test_custom_resources_validate_against_their_crds(render, reference_crds, pa
         # strict: a misspelt field is an error (kubectl apply rejects it), not silently pruned
         assert errors(schema, obj, strict=True) == [], f"{gvk} {obj['metadata']['name']}"
         checked.append(gvk)
-    # HTTPRouteFilter's CRD is not among the reference CRDs; it is checked by hand below
-    assert unchecked <= {("gateway.envoyproxy.io", "v1alpha1", "HTTPRouteFilter")}, unchecked
+    assert not unchecked, f"no upstream schema for {unchecked}"
+    kinds = {k for _, _, k in checked}
     if path.endswith("envoy-gateway"):
-        assert {k for _, _, k in checked} >= {"Gateway", "HTTPRoute", "EnvoyExtensionPolicy",
-                                              "ClientTrafficPolicy"}
+        assert kinds >= {"Gateway", "HTTPRoute", "EnvoyExtensionPolicy", "ClientTrafficPolicy",
+                         "HTTPRouteFilter"}
+    if path.endswith("monitoring"):
+        assert kinds >= {"ServiceMonitor", "PrometheusRule"}
+
+
+def test_strict_validation_refuses_a_misspelt_field(render, reference_crds) -> None:
+    """A negative control for the upstream schemas: one misspelt field, one error."""
+    monitor = next(o for o in render("deploy/monitoring") if o["kind"] == "ServiceMonitor")
+    misspelt = {**monitor, "spec": {**monitor["spec"], "endpoints": [
+        {**monitor["spec"]["endpoints"][0], "honourLabels": True}]}}
+    found = errors(reference_crds[_gvk(misspelt)], misspelt, strict=True)
+    assert len(found) == 1 and "honourLabels" in found[0], found
 
 
 def test_example_pool_validates_against_both_modelpool_crds() -> None:
     ours = load_crds(OUR_CRDS)[("inference.llmkube.dev", "v1alpha1", "ModelPool")]
     assert errors(ours, POOL, strict=True) == []
-    llmkube = SHARED_CRDS / "llmkube" / "inference.llmkube.dev_modelpools.yaml"
-    if llmkube.exists():
-        theirs = load_crds(llmkube)[("inference.llmkube.dev", "v1alpha1", "ModelPool")]
-        assert errors(theirs, POOL) == []
+    llmkube = llmkube_crd("inference.llmkube.dev_modelpools.yaml")
+    theirs = load_crds(llmkube)[("inference.llmkube.dev", "v1alpha1", "ModelPool")]
+    assert errors(theirs, POOL) == []
 
 
 @pytest.mark.parametrize("path", RENDERINGS + ["deploy/monitoring"])

@@ -10,8 +10,15 @@ from kubernetes.aio import client, config
 
 from devstack.kubeapi import KubeEmulator
 from devstack.procs import free_port
+from devstack.testkit import finish_within
 from devstack.simulator import MemberSimulator
 from devstack_cluster import CRD_FILES, LOAD, NS, UNLOAD, Cluster
+
+# Teardown bounds: generous on a loaded 2-core machine, far below pytest-timeout's 120 s, so a
+# stuck stop fails its test saying what it waited for. A simulator's stop is bounded by its
+# upstreams' SIGTERM grace (2 s) and reap (10 s), run in parallel.
+EMULATOR_STOP = 15.0
+SIMULATOR_STOP = 30.0
 
 
 @pytest.fixture
@@ -28,8 +35,8 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
         await client.CoreV1Api(api).create_namespace({"metadata": {"name": NS}})
         yield Cluster(emu, api, kubeconfig)
     finally:
-        await api.close()
-        await emu.stop()
+        await finish_within(api.close(), EMULATOR_STOP, "the test's API client to close")
+        await finish_within(emu.stop(), EMULATOR_STOP, "the emulator to stop")
 
 
 SimFactory = Callable[..., Awaitable[MemberSimulator]]
@@ -52,5 +59,6 @@ async def sims(cluster: Cluster, tmp_path: Path) -> AsyncIterator[SimFactory]:
     try:
         yield start
     finally:
-        for sim in started:
-            await sim.stop()
+        for n, sim in enumerate(started):
+            await finish_within(sim.stop(), SIMULATOR_STOP,
+                                f"simulator #{n} to stop (its watches, member tasks, upstreams)")

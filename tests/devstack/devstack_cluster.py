@@ -20,7 +20,9 @@ CRD_FILES = sorted(CRDS.glob("*.yaml")) if CRDS.is_dir() else []
 NS = "sim"
 LOAD = 0.3
 UNLOAD = 0.3
-TIMEOUT = 8.0
+# Bound of every positive wait (it returns as soon as the condition holds): an upstream process
+# starting on a loaded 2-core machine can take seconds, so the margin is wide.
+TIMEOUT = 30.0
 
 
 async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = TIMEOUT,
@@ -80,8 +82,9 @@ async def health(port: int) -> int | None:
     """Status of GET /health on the port, None when nothing answers."""
     try:
         async with aiohttp.ClientSession() as session:
+            # nothing listening is refused at once; the bound is for a live server slowed by load
             async with session.get(f"http://127.0.0.1:{port}/health",
-                                   timeout=aiohttp.ClientTimeout(total=1)) as resp:
+                                   timeout=aiohttp.ClientTimeout(total=5)) as resp:
                 return resp.status
     except (aiohttp.ClientError, asyncio.TimeoutError):
         return None

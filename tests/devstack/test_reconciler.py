@@ -24,6 +24,7 @@ from devstack.procs import PROJECT_ROOT
 from devstack.reconciler import POOLS, USER, ModelPoolReconciler
 from devstack.simulator import MemberSimulator
 from devstack.simulator_kube import GROUP, PLURAL, VERSION
+from devstack.testkit import finish_within
 from devstack.upstream import TOKEN_DELAY_ENV
 from devstack_cluster import NS, Cluster, eventually
 
@@ -135,8 +136,9 @@ async def llmkube(cluster: Cluster, sims) -> AsyncIterator[Callable[..., Awaitab
     try:
         yield start
     finally:
-        for reconciler in started:
-            await reconciler.stop()
+        for n, reconciler in enumerate(started):
+            await finish_within(reconciler.stop(), 30,
+                                f"reconciler #{n} to stop (its watches, pool workers, session)")
 
 
 async def warm(cluster: Cluster, llmkube) -> Stack:

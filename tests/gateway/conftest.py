@@ -15,6 +15,7 @@ from typing import AsyncIterator
 import pytest
 
 from devstack import procs
+from devstack.testkit import finish_within
 from devstack.upstream import UpstreamHandle, start_upstream
 from extproc.app import Service
 from extproc.settings import Settings
@@ -143,6 +144,7 @@ async def gateway(gateway_run: GatewayRun, pool: ExamplePool, envoy_bin: Path,
     finally:
         if stack.envoy is not None:
             stack.envoy.stop()
-        await stack.stop_extproc()
+        await finish_within(stack.stop_extproc(), service.settings.shutdown_grace + 15,
+                            "the ext_proc to drain and stop")
         for handle in stack.members.values():
-            await handle.stop()
+            await finish_within(handle.stop(), 15, f"fake member {handle.name} to stop")

@@ -1,13 +1,10 @@
 """`kubectl apply --dry-run=server` of every kustomization under deploy/, of the base with each
 component (and an overlay with all of them), of the Helm chart's output for every documented
-combination, and of the example pool, against a real API server
-with the Gateway API and Envoy Gateway CRDs from ../shared installed: the server accepts every
-object, its CRD schemas and CEL rules included.
-
-Left out, because ../shared has no CRD for them: HTTPRouteFilter (gateway.envoyproxy.io;
-tests/deploy/test_manifests.py checks it by hand) and the Prometheus Operator's kinds
-(ServiceMonitor, PodMonitor, PrometheusRule; checked against the operator's own Go types by
-tools/monitoringcheck in tests/deploy).
+combination, and of the example pool, against a real API server with the upstream CRDs
+installed from the Go modules their projects publish (Gateway API, Envoy Gateway with
+HTTPRouteFilter, the Prometheus Operator's ServiceMonitor, PodMonitor and PrometheusRule;
+devstack/upstream_crds.py): the server accepts every object, its CRD schemas and CEL rules
+included.
 """
 
 from __future__ import annotations
@@ -20,7 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from control_plane import PROJECT_ROOT, SHARED_CRDS, ControlPlane
+from control_plane import PROJECT_ROOT, ControlPlane
+from k8s_schema import upstream_crd_files
 from helm import COMBINATIONS, render_chart
 from kustomize import COMPONENTS, render_path
 
@@ -32,12 +30,6 @@ KUSTOMIZATIONS = sorted(str(p.parent.relative_to(PROJECT_ROOT))
 # each component on the base, and all of them on an overlay
 WITH_COMPONENTS = [("deploy/base", (c,)) for c in COMPONENTS] + [
     ("deploy/overlays/envoy-gateway", tuple(COMPONENTS))]
-NOT_INSTALLABLE = {("gateway.envoyproxy.io/v1alpha1", "HTTPRouteFilter"),
-                   ("monitoring.coreos.com/v1", "ServiceMonitor"),
-                   ("monitoring.coreos.com/v1", "PodMonitor"),
-                   ("monitoring.coreos.com/v1", "PrometheusRule")}
-REFERENCE_CRD_FILES = [SHARED_CRDS / "gateway-api" / "gateway-api-v1.6.1-crds.yaml",
-                       *sorted((SHARED_CRDS / "envoy-gateway").glob("*.yaml"))]
 
 
 def _docs(text: str) -> list[dict[str, Any]]:
@@ -46,11 +38,10 @@ def _docs(text: str) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def gateway_crds(control_plane: ControlPlane) -> ControlPlane:
-    """The control plane with the reference Gateway API and Envoy Gateway CRDs served."""
-    if not REFERENCE_CRD_FILES[0].exists():
-        pytest.skip(f"{REFERENCE_CRD_FILES[0]} is missing (../shared is not here)")
+    """The control plane with the upstream CRDs (Gateway API, Envoy Gateway, the operator's
+    kinds) served."""
     names = []
-    for path in REFERENCE_CRD_FILES:
+    for path in upstream_crd_files():
         control_plane.apply_file(path)
         names += [d["metadata"]["name"] for d in _docs(path.read_text())
                   if d.get("kind") == "CustomResourceDefinition"]
@@ -66,10 +57,6 @@ def _dry_run(plane: ControlPlane, objects: list[dict[str, Any]]) -> list[str]:
                          stdin=yaml.safe_dump_all(objects))
     assert done.returncode == 0, done.stderr
     return done.stdout.splitlines()
-
-
-def _submittable(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [o for o in objects if (o["apiVersion"], o["kind"]) not in NOT_INSTALLABLE]
 
 
 @pytest.mark.parametrize("path", KUSTOMIZATIONS)
@@ -111,13 +98,10 @@ def test_server_accepts_the_charts_output(gateway_crds: ControlPlane, combinatio
 
 
 def _accepted(plane: ControlPlane, rendered: list[dict[str, Any]]) -> None:
-    """Every submittable object is accepted; only the known kinds were left out."""
-    objects = _submittable(rendered)
-    assert {(o["apiVersion"], o["kind"]) for o in rendered if o not in objects} \
-        <= NOT_INSTALLABLE
-    lines = _dry_run(plane, objects)
-    assert len(lines) == len(objects) and all(line.endswith("(server dry run)")
-                                              for line in lines), lines
+    """Every object is accepted, none left out (every kind's CRD is installed)."""
+    lines = _dry_run(plane, rendered)
+    assert len(lines) == len(rendered) and all(line.endswith("(server dry run)")
+                                               for line in lines), lines
 
 
 def test_server_accepts_the_example_pool(gateway_crds: ControlPlane) -> None:
@@ -137,3 +121,18 @@ def test_cel_rules_are_enforced(gateway_crds: ControlPlane) -> None:
     assert done.returncode != 0
     assert "must be an absolute path" in done.stderr, done.stderr
 
+
+
+@pytest.mark.parametrize("kind, path, field", [
+    ("ServiceMonitor", "deploy/monitoring", "honourLabels"),
+    ("HTTPRouteFilter", "deploy/overlays/envoy-gateway", "directResponce")])
+def test_upstream_schemas_are_enforced(gateway_crds: ControlPlane, kind: str, path: str,
+                                       field: str) -> None:
+    """Negative controls for the CRDs from the Go modules: a misspelt field is refused."""
+    obj = copy.deepcopy(next(o for o in render_path(path) if o["kind"] == kind))
+    obj["spec"][field] = {}
+    gateway_crds.ensure_namespace(obj["metadata"]["namespace"])
+    done = gateway_crds.kubectl("apply", "--dry-run=server", "-f", "-", check=False,
+                                stdin=yaml.safe_dump(obj))
+    assert done.returncode != 0
+    assert f'unknown field "spec.{field}"' in done.stderr, done.stderr

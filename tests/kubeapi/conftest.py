@@ -14,6 +14,7 @@ from kubernetes.aio import config as aconfig
 
 from devstack import stack_manifests as manifests
 from devstack.kubeapi import KubeEmulator
+from devstack.testkit import finish_within
 
 CRDS = Path(__file__).resolve().parents[2] / "crds"
 GROUP, VERSION = "inference.llmkube.dev", "v1alpha1"
@@ -35,7 +36,7 @@ async def emulator(crds_dir: Path):
     try:
         yield emu
     finally:
-        await emu.stop()
+        await finish_within(emu.stop(), 15, "the API emulator to stop")
 
 
 @pytest.fixture

@@ -84,7 +84,7 @@ async def test_bookmarks_carry_the_current_version(custom, emulator):
 async def test_timeout_seconds_ends_the_stream(custom):
     started = time.monotonic()
     assert await collect(custom, resource_version="1", timeout_seconds=1) == []
-    assert 0.9 <= time.monotonic() - started < 3
+    assert 0.9 <= time.monotonic() - started < 10  # ended by its timeout: not at once, not never
 
 
 async def test_label_selector_watch_sees_objects_enter_and_leave(custom):
@@ -187,4 +187,4 @@ async def test_a_client_leaving_releases_its_watch_and_stop_ends_open_ones(emula
             started = time.monotonic()
             await emulator.stop()
             assert await held.read() == b""  # the stream ended cleanly, with no events
-            assert time.monotonic() - started < 2
+            assert time.monotonic() - started < 10  # the watch itself would run 30 min

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from devstack import stack_manifests as manifests
+from devstack.testkit import finish_within
 from devstack.testkit import eventually  # noqa: F401  (re-exported for the tests)
 from extproc.platform.kube.watcher import ClusterWatcher
 from extproc.policy.model import MemberObservation, PoolKey, PoolSpec, StartHints
@@ -109,7 +110,7 @@ async def running(api: Any, recorder: Any = None, *, namespaces: tuple[str, ...]
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await task
+            await finish_within(task, 15, "the cluster watcher to end after its cancel")
 
 
 @contextlib.asynccontextmanager
@@ -157,4 +158,4 @@ async def started_emulator(tmp_path: Path, crd_dirs: list[Path]) -> AsyncIterato
     try:
         yield emu
     finally:
-        await emu.stop()
+        await finish_within(emu.stop(), 15, "the API emulator to stop")

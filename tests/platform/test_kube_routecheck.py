@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from kube_helpers import CRDS, NS, Recorder, eventually, isvc, modelpool, started_emulator
 
+from devstack import upstream_crds
 from extproc.platform.kube.client import make_api_client
 from extproc.platform.kube.events import EventRecorder
 from extproc.platform.kube.routecheck import REASON, RouteChecker
@@ -19,16 +20,14 @@ from extproc.platform.kube.platform import KubePlatform
 from extproc.policy.model import PoolKey, PoolSpec
 from extproc.settings import Settings
 
-GATEWAY_API = CRDS.parent.parent / "shared" / "reference" / "crds" / "gateway-api"
 KEY = PoolKey(NS, "slot")
 
 
 @pytest.fixture
 async def gw_emulator(tmp_path: Path) -> AsyncIterator[Any]:
-    """The emulator serving our CRDs and Gateway API's (HTTPRoute)."""
-    if not GATEWAY_API.exists():
-        pytest.skip(f"{GATEWAY_API} is missing (the shared reference folder ../shared)")
-    async with started_emulator(tmp_path, [CRDS, GATEWAY_API]) as emu:
+    """The emulator serving our CRDs and Gateway API's (HTTPRoute, from the Go module cache)."""
+    gateway_api = upstream_crds.need(upstream_crds.files, "gateway-api")
+    async with started_emulator(tmp_path, [CRDS, *gateway_api]) as emu:
         yield emu
 
 

@@ -139,7 +139,7 @@ async def test_scale_can_be_cancelled(emulator: Any, api: Any) -> None:
         scaler.want("b", 1)
         await asyncio.sleep(0.3)
         scaler.cancel()
-        await asyncio.wait_for(scaler.settled(), 2)  # every worker ended
+        await asyncio.wait_for(scaler.settled(), 10)  # every worker ended
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

@@ -11,6 +11,7 @@ import pytest_asyncio
 from relstack import POOLS, Stack, settings_for
 
 from devstack import procs
+from devstack.testkit import finish_within
 from devstack.upstream import start_upstream
 from extproc.app import Service
 
@@ -32,8 +33,9 @@ async def stack(envoy_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> As
         yield Stack(service, envoy, upstreams)
     finally:
         envoy.stop()
-        await service.stop()
+        await finish_within(service.stop(), service.settings.shutdown_grace + 15,
+                            "the service to drain and stop")
         for handle in upstreams.values():
-            await handle.stop()
+            await finish_within(handle.stop(), 15, f"fake member {handle.name} to stop")
 
 

@@ -134,7 +134,7 @@ async def test_scale_wishes_coalesce_and_the_latest_wins() -> None:
     platform.gate.clear()
     scaler = Scaler(platform, KEY, Retry(0.01, 0.05))
     scaler.want("a", 0)
-    await eventually(lambda: platform.scales == [("a", 0)], 2)
+    await eventually(lambda: platform.scales == [("a", 0)], 10)
     for replicas in (1, 0, 1):  # changes of mind while the first call is under way
         scaler.want("a", replicas)
     platform.gate.set()
@@ -173,7 +173,7 @@ async def test_shutdown_answers_held_requests_and_refuses_new_holds() -> None:
     d = driver(platform)
     ticket = d.arrive("b")
     d.reject_held("shutting_down", "restarting")
-    decision = await asyncio.wait_for(ticket.waiter, 1)
+    decision = await asyncio.wait_for(ticket.waiter, 10)
     assert isinstance(decision, Reject) and decision.code == "shutting_down"
     assert decision.status == 503 and decision.retry_after >= 1
     late = d.arrive("b")
@@ -193,7 +193,7 @@ async def test_a_broken_machine_refuses_its_requests_and_logs_once(caplog) -> No
     caplog.set_level(logging.ERROR)
     d.observe(MemberObservation("ghost", **READY))  # not a member: PolicyError inside
     assert d.broken
-    decision = await asyncio.wait_for(ticket.waiter, 1)
+    decision = await asyncio.wait_for(ticket.waiter, 10)
     assert isinstance(decision, Reject) and decision.code == "pool_unavailable"
     assert decision.status == 503 and decision.retry_after >= 1
     d.observe(MemberObservation("a", **STOPPED))  # later events change nothing, raise nothing
@@ -210,12 +210,12 @@ async def test_released_or_failed_swaps_resolve_every_waiter(phase: str) -> None
     platform = ScriptedPlatform()
     d = driver(platform)
     tickets = [d.arrive("b") for _ in range(3)]
-    await eventually(lambda: ("a", 0) in platform.scales, 2)
+    await eventually(lambda: ("a", 0) in platform.scales, 10)
     d.observe(MemberObservation("a", **STOPPED))
-    await eventually(lambda: ("b", 1) in platform.scales, 2)
+    await eventually(lambda: ("b", 1) in platform.scales, 10)
     d.observe(MemberObservation("b", phase="Creating", replicas=1, pods=1))
     d.observe(MemberObservation("b", phase=phase, replicas=1, pods=1))
-    decisions = await asyncio.wait_for(asyncio.gather(*(t.waiter for t in tickets)), 2)
+    decisions = await asyncio.wait_for(asyncio.gather(*(t.waiter for t in tickets)), 10)
     wanted = Admit if phase == "Ready" else Reject
     assert all(isinstance(x, wanted) for x in decisions)
     assert held_gauge() == 0
