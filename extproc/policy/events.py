@@ -193,7 +193,7 @@ class Notice:
 
     kind is one of SwapStarted, SwapCompleted, SwapFailed, SwapDeferred, MemberLost,
     ActuationChanged, SwapCancelled, Reclaimed, UnsupportedSwapPolicy, SwapStalled,
-    SwapResumed.
+    SwapResumed, ActivationLost.
     """
 
     kind: str
@@ -207,4 +207,11 @@ class Notice:
 Command = Admit | Hold | Reject | Dropped | Scale | Trigger | ProbeIdle | Notice
 
 # Notice kinds that mean something is wrong for the pool's users: Warning Events and logs.
-WARNING_NOTICES = ("SwapFailed", "MemberLost", "SwapStalled", "UnsupportedSwapPolicy")
+WARNING_NOTICES = ("SwapFailed", "MemberLost", "SwapStalled", "UnsupportedSwapPolicy",
+                   "ActivationLost")
+
+
+def is_warning(notice: Notice) -> bool:
+    """Whether operators must look: a warning kind, or a pool handed off in a fight."""
+    return notice.kind in WARNING_NOTICES or (
+        notice.kind == "ActuationChanged" and notice.target == Actuation.HANDS_OFF.value)

@@ -22,7 +22,7 @@ from extproc.platform.kube.routecheck import RouteChecker
 from extproc.platform.kube.status import StatusPublisher, StatusWriter
 from extproc.platform.kube.watcher import ClusterWatcher
 from extproc.platform.contract import PoolListener
-from extproc.policy.events import WARNING_NOTICES, Notice
+from extproc.policy.events import Notice, is_warning
 from extproc.policy.model import PoolKey, PoolView
 from extproc.settings import Settings
 
@@ -146,6 +146,6 @@ class KubePlatform:
     def notify(self, key: PoolKey, notice: Notice) -> None:
         """Record an Event on the pool in the background."""
         task = asyncio.get_running_loop().create_task(self._events.record(
-            key, notice.kind, notice.message, warning=notice.kind in WARNING_NOTICES))
+            key, notice.kind, notice.message, warning=is_warning(notice)))
         self._event_tasks.add(task)
         task.add_done_callback(self._event_tasks.discard)
