@@ -54,3 +54,6 @@ async def sims(cluster: Cluster, tmp_path: Path) -> AsyncIterator[SimFactory]:
     finally:
         for sim in started:
             await sim.stop()
+
+
+from reconciler_kit import llmkube  # noqa: E402,F401  (the stand-in's fixture, shared)
