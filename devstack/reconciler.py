@@ -85,7 +85,9 @@ def _remember(cache: dict[PoolKey, dict[str, Any]], key: PoolKey, obj: dict[str,
 
     A pass caches what its own writes returned: the next pass, woken by a member's event before
     the pool's watch caught up, must not decide from a status without its own pendingMember
-    (it would take the resident for the owner again and undo the swap).
+    (it would take the resident for the owner again and undo the swap). LLMKube's informer
+    cache does lag its own writes, which is how it sometimes loses an activation; here that
+    happens only when asked for (devstack.reconciler_fault), so ordinary runs are repeatable.
     """
     held = cache.get(key)
     if held is not None and _version(held) > _version(obj):
