@@ -72,13 +72,24 @@ def _summary(replies: list[Reply]) -> list[tuple[int, str, float, str]]:
 
 def check_outcome(stack: LocalStack, pool: str, coder: list[Reply], judge: Reply) -> None:
     """Coder served by coder in the end; judge served by judge, not held for the budget."""
+    problems = []
+    if (coder[-1].status, coder[-1].served_by) != (200, f"{pool}-coder"):
+        problems.append(f"coder never served: {_summary(coder)}")
+    if (judge.status, judge.served_by) != (200, f"{pool}-judge"):
+        problems.append(f"the resident's request was refused: {_summary([judge])}")
+    elif judge.took >= RESIDENT_BOUND:
+        problems.append(f"the resident's request was held {judge.took:.1f}s "
+                        f"(budget {BUDGET:g}s)")
     view = json.dumps(stack.debug_pools())[:1500]
-    assert (coder[-1].status, coder[-1].served_by) == (200, f"{pool}-coder"), \
-        f"coder never served: {_summary(coder)}; status {status(stack, pool)}; debug {view}"
-    assert (judge.status, judge.served_by) == (200, f"{pool}-judge"), \
-        f"the resident's request was refused: {_summary([judge])}; debug {view}"
-    assert judge.took < RESIDENT_BOUND, \
-        f"the resident's request was held {judge.took:.1f}s (budget {BUDGET:g}s)"
+    assert not problems, f"{problems}; status {status(stack, pool)}; debug {view}"
+
+
+def _stale_write_landed(stack: LocalStack, pool: str, since: int) -> bool:
+    """The reconciler's stale pass wrote the resident as pending over the target."""
+    return any(c.get("resource") == "modelpools" and c.get("subresource") == "status"
+               and c.get("name") == pool and (c.get("body") or {}).get("status", {}).get(
+                   "pendingMember") == f"{pool}-judge"
+               for c in stack.api_requests(RECONCILER_USER)[since:])
 
 
 async def stale_pass(stack: LocalStack, http: aiohttp.ClientSession, pool: str) -> None:
@@ -90,12 +101,14 @@ async def stale_pass(stack: LocalStack, http: aiohttp.ClientSession, pool: str) 
     log = stack.log_path("reconciler")
     fired_before = log.read_text(encoding="utf-8").count(f"pool {NAMESPACE}/{pool}: fault")
 
+    since = len(stack.api_requests(RECONCILER_USER))
     first = asyncio.create_task(chat(http, stack, coder, timeout=BUDGET + 30))
-    # the stale pass ran, and put the pool back on judge with nothing pending
+    # The stale pass ran and its write landed: judge pending over coder, so the pool settles
+    # Ready on judge with coder at 0. Read from the record, not polled: a service that
+    # notices at once may trigger again before a poll would see the settled pool.
     await eventually(lambda: log.read_text(encoding="utf-8").count(
         f"pool {NAMESPACE}/{pool}: fault") > fired_before, 20, "the stale pass")
-    await eventually(lambda: settled_on(stack, pool, judge) and spec_replicas(stack, coder) == 0,
-                     20, "the activation lost: Ready on judge, coder at 0")
+    await eventually(lambda: _stale_write_landed(stack, pool, since), 20, "its stale write")
     resident = await chat(http, stack, judge, timeout=BUDGET + 30)
     replies = await served_in_the_end(http, stack, coder, first)
     check_outcome(stack, pool, replies, resident)
@@ -117,8 +130,9 @@ async def paused_reconciler(stack: LocalStack, http: aiohttp.ClientSession, pool
         stack.resume("reconciler")
     await eventually(lambda: _listed_pods_since(stack, mark), 10, "a pass after resuming")
     began = time.monotonic()
-    # the pass found nothing to do: the activation is simply gone
-    assert settled_on(stack, pool, judge), status(stack, pool)
+    # Nothing to see for the reconciler: coder at 0, nothing pending, judge Ready (not
+    # asserted here: a service that noticed the undone trigger may already have triggered
+    # again; tests/devstack/test_reconciler_fault.py shows the stand-in leaves it lost).
     resident = await chat(http, stack, judge, timeout=BUDGET + 30)
     replies = await served_in_the_end(http, stack, coder, first)
     assert time.monotonic() - began < ATTEMPTS * (BUDGET + RETRY_WAIT_MAX) + 30
