@@ -235,7 +235,9 @@ class ModelPoolReconciler:
                 and desired_replicas(owner_isvc) >= 1 \
                 and plan(view, {}, _now()).replicas.get(owner) == 0:
             # An early trigger is held at 0 before anything slow (the idle probe), so the
-            # member's controller gets no time to start a pod beside the incumbent's.
+            # member's controller gets no time to start a pod beside the incumbent's. LLMKube
+            # itself probes first and holds after: behind an incumbent whose /slots hangs, the
+            # target sits at 1 for up to the probe's 5 s. Not reproduced here (no test needs it).
             scaled[owner] = await self._scale(ns, name, owner, 0)
         idle = {m: await self._probe(ns, members[m]) for m in needs_idle_check(view, owner)}
         decided = plan(view, idle, _now())
