@@ -91,7 +91,7 @@ def record_commits(emulator: KubeEmulator, out: TextIO) -> None:
 
 async def serve(args: argparse.Namespace) -> None:
     """Start the emulator, write the kubeconfig, log commits until SIGTERM."""
-    emulator = KubeEmulator([args.crds], namespaces=["default", *args.namespace])
+    emulator = KubeEmulator(args.crds, namespaces=["default", *args.namespace])
     with open(args.commits, "a", encoding="utf-8") as out:
         record_commits(emulator, out)
         await emulator.start("127.0.0.1", args.port)
@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> None:
     [--kubeconfig-for USER=PATH]."""
     parser = argparse.ArgumentParser(prog="python -m bench.apiserver", description=__doc__)
     parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--crds", required=True)
+    parser.add_argument("--crds", required=True, action="append",
+                        help="a CRD file or directory (repeatable)")
     parser.add_argument("--kubeconfig-out", required=True)
     parser.add_argument("--commits", required=True)
     parser.add_argument("--namespace", action="append", default=[])

@@ -25,7 +25,7 @@ import yaml
 from devstack.procs import LOCALHOST, PROJECT_ROOT, EnvoyProcess, ManagedProcess, free_port, \
     wait_for_http
 from devstack.reconciler import USER as RECONCILER_USER
-from devstack.stack import ACTUATIONS, ROLLOUT_DELAY
+from devstack.stack import ACTUATIONS, DEVSTACK_CRDS, ROLLOUT_DELAY
 from devstack.stack_manifests import pool_with_members
 from devstack.testkit import chat_body, wait_until
 
@@ -91,7 +91,8 @@ class ClusterStack:
                     for arg in ("--kubeconfig-for", f"{user}={path}")]
         self._procs.append(self._launch("apiserver", [
             sys.executable, "-m", "bench.apiserver", "--port", str(self.api_port),
-            "--crds", str(PROJECT_ROOT / "crds"), "--kubeconfig-out", str(self.kubeconfig),
+            "--crds", str(PROJECT_ROOT / "crds"), "--crds", str(DEVSTACK_CRDS),
+            "--kubeconfig-out", str(self.kubeconfig),
             "--commits", str(self.commits_path), "--namespace", NAMESPACE, *per_user]))
         wait_for_http(f"{self.api_url}/version", timeout=30)
         wait_until(self.kubeconfig.exists, 10, "kubeconfig")
@@ -110,9 +111,17 @@ class ClusterStack:
             sim += ["--rollout-delay", f"{ROLLOUT_DELAY}s"]
         self._procs.append(self._launch("simulator", sim))
         if self.actuation == "llmkube":  # it warms the default member; routed below once Ready
+            # its idle probe dials the members' cluster DNS names: the probe router answers them
+            probe_port = free_port()
+            self._procs.append(self._launch("proberouter", [
+                sys.executable, "-m", "devstack.proberouter", "--port", str(probe_port),
+                *[a for m, port in self.sim_ports.items()
+                  for a in ("--member", f"{NAMESPACE}/{m}={port}")]]))
+            wait_for_http(f"http://{LOCALHOST}:{probe_port}/healthz", timeout=30)
             self._procs.append(self._launch("reconciler", [
                 sys.executable, "-m", "devstack.reconciler", "--namespace", NAMESPACE,
-                "--kubeconfig", str(self.user_kubeconfigs[RECONCILER_USER])]))
+                "--kubeconfig", str(self.user_kubeconfigs[RECONCILER_USER]),
+                "--probe-proxy", f"http://{LOCALHOST}:{probe_port}"]))
         self._procs.append(self.extproc.start())
         members = {f"{m}.{NAMESPACE}": port for m, port in self.sim_ports.items()}
         h2_members: tuple[str, ...] = ()

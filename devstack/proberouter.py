@@ -10,6 +10,12 @@ its answer through unchanged; a member it cannot reach is answered 502 (the prob
 "cannot tell" and the swap waits, as on a cluster). ``GET /asked`` counts the probes per
 member. Point the service at it with
 ``--idle-probe-url http://127.0.0.1:<port>/{namespace}/{member}/slots``.
+
+It is also an HTTP proxy for the one name LLMKube's reconciler dials,
+``http://<member>.<namespace>.svc.cluster.local:<port>/slots`` (the LLMKube stand-in's
+``--probe-proxy``): a proxied request's Host names the member, so it is answered the same way.
+``GET /asked-hosts`` lists, per member, the ``host:port`` each proxied probe asked for, so a
+test can tell which port the caller picked.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ LOCALHOST = "127.0.0.1"
 _MEMBERS = web.AppKey("members", dict)
 _SESSION = web.AppKey("session", aiohttp.ClientSession)
 _ASKED = web.AppKey("asked", dict)
+_HOSTS = web.AppKey("hosts", dict)
 
 
 def template(port: int) -> str:
@@ -32,8 +39,27 @@ def template(port: int) -> str:
     return f"http://{LOCALHOST}:{port}/{{namespace}}/{{member}}/slots"
 
 
+CLUSTER_DOMAIN = ".svc.cluster.local"
+
+
 async def _slots(request: web.Request) -> web.Response:
     key = f"{request.match_info['namespace']}/{request.match_info['member']}"
+    return await _forward(request, key)
+
+
+async def _proxied_slots(request: web.Request) -> web.Response:
+    """A proxied ``GET http://<member>.<ns>.svc.cluster.local:<port>/slots``: DNS's part."""
+    host = request.headers.get("Host", "")  # aiohttp's request.host drops the port
+    name = host.rsplit(":", 1)[0]
+    if not name.endswith(CLUSTER_DOMAIN) or name.count(".") != 4:
+        return web.Response(status=502, text=f"{host}: not a cluster Service name\n")
+    member, namespace = name[:-len(CLUSTER_DOMAIN)].split(".")
+    key = f"{namespace}/{member}"
+    request.app[_HOSTS].setdefault(key, []).append(host)
+    return await _forward(request, key)
+
+
+async def _forward(request: web.Request, key: str) -> web.Response:
     port = request.app[_MEMBERS].get(key)
     if port is None:
         return web.Response(status=404, text=f"no member {key}\n")
@@ -48,27 +74,59 @@ async def _slots(request: web.Request) -> web.Response:
         return web.Response(status=502, text=f"{key}: {exc!r}\n")
 
 
+class ProbeRouter:
+    """The router in this process (tests): ``await start()``, ``await stop()``."""
+
+    def __init__(self, port: int, members: dict[str, int]) -> None:
+        self.port = port
+        self.app = web.Application()
+        self.app[_MEMBERS] = members
+        self.app[_ASKED] = {}
+        self.app[_HOSTS] = {}
+        self.app.router.add_get("/{namespace}/{member}/slots", _slots)
+        self.app.router.add_get("/slots", _proxied_slots)
+        self.app.router.add_get("/asked", lambda r: web.json_response(r.app[_ASKED]))
+        self.app.router.add_get("/asked-hosts", lambda r: web.json_response(r.app[_HOSTS]))
+        self.app.router.add_get("/healthz", lambda _: web.Response(text="ok\n"))
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:<port>``: the proxy address (``--probe-proxy``)."""
+        return f"http://{LOCALHOST}:{self.port}"
+
+    @property
+    def hosts(self) -> dict[str, list[str]]:
+        """``namespace/member`` -> every ``host:port`` a proxied probe asked for, in order."""
+        return self.app[_HOSTS]
+
+    async def start(self) -> None:
+        """Listen on 127.0.0.1:port."""
+        self.app[_SESSION] = aiohttp.ClientSession()
+        self._runner = web.AppRunner(self.app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, LOCALHOST, self.port).start()
+
+    async def stop(self) -> None:
+        """Stop listening and close the upstream session."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+            await self.app[_SESSION].close()
+
+
 async def serve(port: int, members: dict[str, int]) -> None:
     """Serve until SIGTERM or SIGINT."""
-    app = web.Application()
-    app[_MEMBERS] = members
-    app[_ASKED] = {}
-    app.router.add_get("/{namespace}/{member}/slots", _slots)
-    app.router.add_get("/asked", lambda r: web.json_response(r.app[_ASKED]))
-    app.router.add_get("/healthz", lambda _: web.Response(text="ok\n"))
-    async with aiohttp.ClientSession() as session:
-        app[_SESSION] = session
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, LOCALHOST, port).start()
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
-        try:
-            await stop.wait()
-        finally:
-            await runner.cleanup()
+    router = ProbeRouter(port, members)
+    await router.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await router.stop()
 
 
 def main(argv: list[str] | None = None) -> None:

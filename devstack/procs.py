@@ -199,6 +199,8 @@ class ManagedProcess:
             return None
         if self.proc.poll() is None:
             self.send_signal(signal.SIGTERM)
+            # a paused (SIGSTOPped) process handles its SIGTERM only once it runs again
+            self.send_signal(signal.SIGCONT)
             try:
                 self.proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:

@@ -1,63 +1,74 @@
 """What the LLMKube stand-in decides for one ModelPool: the owner, replica changes, the status.
 
 Rules of this file: no I/O. The reconciler (``devstack.reconciler``) gathers a `PoolView`
-(the pool, its member InferenceServices, how many pods each member has, terminating ones
-included) and the idle probe's answers, and this module turns them into a `Plan`. Written
-from the behaviour LLMKube's ModelPoolReconciler shows (shared/docs/LLMKUBE.md), not from its
-code.
+(the pool, its member InferenceServices, the namespace's Models, how many pods each member
+has, terminating ones included) and the idle probe's answers, and this module turns them into
+a `Plan`. Written from the behaviour of LLMKube's ModelPoolReconciler
+(shared/docs/LLMKUBE.md, and facts checked against its source), never from its code.
 
 Theory of operation, one pass:
 
-1. Owner. A member asking for replicas (``spec.replicas >= 1``, absent counts as 1) that is
-   not ``status.residentMember`` is a request to own the slot; the incoming owner is kept in
-   ``status.pendingMember`` and honoured while this pass holds it at 0. A pending owner stays
-   the owner until it is resident (a triggered swap completes), so a second early request is
-   held at 0 like any non-owner; only a pending owner that reports Failed gives way to one. With nothing requested the resident owns the slot, even when
-   someone scaled it to 0 (a warm pool never goes cold again); a cold pool warms
-   ``spec.default``.
-2. Non-owners go to 0, except a Ready one that is busy or whose idleness cannot be checked:
-   that defers the swap (``SwapDeferred`` PodsBusy / IdleCheckFailed), never forces it.
-3. The owner goes to 1 only once every other member's pods are gone; an owner scaled up early
-   (by an activator) is patched back to 0 meanwhile.
-4. The whole status is rewritten from what was seen.
-
-A pool with a missing member, or with a Metal-backed member (it runs outside the cluster, so
-its replicas mean nothing here), is Degraded and gets no replica change at all.
+1. Refusals first. A member reference that does not resolve makes the pool Degraded
+   (``MembersValid`` MissingMembers); a member whose ``spec.modelRef`` Model asks for a
+   ``metal`` accelerator makes it Degraded too (``MetalSupported`` MetalMembersUnsupported; a
+   Model that does not exist counts as not metal). Either way no replica is touched.
+2. Owner. A member asking for replicas (``spec.replicas >= 1``, absent counts as 1) that is
+   not ``status.residentMember`` is a fresh activation and becomes the owner; among several,
+   the recorded ``status.pendingMember`` if it is one of them, else the first in spec order,
+   so a newer scale-up takes over from a pending owner held at 0. With no fresh activation a
+   recorded pending member stays the owner (the pass holds it at 0, which would otherwise
+   erase the signal), else the resident (a warm pool never goes cold). A cold pool continues
+   its pending member, else honours the default, else the first scaled-up member.
+   A pending member that reports Failed gets no special treatment: it stays the owner.
+3. Every non-owner that is Ready (``status.phase == Ready``, nothing else) is probed; a busy
+   or unanswered probe defers the swap (``SwapDeferred`` PodsBusy / IdleCheckFailed) and
+   leaves that member alone. Every other non-owner goes to 0.
+4. The owner goes to 1 only when every non-owner was cleared and has no pod left; otherwise
+   it is held at 0, even when it is the serving resident.
+5. Status: Ready with the owner resident once the owner is Ready; else Swapping with the
+   owner pending (a cold start says Swapping with the default pending); Pending only with no
+   owner at all. Conditions are set in place (others' conditions stay), and only the fields
+   that changed against the cached copy are patched (`status_patch`).
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
 from devstack.simulator_member import desired_replicas
 
-# Metal members run on a Mac agent outside the cluster. LLMKube learns that from the member's
-# Model; this stand-in has no Model objects and reads the member's own `spec.accelerator`.
-METAL_ACCELERATOR = "metal"
+METAL_ACCELERATOR = "metal"  # a Model's spec.hardware.accelerator for a Mac agent's member
+DEFERRED_MESSAGES = {
+    "PodsBusy": "Swap deferred: incumbent still serving in-flight requests",
+    "IdleCheckFailed": "Swap deferred: incumbent idleness could not be established "
+                       "(fail-closed)",
+}
 
 
 @dataclass(frozen=True)
 class PoolView:
-    """One pool as a pass sees it: the object, its members (None: missing), their pod counts."""
+    """One pool as a pass sees it: the object, its members (None: missing), pods and Models."""
 
     pool: dict[str, Any]
     members: dict[str, dict[str, Any] | None]  # in spec order
     pods: dict[str, int]  # pods present per member, terminating ones included
+    models: dict[str, dict[str, Any]] = field(default_factory=dict)  # the namespace's, by name
 
     @property
     def status(self) -> dict[str, Any]:
-        """The pool's status as stored."""
+        """The pool's status as cached."""
         return self.pool.get("status") or {}
 
 
 @dataclass
 class Plan:
-    """What one pass does: replica patches, the status to write, whether to look again soon."""
+    """What one pass does: replica patches, the status it wants, whether to look again soon."""
 
     owner: str | None
     replicas: dict[str, int] = field(default_factory=dict)
-    deferred: tuple[str, str] | None = None  # (reason, message)
+    deferred: str = ""  # PodsBusy / IdleCheckFailed, "" when nothing is deferred
     status: dict[str, Any] = field(default_factory=dict)
     requeue: bool = False
 
@@ -75,152 +86,165 @@ def phase_of(isvc: dict[str, Any] | None) -> str:
 
 
 def is_ready(isvc: dict[str, Any] | None) -> bool:
-    """Phase Ready with a ready pod: the member can serve."""
-    status = (isvc or {}).get("status") or {}
-    return status.get("phase") == "Ready" and int(status.get("readyReplicas") or 0) >= 1
+    """Phase Ready: the only thing LLMKube's reconciler looks at (not readyReplicas)."""
+    return phase_of(isvc) == "Ready"
 
 
-def is_metal(isvc: dict[str, Any] | None) -> bool:
-    """True for a member served by a Metal agent outside the cluster."""
-    return str(((isvc or {}).get("spec") or {}).get("accelerator", "")).lower() == METAL_ACCELERATOR
+def is_metal(isvc: dict[str, Any] | None, models: dict[str, dict[str, Any]]) -> bool:
+    """True when the member's ``spec.modelRef`` Model asks for a metal accelerator."""
+    ref = ((isvc or {}).get("spec") or {}).get("modelRef")
+    model = models.get(ref) if ref else None
+    hardware = ((model or {}).get("spec") or {}).get("hardware") or {}
+    return hardware.get("accelerator") == METAL_ACCELERATOR
 
 
 def resolve_owner(view: PoolView) -> str | None:
-    """The member that should own the slot (step 1 of the theory above)."""
-    names = list(view.members)
-    resident = view.status.get("residentMember") or None
-    pending = view.status.get("pendingMember") or None
-    if resident not in names:
-        resident = None
-    if pending in names and pending != resident:
-        others = [n for n in names if n != pending and desired_replicas(view.members[n]) >= 1]
-        # A target that failed to load must not wedge the pool: a new request takes over.
-        if phase_of(view.members[pending]) != "Failed" or not others:
+    """The member that should own the slot (step 2 of the theory above)."""
+    present = [n for n, isvc in view.members.items() if isvc is not None]
+    resident = view.status.get("residentMember") or ""
+    pending = view.status.get("pendingMember") or ""
+    default = (view.pool.get("spec") or {}).get("default") or ""
+    requested = [n for n in present if desired_replicas(view.members[n]) >= 1]
+    if not resident:
+        if pending in present:
             return pending
-        return others[0]
-    requested = [n for n in names if n != resident and desired_replicas(view.members[n]) >= 1]
-    if requested:
-        return requested[0]
-    if resident:
-        return resident
-    default = (view.pool.get("spec") or {}).get("default")
-    return default if default in names else None
+        if not requested:
+            return default if default in present else None
+        return default if default in requested else requested[0]
+    fresh = [n for n in requested if n != resident]
+    if fresh:
+        return pending if pending in fresh else fresh[0]
+    if pending in present:
+        return pending
+    return resident
 
 
 def needs_idle_check(view: PoolView, owner: str | None) -> list[str]:
-    """Non-owners that asked for replicas and are Ready: only those are probed before unloading."""
-    return [n for n, isvc in view.members.items()
-            if n != owner and desired_replicas(isvc) >= 1 and is_ready(isvc)]
+    """Every Ready non-owner, whatever its replicas: each is probed before it may go to 0."""
+    return [n for n, isvc in view.members.items() if n != owner and is_ready(isvc)]
 
 
 def plan(view: PoolView, idle: dict[str, bool | None], now: str) -> Plan:
-    """Decide one pass. `idle` answers the probe per member (None: could not tell)."""
-    names = list(view.members)
-    missing = [n for n, isvc in view.members.items() if isvc is None]
-    metal = [n for n, isvc in view.members.items() if is_metal(isvc)]
-    degraded = bool(missing or metal) or not names
-    owner = None if degraded else resolve_owner(view)
+    """Decide one pass. `idle` answers the probe per member (None or absent: could not tell)."""
+    missing = sorted(n for n, isvc in view.members.items() if isvc is None)
+    if missing:
+        return _refused(view, "MembersValid", "MissingMembers",
+                        f"Member InferenceServices not found: [{' '.join(missing)}]", now,
+                        requeue=True)
+    metal = sorted(n for n, isvc in view.members.items() if is_metal(isvc, view.models))
+    if metal:
+        return _refused(view, "MetalSupported", "MetalMembersUnsupported",
+                        "Metal-backed members are not supported in v1 (k8s GPU gating only): "
+                        f"[{' '.join(metal)}]", now, requeue=False)
+    owner = resolve_owner(view)
     result = Plan(owner)
-    if owner is not None:
-        _plan_replicas(view, owner, idle, result)
-    resident = view.status.get("residentMember") or None
-    if resident not in names:
-        resident = None
-    if owner is not None and is_ready(view.members[owner]) and owner not in result.replicas:
-        resident = owner  # the owner serves: the swap (or the warm-up) is done
-    pending = owner if owner is not None and owner != resident else None
-    if degraded:
-        phase = "Degraded"
-    elif resident is None:
-        phase = "Pending"
-    elif pending is None and is_ready(view.members[resident]):
-        phase = "Ready"
-    else:
-        phase = "Swapping"
-    result.requeue = phase in ("Pending", "Swapping") and owner is not None
-    result.status = _status(view, phase, resident, pending, result.deferred, missing, metal, now)
-    return result
-
-
-def _plan_replicas(view: PoolView, owner: str, idle: dict[str, bool | None],
-                   result: Plan) -> None:
+    clear = True
     for name, isvc in view.members.items():
-        if name == owner or desired_replicas(isvc) < 1:
+        if name == owner:
             continue
         if is_ready(isvc) and idle.get(name) is not True:
             # Unloading a server mid-generation would cut a client off; unknown counts as busy.
-            reason = "PodsBusy" if idle.get(name) is False else "IdleCheckFailed"
-            result.deferred = (reason, f"{name} still owns the slot: "
-                               + ("a request is in progress" if reason == "PodsBusy"
-                                  else "its idleness could not be checked"))
+            result.deferred = "PodsBusy" if idle.get(name) is False else "IdleCheckFailed"
+            clear = False
             continue
-        result.replicas[name] = 0
-    # Only this pool's members: another pool's pods in the same namespace hold another GPU.
-    others_present = any(count for name, count in view.pods.items()
-                         if name != owner and name in view.members)
-    owner_replicas = desired_replicas(view.members[owner])
-    resident = view.status.get("residentMember") or None
-    if others_present:
-        # A terminating pod still holds GPU memory: the owner waits for it to be gone. An owner
-        # scaled up early (an activator's trigger) is held at 0; a serving resident is left be.
-        if owner != resident and owner_replicas >= 1:
-            result.replicas[owner] = 0
-    elif owner_replicas != 1:
-        result.replicas[owner] = 1
+        if desired_replicas(isvc) != 0:
+            result.replicas[name] = 0
+        if view.pods.get(name):
+            clear = False  # a terminating pod still holds GPU memory
+    swapping = bool(result.deferred)
+    owner_isvc = view.members.get(owner) if owner else None
+    if owner_isvc is not None:
+        # Held at 0 until the others' pods are gone, the serving resident included.
+        wanted = 1 if clear else 0
+        swapping = swapping or not clear or not is_ready(owner_isvc)
+        if desired_replicas(owner_isvc) != wanted:
+            result.replicas[owner] = wanted
+    result.requeue = swapping or (owner is not None and not is_ready(owner_isvc))
+    result.status = _managed_status(view, owner, swapping, result.deferred, now)
+    return result
 
 
-def _status(view: PoolView, phase: str, resident: str | None, pending: str | None,
-            deferred: tuple[str, str] | None, missing: list[str], metal: list[str],
-            now: str) -> dict[str, Any]:
-    generation = (view.pool.get("metadata") or {}).get("generation")
-    previous = {c.get("type"): c for c in view.status.get("conditions") or []}
-
-    def condition(kind: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
-        status = "True" if ok else "False"
-        before = previous.get(kind) or {}
-        since = before.get("lastTransitionTime") if before.get("status") == status else None
-        entry = {"type": kind, "status": status, "reason": reason, "message": message,
-                 "lastTransitionTime": since or now}
-        if generation is not None:
-            entry["observedGeneration"] = generation
-        return entry
-
-    allocated = phase == "Ready"
-    conditions = [
-        condition("SlotAllocated", allocated, "Resident" if allocated else "Swapping",
-                  f"{resident} owns the slot" if allocated
-                  else f"waiting for {pending or 'a request'} to become ready"),
-        condition("MembersValid", not missing, "MissingMembers" if missing else "AllResolved",
-                  f"missing: {', '.join(missing)}" if missing else "every member exists"),
-        condition("SwapDeferred", deferred is not None,
-                  deferred[0] if deferred else "NotDeferred",
-                  deferred[1] if deferred else "no swap is waiting on the incumbent"),
-        condition("MetalSupported", not metal,
-                  "MetalMembersUnsupported" if metal else "KubernetesGPU",
-                  f"Metal-backed members: {', '.join(metal)}; replicas are not managed" if metal
-                  else "every member runs on Kubernetes GPUs"),
-    ]
-    status: dict[str, Any] = {
-        "phase": phase,
-        # None deletes the field in a merge patch: an empty value means "none"
-        "residentMember": resident,
-        "pendingMember": pending,
-        "members": [_member_status(n, isvc, n == resident) for n, isvc in view.members.items()],
-        "conditions": conditions,
-    }
-    if generation is not None:
-        status["observedGeneration"] = generation
-    return status
+def _refused(view: PoolView, kind: str, reason: str, message: str, now: str, *,
+             requeue: bool) -> Plan:
+    status = copy.deepcopy(view.status)
+    status["members"] = [_member_entry(n, isvc, False) for n, isvc in view.members.items()]
+    status["phase"] = "Degraded"
+    _set_generation(view, status)
+    _set_condition(view, status, kind, False, reason, message, now)
+    return Plan(None, status=status, requeue=requeue)
 
 
-def _member_status(name: str, isvc: dict[str, Any] | None, resident: bool) -> dict[str, Any]:
-    entry: dict[str, Any] = {"name": name, "resident": resident}
+def _managed_status(view: PoolView, owner: str | None, swapping: bool, deferred: str,
+                    now: str) -> dict[str, Any]:
+    status = copy.deepcopy(view.status)
+    owner_ready = owner is not None and is_ready(view.members.get(owner))
+    status["members"] = [_member_entry(n, isvc, n == owner and is_ready(isvc))
+                         for n, isvc in view.members.items()]
+    if owner_ready:
+        status.update(phase="Ready", residentMember=owner, pendingMember="")
+    elif owner is not None:
+        # The resident stays recorded until the owner serves; a cold warm-up says Swapping.
+        status.update(phase="Swapping" if swapping else "Pending", pendingMember=owner)
+    else:
+        status.update(phase="Pending", residentMember="", pendingMember="")
+    if owner_ready:
+        _set_condition(view, status, "SlotAllocated", True, "Resident",
+                       f'Member "{owner}" owns the shared GPU slot', now)
+    else:
+        _set_condition(view, status, "SlotAllocated", False, "Swapping",
+                       "No member resident yet", now)
+    _set_condition(view, status, "MembersValid", True, "AllResolved",
+                   "All member references resolve", now)
+    _set_condition(view, status, "SwapDeferred", bool(deferred), deferred or "NotDeferred",
+                   DEFERRED_MESSAGES.get(deferred, "No swap is being deferred"), now)
+    _set_condition(view, status, "MetalSupported", True, "KubernetesGPU",
+                   "All members are k8s GPU-gated", now)
+    _set_generation(view, status)
+    return _omit_empty(status)
+
+
+def _member_entry(name: str, isvc: dict[str, Any] | None, resident: bool) -> dict[str, Any]:
+    # As LLMKube serializes it: empty phase and a false resident are left out.
+    entry: dict[str, Any] = {"name": name}
     if phase_of(isvc):
         entry["phase"] = phase_of(isvc)
+    if resident:
+        entry["resident"] = True
     return entry
 
 
-def differs(current: dict[str, Any], wanted: dict[str, Any]) -> bool:
-    """True when writing `wanted` would change `current` (None fields mean absent)."""
-    return any(current.get(k) != v for k, v in wanted.items() if v is not None) or \
-        any(k in current for k, v in wanted.items() if v is None)
+def _set_generation(view: PoolView, status: dict[str, Any]) -> None:
+    generation = (view.pool.get("metadata") or {}).get("generation")
+    if generation:
+        status["observedGeneration"] = generation
+
+
+def _set_condition(view: PoolView, status: dict[str, Any], kind: str, ok: bool, reason: str,
+                   message: str, now: str) -> None:
+    """Set one condition in place, as Kubernetes' SetStatusCondition does: the others (this
+    reconciler's and anyone else's) stay, and the transition time moves only with the status."""
+    conditions = status.setdefault("conditions", [])
+    value = "True" if ok else "False"
+    entry = next((c for c in conditions if c.get("type") == kind), None)
+    if entry is None:
+        entry = {"type": kind}
+        conditions.append(entry)
+    if entry.get("status") != value or not entry.get("lastTransitionTime"):
+        entry["lastTransitionTime"] = now
+    entry.update(status=value, reason=reason, message=message)
+    generation = (view.pool.get("metadata") or {}).get("generation")
+    if generation:
+        entry["observedGeneration"] = generation
+
+
+def _omit_empty(status: dict[str, Any]) -> dict[str, Any]:
+    # An empty member name is "none" and is not serialized (Go's omitempty).
+    return {k: v for k, v in status.items()
+            if not (k in ("residentMember", "pendingMember") and not v)}
+
+
+def status_patch(current: dict[str, Any], wanted: dict[str, Any]) -> dict[str, Any]:
+    """The merge patch turning `current` into `wanted`: changed fields only, None deletes."""
+    patch: dict[str, Any] = {k: v for k, v in wanted.items() if current.get(k) != v}
+    patch.update({k: None for k in current if k not in wanted})
+    return patch

@@ -31,6 +31,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import signal
 import subprocess
 import sys
 import urllib.error
@@ -51,6 +52,8 @@ from devstack.stack_replicas import STOP_GRACE, Replica, Samples, metric_sum, se
     through_proxy
 
 CRDS = PROJECT_ROOT / "crds"
+# Kinds only the local stack needs: LLMKube's Model, which its reconciler (the stand-in) reads.
+DEVSTACK_CRDS = PROJECT_ROOT / "devstack" / "crds"
 START_TIMEOUT = 60.0
 ACTUATIONS = ("own", "llmkube")
 # With a ModelPool reconciler, a Deployment's hops before a pod exists are the window in which
@@ -121,9 +124,10 @@ class LocalStack:
             self._start_kubeapi(timeout)
             self.apply(self.docs)
             self._start_simulator(timeout)
+            # before the reconciler: it dials the members' /slots through it
+            self._start_probe_router(timeout)
             if self.reconciler:
                 self._start_reconciler(timeout)
-            self._start_probe_router(timeout)
             self.start_extproc(timeout)
             self.envoy = EnvoyProcess(
                 [r.grpc_port for r in self.replicas],
@@ -192,6 +196,15 @@ class LocalStack:
             replica.kill()  # through the handle, which knows a paused process is gone too
         elif name in self._procs:
             self._procs[name].kill()
+
+    def pause(self, name: str) -> None:
+        """SIGSTOP one piece (reconciler, simulator, kubeapi, proberouter): it hangs, its
+        connections stay open, and what it would have seen waits in them until `resume`."""
+        self._procs[name].send_signal(signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        """SIGCONT a piece `pause` stopped."""
+        self._procs[name].send_signal(signal.SIGCONT)
 
     def kill_extproc(self) -> None:
         """SIGKILL every ext_proc replica (a crash: no drain, no status write on the way out)."""
@@ -335,7 +348,8 @@ class LocalStack:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.kubeconfig.unlink(missing_ok=True)
         args = [sys.executable, "-m", "devstack.kubeapi", "--port", str(self.ports.kubeapi),
-                "--crds", str(CRDS), "--kubeconfig-out", str(self.kubeconfig),
+                "--crds", str(CRDS), "--crds", str(DEVSTACK_CRDS),
+                "--kubeconfig-out", str(self.kubeconfig),
                 "--namespace", "default"]
         for ns in self.namespaces:
             args += ["--namespace", ns]
@@ -372,7 +386,8 @@ class LocalStack:
 
     def _start_reconciler(self, timeout: float) -> None:
         args = [sys.executable, "-m", "devstack.reconciler",
-                "--kubeconfig", str(self._user_kubeconfig(RECONCILER_USER))]
+                "--kubeconfig", str(self._user_kubeconfig(RECONCILER_USER)),
+                "--probe-proxy", f"http://{LOCALHOST}:{self.probe_port}"]
         for ns in self.namespaces:
             args += ["--namespace", ns]
         proc = self._launch("reconciler", args)

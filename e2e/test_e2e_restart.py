@@ -64,7 +64,9 @@ async def finished_and_serving(stack: LocalStack, http: aiohttp.ClientSession, p
     await kubectl_shows(stack, pool, new, "Ready")
     st = status(stack, pool)
     assert st.get("pendingMember", "") == ""  # (LLMKube leaves an empty one out)
-    assert {m["name"]: m["resident"] for m in st["members"]} == {old: False, new: True}
+    # (and a false `resident`, as Go's omitempty does)
+    assert {m["name"]: m.get("resident", False) for m in st["members"]} == \
+        {old: False, new: True}
     assert stack.isvc(old)["spec"]["replicas"] == 0
     assert await asyncio.to_thread(pods_of, stack, old) == []
     assert len(await asyncio.to_thread(pods_of, stack, new)) == 1

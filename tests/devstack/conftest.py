@@ -62,3 +62,6 @@ async def sims(cluster: Cluster, tmp_path: Path) -> AsyncIterator[SimFactory]:
         for n, sim in enumerate(started):
             await finish_within(sim.stop(), SIMULATOR_STOP,
                                 f"simulator #{n} to stop (its watches, member tasks, upstreams)")
+
+
+from reconciler_kit import llmkube  # noqa: E402,F401  (the stand-in's fixture, shared)

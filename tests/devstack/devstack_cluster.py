@@ -15,7 +15,9 @@ from devstack.procs import PROJECT_ROOT
 from devstack.simulator_kube import GROUP, MERGE_PATCH, PLURAL, VERSION
 
 CRDS = PROJECT_ROOT / "crds"
-CRD_FILES = sorted(CRDS.glob("*.yaml")) if CRDS.is_dir() else []
+# with the local stack's own kinds (LLMKube's Model, read by the reconciler stand-in)
+CRD_FILES = sorted(CRDS.glob("*.yaml")) + sorted((PROJECT_ROOT / "devstack" / "crds").glob(
+    "*.yaml")) if CRDS.is_dir() else []
 
 NS = "sim"
 LOAD = 0.3

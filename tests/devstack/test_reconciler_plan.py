@@ -34,14 +34,20 @@ def view(members: dict[str, tuple[int, str]], resident: str = "", pending: str =
     ({"judge": (1, "Ready"), "coder": (1, "Creating")}, "judge", "", "coder"),  # a request
     ({"judge": (1, "Ready"), "coder": (0, "Stopped")}, "judge", "coder", "coder"),  # held at 0
     ({"judge": (0, "Stopped"), "coder": (0, "Stopped")}, "judge", "", "judge"),  # never cold
-    # a second early request waits for the pending swap to complete
+    # a newer scale-up takes over from a pending owner held at 0
     ({"judge": (1, "Ready"), "coder": (0, "Stopped"), "writer": (1, "Creating")},
-     "judge", "coder", "coder"),
-    # ... unless the pending target failed: then the new request takes over
-    ({"judge": (0, "Stopped"), "coder": (1, "Failed"), "writer": (1, "Creating")},
      "judge", "coder", "writer"),
-    ({"judge": (1, "Creating"), "coder": (1, "Failed")}, "judge", "coder", "judge"),
-    ({"judge": (0, "Stopped"), "coder": (1, "Failed")}, "judge", "coder", "coder"),
+    # ... but the pending one wins while it is still scaled up itself
+    ({"judge": (1, "Ready"), "coder": (1, "Creating"), "writer": (1, "Creating")},
+     "judge", "coder", "coder"),
+    # a Failed pending member is not special: it keeps the slot
+    ({"judge": (0, "Stopped"), "coder": (1, "Failed"), "writer": (1, "Creating")},
+     "judge", "coder", "coder"),
+    ({"judge": (1, "Creating"), "coder": (1, "Failed")}, "judge", "coder", "coder"),
+    # a cold pool continues its pending member, else the default if asked, else the first asked
+    ({"judge": (0, "Stopped"), "coder": (0, "Stopped")}, "", "coder", "coder"),
+    ({"judge": (1, "Creating"), "coder": (1, "Creating")}, "", "", "judge"),
+    ({"judge": (0, "Stopped"), "coder": (1, "Creating")}, "", "", "coder"),
 ])
 def test_owner_resolution(members, resident, pending, owner):
     assert resolve_owner(view(members, resident, pending)) == owner
