@@ -91,7 +91,14 @@ async def test_member_that_fails_to_start_gets_fast_503s_and_a_failed_status(
 
     if stack.actuation == "llmkube":
         # LLMKube's reconciler owns the status and the failed member's replicas; the fast
-        # answers above and the SwapFailed notice are ours. The pool stays usable:
+        # answers above and the SwapFailed notice are ours. LLMKube has no handling for a
+        # Failed pending member: it keeps broken-bad pending and loads nothing else, so the
+        # other member is refused at once, saying so, not held for a swap that cannot run.
+        blocked = await refused(http, stack, "broken-a", "pool_blocked")
+        assert blocked.took < SWAP_BOUND and "broken-bad" in blocked.body, blocked.body
+        # The way out is the cluster's: once broken-bad is fixed it loads, and the pool moves.
+        await asyncio.to_thread(stack.annotate, "broken-bad", FAIL, None)
+        await wait_resident(stack, "broken", "broken-bad", timeout=SWAP_BOUND + 10)
         back = await chat(http, stack, "broken-a")
         assert (back.status, back.served_by) == (200, "broken-a")
         return

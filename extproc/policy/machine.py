@@ -87,7 +87,8 @@ from .requests import RequestBook
 from .respec import respec
 from .state import Limits, PolicyError, Stage, Swap
 from .steps import reask_at
-from .steps_llmkube import incoming, lost_at, track_activation
+from .steps_llmkube import blocked_reject, blocker, incoming, lost_at, reject_blocked, \
+    track_activation
 from .swap import advance
 
 __all__ = ["Limits", "PolicyError", "PoolMachine"]
@@ -243,6 +244,7 @@ class PoolMachine:
         if incoming(self) == "" and self.stage is Stage.TRIGGERED:
             advance(self, now, out)  # a trigger just marked stalled lets the resident serve
         track_activation(self, now)
+        reject_blocked(self, now, out)
         replicas.track_announcement(self)
         track_idle(self, now)
         report_policy(self, out)
@@ -268,6 +270,9 @@ class PoolMachine:
             out.append(Reject(rid, 503, "member_failed",
                               f"model {member!r} failed to load: {self.failed_message}",
                               max(1, math.ceil(failed_until - now))))
+            return
+        if blocker(self) not in ("", member):
+            out.append(blocked_reject(self, rid, member, 0.0))
             return
         if self.missing():
             out.append(Reject(rid, 503, "pool_degraded",

@@ -61,10 +61,23 @@ def release_serving(m: PoolMachine, now: float, out: Out) -> None:
             m.admit(rid, held.member, now - held.arrived, out)
 
 
+def llmkube_blocked(m: PoolMachine) -> str:
+    """The failed member LLMKube keeps pending ("" if none): its reconciler has no handling
+    for a Failed pending member (LLMKUBE.md), so no other member can load until that one is
+    fixed or the pending field is cleared. Nothing we trigger would move the pool."""
+    pending = m.status.pending
+    obs = m.obs.get(pending)
+    if m.actuation is not Actuation.LLMKUBE or obs is None or obs.phase != PHASE_FAILED:
+        return ""
+    return pending
+
+
 def wanted(m: PoolMachine) -> str:
     """The member the slot should go to next, or "" to stay put."""
     if m.now >= m.admit_until or replicas.peers_release_first(m):
         return ""  # past its admission Lease this replica's view may be stale: start nothing
+    if llmkube_blocked(m):
+        return ""  # LLMKube keeps a failed member pending: no trigger would move the pool
     hint = m.hints.pending
     if hint in m.spec.members and not m.routable(hint):
         return hint  # resume the swap a previous process (or leader) started

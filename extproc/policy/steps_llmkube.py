@@ -28,7 +28,7 @@ import math
 from .events import Command, Notice, Reject, Trigger
 from .model import PHASE_FAILED, Actuation
 from .state import Stage, Swap
-from .steps import drained, swap_of
+from .steps import drained, llmkube_blocked, swap_of
 
 if TYPE_CHECKING:
     from .machine import PoolMachine
@@ -229,3 +229,29 @@ def stalled_trigger_frees(m: PoolMachine) -> bool:
     target = m.obs.get(swap.target) if swap is not None else None
     return swap is not None and swap.stage is Stage.TRIGGERED and bool(swap.stalled) \
         and m.actuation is Actuation.LLMKUBE and target is not None and target.pods == 0
+
+
+# ---- a pool LLMKube cannot move --------------------------------------------------------------
+
+blocker = llmkube_blocked  # (in steps.py: wanted() consults it too)
+
+
+def blocked_reject(m: PoolMachine, rid: int, member: str, held_for: float) -> Reject:
+    """The answer for a request no swap can serve while LLMKube keeps a failed member pending."""
+    stuck, key = blocker(m), m.spec.key
+    return Reject(rid, 503, "pool_blocked", f"model {member!r} cannot be loaded now: LLMKube's "
+                  f"reconciler keeps {stuck!r}, which failed to load, as pool {key}'s pending "
+                  f"member and loads nothing else until it is fixed (kubectl describe isvc "
+                  f"{stuck} -n {key.namespace}) or removed from the pool",
+                  m.limits.retry_after_max, held_for)
+
+
+def reject_blocked(m: PoolMachine, now: float, out: Out) -> None:
+    """After every event: held requests that only a blocked pool could serve are told why."""
+    stuck = blocker(m)
+    if not stuck:
+        return
+    for rid, held in list(m.requests.held.items()):
+        if held.member != stuck and not m.routable(held.member):
+            m.requests.unhold(rid)
+            out.append(blocked_reject(m, rid, held.member, now - held.arrived))

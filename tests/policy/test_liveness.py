@@ -153,3 +153,17 @@ def test_a_swap_llmkube_gave_up_that_nobody_waits_for_is_dropped_not_triggered()
     out = m.handle(Tick(), m.next_deadline())
     assert notices(out) == ["SwapCancelled"] and not of(out, Trigger) and m.swap is None
     assert of(m.handle(RequestArrived(1, "a"), 8.0), Admit)
+
+
+def test_a_failed_member_llmkube_keeps_pending_blocks_the_pool_and_requests_hear_why() -> None:
+    m = machine(Actuation.LLMKUBE)
+    m.handle(RequestArrived(1, "b"), 1.0)
+    m.handle(StatusObserved(PoolStatus(resident="a", pending="b")), 1.1)
+    m.handle(MemberObserved(Obs("a", **STOPPED)), 2.0)
+    m.handle(MemberObserved(Obs("b", phase="Creating", replicas=1, pods=1)), 3.0)
+    out = m.handle(MemberObserved(Obs("b", phase="Failed", replicas=1, pods=1)), 4.0)
+    assert [r.code for r in of(out, Reject)] == ["member_failed"]
+    out = m.handle(RequestArrived(2, "a"), 5.0)  # LLMKube keeps b pending: a cannot load
+    [refused] = of(out, Reject)
+    assert refused.code == "pool_blocked" and "'b'" in refused.message
+    assert not of(out, Trigger) and m.swap is None
