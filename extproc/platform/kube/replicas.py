@@ -66,10 +66,12 @@ class Replicas:
 
     def __init__(self, client: KubeClient, settings: Settings,
                  relist: Callable[[], asyncio.Event], *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 on_lead: Callable[[PoolKey, bool], None] = lambda key, leading: None) -> None:
         self.identity = replica_identity(settings)
         self.namespace = lease_namespace(settings)
         self._client, self._settings, self._relist, self._clock = client, settings, relist, clock
+        self._on_lead = on_lead  # the platform fences the pool's members on each gain
         self.membership = Membership(client, self.namespace, self.identity, self._load,
                                      settings, clock=clock, on_renew=self._renewed,
                                      lists_peers=False)  # the Lease watch brings them
@@ -185,6 +187,7 @@ class Replicas:
             self._lead_since[key] = self._clock()
         else:
             self._lead_since.pop(key, None)
+        self._on_lead(key, leading)  # before the machine hears it: its first scale waits on it
         if self._listener is not None:
             self._listener.leadership_changed(key, leading)
 
