@@ -17,6 +17,7 @@ from extproc.platform.kube.fencing import LEADER_ANNOTATION, HeldVersions
 from extproc.platform.kube.platform import KubePlatform
 from extproc.platform.kube.rest import ApiError
 from extproc.platform.kube.status import StatusPublisher, StatusWriter
+from extproc.platform.kube.watcher import ClusterWatcher
 from extproc.policy.model import MemberObservation, PoolKey, PoolPhase, PoolView
 from extproc.settings import Settings
 
@@ -192,3 +193,23 @@ async def test_a_new_leader_stamps_every_member_so_older_decisions_fail(emulator
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await platform.stop()
+
+
+async def test_a_re_read_reaches_the_cache_and_the_listener_without_the_watch(
+        emulator: Any, api: Any) -> None:
+    seed(emulator)
+    recorder = Recorder()
+    watcher = ClusterWatcher(api, Settings(namespaces=[NS]))
+    task = asyncio.get_running_loop().create_task(watcher.run(recorder))
+    await asyncio.wait_for(watcher.synced.wait(), 5)
+    task.cancel()  # the watch stops: only the re-read can bring what changes next
+    await asyncio.gather(task, return_exceptions=True)
+    recorder.take()
+    emulator.patch("inferenceservices", "b", {"spec": {"replicas": 1}}, NS)
+    await watcher.reread("inferenceservices", NS, "b")
+    assert watcher.member_replicas(KEY, "b") == (1, version(emulator, "inferenceservices", "b"))
+    assert [c[2].replicas for c in recorder.take() if c[0] == "member_changed"] == [1]
+    emulator.delete("inferenceservices", "b", NS)
+    await watcher.reread("inferenceservices", NS, "b")
+    assert watcher.member_replicas(KEY, "b") == (0, "")
+    assert [c[2].exists for c in recorder.take() if c[0] == "member_changed"] == [False]

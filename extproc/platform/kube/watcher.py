@@ -166,7 +166,7 @@ class ClusterWatcher:
     async def reread(self, kind: str, namespace: str, name: str) -> None:
         """Read one pool or member again now and apply it (after a 409 on a write to it)."""
         path = self._path(kind, namespace)
-        _, body = await counted("list", kind, self._api.call(
+        body = await counted("list", kind, self._api.call(
             "GET", path, params={"fieldSelector": f"metadata.name={name}"}, timeout=10.0))
         items = [o for o in body.get("items") or [] if object_key(o) == (namespace, name)]
         obj = items[0] if items else {"metadata": {"namespace": namespace, "name": name}}
