@@ -4,8 +4,9 @@ Two replicas (two KubePlatforms, each with its own client and Leases) share pool
 leader's client is cut off mid-write: every request it sends from then on is held before it
 leaves (a partition whose packets arrive late), among them a scale-down of the incumbent and
 a status patch it decided while it still led. Its Lease runs out, the other replica takes the
-lead (stamping every member) and writes the status. Then the held requests go out: the real
-API server answers both of the old leader's patches 409 Conflict, and neither lands.
+lead (stamping the pool and every member), and writes the status or not. Then the held
+requests go out: the real API server answers both of the old leader's patches 409 Conflict,
+and neither lands.
 """
 
 from __future__ import annotations
@@ -99,13 +100,18 @@ def _read(plane: ControlPlane, namespace: str, plural: str, name: str) -> dict[s
     return plane.request("GET", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{plural}/{name}")
 
 
-def _stamp(plane: ControlPlane, namespace: str, member: str) -> str:
-    meta = _read(plane, namespace, "inferenceservices", member)["metadata"]
+def _stamp(plane: ControlPlane, namespace: str, plural: str, name: str) -> str:
+    meta = _read(plane, namespace, plural, name)["metadata"]
     return (meta.get("annotations") or {}).get(LEADER_ANNOTATION, "")
 
 
+@pytest.mark.parametrize("new_leader_writes_status", [True, False],
+                         ids=["new-leader-writes-status", "stamp-only"])
 async def test_a_deposed_leaders_late_writes_are_refused(control_plane: ControlPlane,
-                                                        namespace: str) -> None:
+                                                        namespace: str,
+                                                        new_leader_writes_status: bool) -> None:
+    """Stamp-only: the new leader writes neither the incumbent nor the status (both are
+    already right); its stamps alone refuse the old leader's late patches."""
     _seed(control_plane, namespace)
     key = PoolKey(namespace, "slot")
     credentials = await from_kubeconfig(str(control_plane.kubeconfig))
@@ -115,8 +121,9 @@ async def test_a_deposed_leaders_late_writes_are_refused(control_plane: ControlP
     tasks = [asyncio.get_running_loop().create_task(old.run(LatestReports()))]
     try:
         await until(lambda: old.replicas.leads(key), "r1 leads pool slot")
-        await until(lambda: all(_stamp(control_plane, namespace, m).startswith("r1 ")
-                                for m in ("a", "b")), "r1 stamped both members")
+        await until(lambda: all(_stamp(control_plane, namespace, "inferenceservices", m)
+                                .startswith("r1 ") for m in ("a", "b")),
+                    "r1 stamped both members")
         old.publish(_view(key, PoolPhase.READY))
         await until(lambda: _read(control_plane, namespace, "modelpools", "slot")
                     .get("status", {}).get("phase") == "Ready", "r1's status written")
@@ -133,13 +140,16 @@ async def test_a_deposed_leaders_late_writes_are_refused(control_plane: ControlP
         await until(lambda: not old.replicas.leads(key), "r1 stops leading (renew deadline)")
         await until(lambda: new.replicas.leads(key), "r2 takes the lead after the duration")
         assert time.monotonic() - held_at >= 3.0  # r1's renew deadline passed meanwhile
-        await until(lambda: all(_stamp(control_plane, namespace, m).startswith("r2 ")
-                                for m in ("a", "b")), "r2 stamped both members")
-        idle_since = time.time()
-        new.publish(_view(key, PoolPhase.READY, idle_since=idle_since))  # r2's own status
-        await until(lambda: "residentIdleSince" in _read(
-            control_plane, namespace, "modelpools", "slot").get("status", {}),
-            "r2's status written")
+        await until(lambda: all(_stamp(control_plane, namespace, *where).startswith("r2 ")
+                                for where in (("inferenceservices", "a"),
+                                              ("inferenceservices", "b"),
+                                              ("modelpools", "slot"))),
+                    "r2 stamped the pool and both members")
+        if new_leader_writes_status:
+            new.publish(_view(key, PoolPhase.READY, idle_since=time.time()))
+            await until(lambda: "residentIdleSince" in _read(
+                control_plane, namespace, "modelpools", "slot").get("status", {}),
+                "r2's status written")
         before = _read(control_plane, namespace, "modelpools", "slot")["status"]
 
         old_client.release()

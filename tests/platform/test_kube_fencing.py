@@ -163,22 +163,28 @@ async def test_a_status_conflict_is_re_read_and_decided_again(emulator: Any, api
 
 # --- a new leader fences every member ---------------------------------------------------------
 
-async def test_a_new_leader_stamps_every_member_so_older_decisions_fail(emulator: Any,
-                                                                         api: Any) -> None:
+async def test_a_new_leader_stamps_the_pool_and_every_member_so_older_decisions_fail(
+        emulator: Any, api: Any) -> None:
     seed(emulator)
     before = {m: version(emulator, "inferenceservices", m) for m in ("a", "b")}
+    pool_before = version(emulator, "modelpools", "slot")
     platform = await KubePlatform.create(Settings(kubeconfig=str(emulator.kubeconfig),
                                                   namespaces=[NS], replica_name="r1"))
     task = asyncio.get_running_loop().create_task(platform.run(Recorder()))
     try:
         await eventually(lambda: platform.replicas.leads(KEY), 10)
 
-        def stamp(member: str) -> str:
-            obj = emulator.get("inferenceservices", member, NS)
+        def stamp(name: str, resource: str = "inferenceservices") -> str:
+            obj = emulator.get(resource, name, NS)
             return (obj["metadata"].get("annotations") or {}).get(LEADER_ANNOTATION, "")
 
-        await eventually(lambda: stamp("a").startswith("r1 ") and stamp("b").startswith("r1 "),
-                         10, "both members stamped")
+        await eventually(lambda: all(stamp(*where).startswith("r1 ") for where in (
+            ("a",), ("b",), ("slot", "modelpools"))), 10, "the pool and both members stamped")
+        assert emulator.get("modelpools", "slot", NS)["metadata"]["generation"] == 1
+        with pytest.raises(ApiError) as late_status:
+            await StatusWriter(api).publish(view(PoolPhase.SWAPPING, pending="b"), {},
+                                            resource_version=pool_before)
+        assert late_status.value.status == 409
         for member in ("a", "b"):
             assert emulator.get("inferenceservices", member, NS)["spec"]["replicas"] == \
                 (1 if member == "a" else 0)  # the stamp touched metadata only

@@ -13,7 +13,7 @@ loop, because only it knows whether the replicas it wanted are still the ones it
 from __future__ import annotations
 
 from extproc.logs import get_logger
-from extproc.platform.kube._calls import SERVICES, counted, custom_path, resource_version_of
+from extproc.platform.kube._calls import POOLS, SERVICES, counted, custom_path, resource_version_of
 from extproc.platform.kube.rest import ApiError, KubeClient
 
 log = get_logger(__name__)
@@ -51,6 +51,19 @@ class Actuator:
         resourceVersion. Only metadata changes: the generation and the replicas stay."""
         answered = await self._patch(namespace, member,
                                      {"metadata": {"annotations": {annotation: value}}})
+        return resource_version_of(answered)
+
+    async def stamp_pool(self, namespace: str, pool: str, annotation: str, value: str) -> str:
+        """The same stamp on a ModelPool (its status shares the object's resourceVersion, so
+        this fences status patches too); its new resourceVersion, "" if the pool is gone."""
+        try:
+            answered = await counted("patch", POOLS, self._api.call(
+                "PATCH", custom_path(namespace, POOLS, pool),
+                body={"metadata": {"annotations": {annotation: value}}}))
+        except ApiError as exc:
+            if exc.status == 404:
+                return ""
+            raise
         return resource_version_of(answered)
 
     async def trigger(self, namespace: str, member: str, resource_version: str) -> None:

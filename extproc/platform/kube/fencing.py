@@ -85,6 +85,9 @@ class _Stamper(Protocol):
     async def stamp(self, namespace: str, member: str, annotation: str, value: str) -> str:
         """Set an annotation on a member; its new resourceVersion."""
 
+    async def stamp_pool(self, namespace: str, pool: str, annotation: str, value: str) -> str:
+        """Set an annotation on a pool; its new resourceVersion."""
+
 
 class _Members(Protocol):
     def pools(self) -> list[PoolSpec]:
@@ -95,15 +98,20 @@ class _Members(Protocol):
 
 
 class TakeoverFences:
-    """On each gain of a pool's lead, stamp every member before this replica scales any.
+    """On each gain of a pool's lead, stamp the pool and every member before this replica
+    scales any.
 
-    A precondition refuses a deposed leader's late patch only if the member changed after
+    A precondition refuses a deposed leader's late patch only if the object changed after
     that leader read it. A new leader that keeps the incumbent (it cancels the swap its
     predecessor was draining for) writes nothing to it, so the old leader's scale-down, sent
-    before its renew deadline and delayed, would land under the new leader's admissions.
-    Stamping every member with a fresh annotation value moves each one's resourceVersion once
-    per lead term: from then on every patch decided before the stamp is refused. The stamp
-    starts at the gain; every scale of the term waits for it (``ready``).
+    before its renew deadline and delayed, would land under the new leader's admissions; and
+    a new leader whose status is already right writes no status, so the old leader's late
+    status patch would land and read as another controller's (own mode would stand down).
+    Stamping the pool and each member with a fresh annotation value moves each one's
+    resourceVersion once per lead term (a pool's status shares the object's version): from
+    then on every patch decided before the stamp is refused. The stamps start at the gain;
+    every scale of the term waits for them (``ready``); a status write does not need to (the
+    pool's stamp is its first write, and a status patch decided before it is refused).
     """
 
     def __init__(self, stamper: _Stamper, members: _Members, versions: HeldVersions,
@@ -145,6 +153,10 @@ class TakeoverFences:
         return task
 
     async def _stamp_all(self, key: PoolKey, value: str) -> None:
+        # The pool's version is not held here: the status publisher holds its own (what it
+        # wrote); should its first write after the stamp name the version before it, that
+        # costs one 409 and a re-read, once per lead.
+        await self._stamper.stamp_pool(key.namespace, key.name, LEADER_ANNOTATION, value)
         spec = next((s for s in self._members.pools() if s.key == key), None)
         for member in spec.members if spec is not None else ():
             _, cached = self._members.member_replicas(key, member)
@@ -155,11 +167,11 @@ class TakeoverFences:
                 continue  # nothing to fence: a patch to it is refused (404) too
             # The stamp is our write: hold its version until the watch shows it.
             self._versions.wrote((key.namespace, member), cached, answered)
-        log.info("pool members fenced for this lead", namespace=key.namespace, pool=key.name,
+        log.info("pool and members fenced for this lead", namespace=key.namespace, pool=key.name,
                  members=list(spec.members) if spec is not None else [], stamp=value)
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:
     """Mark a stamp's failure as seen (``ready`` reports it); log it once."""
     if not task.cancelled() and (exc := task.exception()) is not None:
-        log.warning("pool members not fenced; the next scale tries again", error=repr(exc))
+        log.warning("pool not fenced; the next scale tries again", error=repr(exc))
