@@ -12,7 +12,8 @@ Theory of operation:
   through one watch on every Lease of the service (member and leader roles), which also
   brings the peers' counts within a round trip instead of a renew period.
 - Writes for a pool are fenced (``leads``): a replica that is not the pool's leader, by its
-  own clock, sends no scale and no status patch.
+  own clock, sends no scale and no status patch; what it sent before that carries a
+  resourceVersion precondition, and the next leader's stamps refuse it (``fencing.py``).
 - ``leave()`` on SIGTERM releases the leader Leases at once; ``stop()`` deletes the
   membership Lease after the streams have ended, so peers stop waiting for it.
 """
