@@ -13,7 +13,8 @@ from kube_helpers import NS, Recorder, eventually, isvc, modelpool, running
 
 from extproc.metrics import KUBE_REQUESTS
 from extproc.platform.kube.actuator import Actuator
-from extproc.platform.kube.fencing import LEADER_ANNOTATION, HeldVersions
+from extproc.platform.kube.fencing import (LEADER_ANNOTATION, FenceLost, HeldVersions,
+                                           TakeoverFences)
 from extproc.platform.kube.platform import KubePlatform
 from extproc.platform.kube.rest import ApiError
 from extproc.platform.kube.status import StatusPublisher, StatusWriter
@@ -219,3 +220,57 @@ async def test_a_re_read_reaches_the_cache_and_the_listener_without_the_watch(
     await watcher.reread("inferenceservices", NS, "b")
     assert watcher.member_replicas(KEY, "b") == (0, "")
     assert [c[2].exists for c in recorder.take() if c[0] == "member_changed"] == [False]
+
+
+async def test_a_member_removed_from_the_spec_is_still_fenced(emulator: Any, api: Any) -> None:
+    seed(emulator)
+    async with running(api) as watcher:
+        assert watcher.members_of(KEY) == ["a", "b"]
+        emulator.patch("modelpools", "slot", {"spec": {"members": [
+            {"inferenceServiceRef": {"name": "b"}}], "default": "b"}}, NS)
+        await eventually(lambda: watcher.pools()[0].members == ("b",), 5)
+        # a may still hold the GPU until the pool drained and unloaded it: stamped too
+        assert watcher.members_of(KEY) == ["b", "a"]
+
+
+class _HangingStamper:
+    """Stamps that never answer (an API server that stopped answering mid-write)."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+
+    async def stamp(self, namespace: str, member: str, annotation: str, value: str) -> str:
+        """Never returns."""
+        self.started.set()
+        await asyncio.Event().wait()
+        return ""
+
+    async def stamp_pool(self, namespace: str, pool: str, annotation: str, value: str) -> str:
+        """Never returns."""
+        return await self.stamp(namespace, pool, annotation, value)
+
+
+class _Members:
+    """One pool, two members, versions unknown."""
+
+    def member_replicas(self, key: PoolKey, member: str) -> tuple[int, str]:
+        """Unknown."""
+        return 0, ""
+
+    def members_of(self, key: PoolKey) -> list[str]:
+        """a and b."""
+        return ["a", "b"]
+
+
+async def test_a_lead_lost_while_fencing_fails_the_write_without_cancelling_its_caller() -> None:
+    stamper = _HangingStamper()
+    fences = TakeoverFences(stamper, _Members(), HeldVersions(), "r1")
+    fences.lead_changed(KEY, True)
+    waiting = asyncio.get_running_loop().create_task(fences.ready(KEY))
+    await asyncio.wait_for(stamper.started.wait(), 5)
+    assert not waiting.done()  # a scale waits for this lead's stamps
+    fences.lead_changed(KEY, False)
+    with pytest.raises(FenceLost):
+        await asyncio.wait_for(waiting, 5)
+    await fences.ready(KEY)  # not leading: nothing to wait for (the leadership check refuses)
+    fences.close()

@@ -35,7 +35,7 @@ from typing import Protocol
 
 from extproc.logs import get_logger
 from extproc.platform.kube.actuator import MemberMissing
-from extproc.policy.model import PoolKey, PoolSpec
+from extproc.policy.model import PoolKey
 
 log = get_logger(__name__)
 
@@ -81,6 +81,10 @@ class HeldVersions:
 LEADER_ANNOTATION = "modelpool.inference.llmkube.dev/leader"
 
 
+class FenceLost(RuntimeError):
+    """The lead was lost before this term's stamps landed (the write is not sent)."""
+
+
 class _Stamper(Protocol):
     async def stamp(self, namespace: str, member: str, annotation: str, value: str) -> str:
         """Set an annotation on a member; its new resourceVersion."""
@@ -90,11 +94,11 @@ class _Stamper(Protocol):
 
 
 class _Members(Protocol):
-    def pools(self) -> list[PoolSpec]:
-        """Every known pool's spec."""
-
     def member_replicas(self, key: PoolKey, member: str) -> tuple[int, str]:
         """(replicas, resourceVersion) of a member as last seen."""
+
+    def members_of(self, key: PoolKey) -> list[str]:
+        """The pool's members, with those removed from its spec that are still tracked."""
 
 
 class TakeoverFences:
@@ -110,8 +114,9 @@ class TakeoverFences:
     Stamping the pool and each member with a fresh annotation value moves each one's
     resourceVersion once per lead term (a pool's status shares the object's version): from
     then on every patch decided before the stamp is refused. The stamps start at the gain;
-    every scale of the term waits for them (``ready``); a status write does not need to (the
-    pool's stamp is its first write, and a status patch decided before it is refused).
+    every scale of the term waits for them (``ready``). A status write need not wait: it moves
+    the pool's version itself, and a late patch that lands in the round trip before the stamp
+    falls in the new leader's grace (``Replicas.judges``), so it is not read as a fight.
     """
 
     def __init__(self, stamper: _Stamper, members: _Members, versions: HeldVersions,
@@ -135,7 +140,15 @@ class TakeoverFences:
             return  # not leading: the caller's own leadership check refuses the write
         if task.done() and (task.cancelled() or task.exception() is not None):
             task = self._start(key)  # a failed stamp is tried again with the next write
-        await asyncio.shield(task)
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # our caller is being cancelled
+            # the stamps were cancelled: the lead was lost meanwhile (the caller must not
+            # end as cancelled for that; its own leadership check tells it the rest)
+            raise FenceLost(f"the lead of pool {key} was lost while fencing") from None
 
     def close(self) -> None:
         """Cancel every stamp under way."""
@@ -157,8 +170,9 @@ class TakeoverFences:
         # wrote); should its first write after the stamp name the version before it, that
         # costs one 409 and a re-read, once per lead.
         await self._stamper.stamp_pool(key.namespace, key.name, LEADER_ANNOTATION, value)
-        spec = next((s for s in self._members.pools() if s.key == key), None)
-        for member in spec.members if spec is not None else ():
+        # members removed from the spec too: one may still hold the GPU and be scaled down
+        members = self._members.members_of(key)
+        for member in members:
             _, cached = self._members.member_replicas(key, member)
             try:
                 answered = await self._stamper.stamp(key.namespace, member, LEADER_ANNOTATION,
@@ -168,7 +182,7 @@ class TakeoverFences:
             # The stamp is our write: hold its version until the watch shows it.
             self._versions.wrote((key.namespace, member), cached, answered)
         log.info("pool and members fenced for this lead", namespace=key.namespace, pool=key.name,
-                 members=list(spec.members) if spec is not None else [], stamp=value)
+                 members=members, stamp=value)
 
 
 def _retrieve(task: asyncio.Task[None]) -> None:

@@ -113,6 +113,14 @@ class ClusterWatcher:
         state = self._services.get(where)
         return (state[1] if state else 0), self._service_versions.get(where, "")
 
+    def members_of(self, key: PoolKey) -> list[str]:
+        """The pool's members: its spec's, then those removed from it that are still indexed
+        (one may hold the GPU until the pool has drained and unloaded it)."""
+        pool = self._pools.get(key)
+        named = list(pool.spec.members) if pool else []
+        return named + sorted(m for (ns, m), pools in self._pools_of.items()
+                              if ns == key.namespace and key in pools and m not in named)
+
     def pool_status(self, key: PoolKey) -> dict:
         """The pool's ``.status`` as last seen ({} when unknown)."""
         pool = self._pools.get(key)
