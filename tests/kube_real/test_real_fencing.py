@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.error
 from typing import Any
 
 import pytest
@@ -174,3 +175,31 @@ async def test_a_deposed_leaders_late_writes_are_refused(control_plane: ControlP
         await asyncio.gather(*tasks, return_exceptions=True)
         await old.stop()
         await new.stop()
+
+
+def test_a_stale_version_is_refused_on_status_merge_patches(control_plane: ControlPlane,
+                                                           namespace: str) -> None:
+    """What the emulator copies (tests/kubeapi/test_objects.py): a /status merge patch naming
+    a stale resourceVersion is 409, also when it would change nothing; a metadata-only patch
+    (the leader's stamp) moves the version the status patches are checked against."""
+    _seed(control_plane, namespace)
+    status = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/modelpools/slot/status"
+    merge = "application/merge-patch+json"
+    first = control_plane.request("PATCH", status, {"status": {"phase": "Ready"}},
+                                  content_type=merge)
+    stale = first["metadata"]["resourceVersion"]
+    control_plane.request("PATCH", status[: -len("/status")],
+                          {"metadata": {"annotations": {LEADER_ANNOTATION: "r2 x"}}},
+                          content_type=merge)
+    for phase in ("Swapping", "Ready"):  # a change, then what is already there
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            control_plane.request("PATCH", status, {"metadata": {"resourceVersion": stale},
+                                                    "status": {"phase": phase}},
+                                  content_type=merge)
+        assert refused.value.code == 409
+    current = _read(control_plane, namespace, "modelpools", "slot")
+    assert current["status"]["phase"] == "Ready" and current["metadata"]["generation"] == 1
+    landed = control_plane.request(
+        "PATCH", status, {"metadata": {"resourceVersion": current["metadata"]["resourceVersion"]},
+                          "status": {"phase": "Swapping"}}, content_type=merge)
+    assert landed["status"]["phase"] == "Swapping"
