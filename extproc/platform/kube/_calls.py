@@ -66,4 +66,4 @@ def custom_path(namespace: str, plural: str, name: str = "", subresource: str = 
 def resource_version_of(obj: object) -> str:
     """An API object's metadata.resourceVersion ("" when absent)."""
     meta = obj.get("metadata") if isinstance(obj, dict) else None
-    return str((meta or {}).get("resourceVersion") or "") if isinstance(meta, dict) else ""
+    return str(meta.get("resourceVersion") or "") if isinstance(meta, dict) else ""

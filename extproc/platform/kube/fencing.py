@@ -23,7 +23,8 @@ through: ``[sent, answered, answered, ...]``. Given the cache's version:
 No ordering of resourceVersions is assumed (the API says they are opaque): only equality.
 
 A precondition only refuses a patch if the object changed after its writer read it; so a new
-leader also moves every member's version once when it takes the lead (``TakeoverFences``).
+leader also moves the pool's and every member's version once when it takes the lead
+(``TakeoverFences``).
 """
 
 from __future__ import annotations
@@ -57,10 +58,6 @@ class HeldVersions:
             return chain[-1]  # the watch has not shown our last write yet
         del self._chains[key]  # caught up (the last one), or someone wrote after us
         return cached
-
-    def ahead(self, key: Hashable, cached: str) -> bool:
-        """Whether our last write is newer than what the cache shows of the object."""
-        return self.precondition(key, cached) != cached
 
     def wrote(self, key: Hashable, sent: str, answered: str) -> None:
         """A write carrying ``sent`` succeeded; the server answered version ``answered``."""
