@@ -436,7 +436,6 @@ def test_standalone_envoy_clusters(envoy_config, standalone) -> None:
     name = _hcm(_listener(envoy_config, "modelpool"))["http_filters"][0]["typed_config"][
         "grpc_service"]["envoy_grpc"]["cluster_name"]
     ext = clusters[name]
-    assert _address(ext) == (f"modelpool-extproc.{NAMESPACE}.svc.cluster.local", 9002)
     assert "http2_protocol_options" in ext["typed_extension_protocol_options"][
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]["explicit_http_config"]
     (threshold,) = ext["circuit_breakers"]["thresholds"]
@@ -457,6 +456,44 @@ def test_standalone_envoy_clusters(envoy_config, standalone) -> None:
     listen = {lst["name"]: lst["address"]["socket_address"]["port_value"]
               for lst in envoy_config["static_resources"]["listeners"]}
     assert ports == {"http": listen["modelpool"], "ops": listen["ops"]}
+
+
+def test_standalone_envoy_balances_over_the_replicas_and_health_checks_each(
+        envoy_config, standalone) -> None:
+    from extproc.protocol.service import SERVICE  # noqa: PLC0415 - the name it registers
+
+    filt = _hcm(_listener(envoy_config, "modelpool"))["http_filters"][0]["typed_config"]
+    ext = _clusters(envoy_config)[filt["grpc_service"]["envoy_grpc"]["cluster_name"]]
+    # every replica's own address, re-resolved: the headless Service of the ext_proc pods
+    host, port = _address(ext)
+    assert ext["type"] == "STRICT_DNS" and parse_duration(ext["dns_refresh_rate"]) <= 5
+    assert host == f"modelpool-extproc-headless.{NAMESPACE}.svc.cluster.local"
+    headless = _one(standalone, "Service", "modelpool-extproc-headless")
+    assert headless["spec"]["clusterIP"] == "None"
+    assert not headless["spec"].get("publishNotReadyAddresses")  # a pod not Ready is not in DNS
+    pods = _one(standalone, "Deployment", "modelpool-extproc")["spec"]["template"]
+    assert headless["spec"]["selector"].items() <= pods["metadata"]["labels"].items()
+    (svc_port,) = headless["spec"]["ports"]
+    (container,) = [c for c in pods["spec"]["containers"] if c["name"] == "extproc"]
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert svc_port["port"] == port == named[svc_port["targetPort"]]
+    assert svc_port["appProtocol"] == "kubernetes.io/h2c"
+    # the ClusterIP Service stays (Envoy Gateway, metrics); the standalone Envoy does not use it
+    assert _one(standalone, "Service", "modelpool-extproc")["spec"].get("clusterIP") != "None"
+    # per stream over the replicas, each asked for the gRPC health the service reports
+    # (NOT_SERVING when it cannot admit), also without traffic; never "panic" onto them
+    assert ext["lb_policy"] in ("LEAST_REQUEST", "ROUND_ROBIN")
+    (check,) = ext["health_checks"]
+    assert check["grpc_health_check"] == {"service_name": SERVICE}
+    assert parse_duration(check["interval"]) <= 2 and parse_duration(check["no_traffic_interval"]) <= 2
+    assert parse_duration(check["timeout"]) <= parse_duration(check["interval"])
+    assert check["healthy_threshold"] == 1 and check["unhealthy_threshold"] <= 3
+    assert ext["common_lb_config"]["healthy_panic_threshold"] == {"value": 0.0}
+    assert not ext.get("close_connections_on_host_health_failure")  # open streams finish
+    # a stream that could not reach a replica is retried on another, never a decided one
+    retry = filt["grpc_service"]["retry_policy"]
+    assert set(retry["retry_on"].split(",")) == {"connect-failure", "refused-stream"}
+    assert retry["retry_host_predicate"][0]["name"] == "envoy.retry_host_predicates.previous_hosts"
 
 
 def _envoy_binary() -> Path:
