@@ -11,7 +11,8 @@ are read; the figures are per 1,000 requests and per request.
 A variant is a processing mode (``two``: headers then body; ``one``: the body alone, as the
 shipped standalone Envoy sends a POST with a body), a transport from Envoy to the ext_proc
 (TCP loopback or a Unix domain socket) and a change to the service applied by
-``bench.variant`` (uvloop, a gRPC server option) or by the environment (``env:NAME=VALUE``).
+``bench.variant`` (a gRPC server option) or by the environment (``env:NAME=VALUE``), on the
+event loop the variant names (asyncio's unless it says uvloop).
 """
 
 from __future__ import annotations
@@ -41,14 +42,15 @@ class Variant:
     mode: str = "one"  # "one" or "two" messages each way
     transport: str = "tcp"  # "tcp" or "unix"
     changes: str = ""  # bench.variant's changes, and env:NAME=VALUE items
+    loop: str = "asyncio"  # the service's --event-loop (its default is uvloop since this part)
 
 
 VARIANTS = (
     Variant("two messages", mode="two"),
     Variant("one message"),
-    Variant("one + uvloop", changes="uvloop"),
+    Variant("one + uvloop", loop="uvloop"),
     Variant("one + unix socket", transport="unix"),
-    Variant("one + uvloop + unix", transport="unix", changes="uvloop"),
+    Variant("one + uvloop + unix", transport="unix", loop="uvloop"),
     Variant("one + optimization_target=latency",
             changes="grpc:grpc.optimization_target=latency"),
     Variant("one + optimization_target=throughput",
@@ -93,7 +95,8 @@ class Running:
         env["MODELPOOL_BENCH_VARIANT"] = ",".join(changes)
         self.extproc = ManagedProcess(
             [sys.executable, "-m", "bench.variant", "serve", "--listen", listen,
-             "--metrics-listen", f"{LOCALHOST}:{metrics_port}", "--pools-file", pools],
+             "--metrics-listen", f"{LOCALHOST}:{metrics_port}", "--pools-file", pools,
+             "--event-loop", variant.loop],
             self.dir / "extproc.log", env=env, cwd=PROJECT_ROOT).start()
         wait_for_http(f"http://{LOCALHOST}:{metrics_port}/healthz", timeout=30)
         self.envoy = envoycfg.bench_envoy(self.dir / "envoy", port, members)

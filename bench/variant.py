@@ -1,14 +1,13 @@
 """The service with one measured change applied, for part 6 (hand-offs) only.
 
-``MODELPOOL_BENCH_VARIANT`` lists the changes, comma-separated: ``uvloop`` (uvloop's event loop
-under grpc.aio), ``grpc:<option>=<value>`` (a gRPC server option added to, or replacing, the
-service's own). Everything else is ``extproc serve`` unchanged, so a variant measures that one
+``MODELPOOL_BENCH_VARIANT`` lists the changes, comma-separated: ``grpc:<option>=<value>`` (a
+gRPC server option added to, or replacing, the service's own). (The event loop is the
+service's own ``--event-loop``.) Everything else is ``extproc serve`` unchanged, so a variant measures that one
 change and nothing else. Not shipped behaviour: what wins moves into the service itself.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 from typing import Any
@@ -29,11 +28,7 @@ def apply(spec: str) -> None:
     """Apply the changes ``spec`` names (see the module docstring)."""
     options: dict[str, int | str] = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
-        if item == "uvloop":
-            import uvloop
-
-            asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-        elif item.startswith("grpc:"):
+        if item.startswith("grpc:"):
             key, _, value = item[len("grpc:"):].partition("=")
             options[key] = _value(value)
         else:
@@ -41,8 +36,8 @@ def apply(spec: str) -> None:
     if options:
         original = grpc.aio.server
 
-        def server(*args: Any, options_in: Any = None, **kwargs: Any) -> grpc.aio.Server:
-            merged = dict(kwargs.pop("options", None) or options_in or ())
+        def server(*args: Any, **kwargs: Any) -> grpc.aio.Server:
+            merged = dict(kwargs.pop("options", None) or ())
             merged.update(options)
             return original(*args, options=list(merged.items()), **kwargs)
 
