@@ -110,6 +110,11 @@ def main(argv: list[str] | None = None) -> None:
     results["ha"] = _ha(work, versions)
     results["machine"] = machine.facts(versions)
     results["elapsed_s"] = round(time.monotonic() - began, 1)
+    if report.RESULTS.exists():
+        # part 6 runs only alone: a full run keeps its last figures
+        last = json.loads(report.RESULTS.read_text(encoding="utf-8")).get("handoffs")
+        if last is not None:
+            results["handoffs"] = last
     _finish(results, work)
 
 
