@@ -11,7 +11,7 @@ A stream comes in one of two shapes, and both are served:
   headers, answered with CONTINUE or an answer of our own, then the buffered body;
 * one message (the standalone Envoy's requests with a body, ``request_header_mode: SKIP``): the
   buffered body alone, with the head (method, path, request id, our client headers) in its
-  ``attributes`` (``request.ATTRIBUTES``). One message each way halves the gRPC work.
+  ``attributes`` (``request.ATTRIBUTES``): one message each way instead of two.
 
 The decision always rides on the body's answer (``answers.route`` works for both shapes).
 """
@@ -35,8 +35,8 @@ from ..runtime.driver import Ticket
 from ..runtime.hub import Hub, Route
 from ..settings import Settings
 from . import answers
-from .request import ATTRIBUTES_KEY, BadRequest, RequestHead, max_wait, model_from_body, read_attributes, \
-    read_head
+from .request import (ATTRIBUTES_KEY, BadRequest, RequestHead, max_wait, model_from_body,
+                      read_attributes, read_head)
 
 log = get_logger(__name__)
 
