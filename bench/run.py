@@ -5,7 +5,9 @@ whole run is bounded (fixed durations and counts, timeouts on every wait): about
 on this machine, 4 of them part 5. Part 2 runs the same swaps in both actuation modes, own and
 llmkube; part 5 runs 3 ext_proc replicas side by side with 1. ``python -m bench.run --only
 llmkube`` runs just part 2's llmkube half, ``--only ha`` just part 5, and merges it into the
-last run's bench/results.json (the other parts keep their figures).
+last run's bench/results.json (the other parts keep their figures). Part 6 (hand-offs per
+request for each way of running the service) runs only alone, ``--only handoffs``; a full run
+keeps its last figures.
 """
 
 from __future__ import annotations
