@@ -13,6 +13,8 @@ import pytest
 import yaml
 
 from extproc.cli import build_parser
+from extproc.protocol.answers import METADATA_NAMESPACE
+from extproc.protocol.request import ATTRIBUTES
 from extproc.settings import Settings, from_sources, parse_duration
 from downward import POD_NAME, as_flags, downward_env, pod_env
 from tools import tool_binary
@@ -406,8 +408,11 @@ def test_standalone_envoy_follows_the_field_notes(envoy_config) -> None:
     log_format = hcm["access_log"][0]["typed_config"]["log_format"]["json_format"]
     assert "%RESPONSE_CODE_DETAILS%" in log_format.values()
 
-    ext_proc, router = hcm["http_filters"]
+    ext_proc, buffer, router = hcm["http_filters"]
     assert router["name"] == "envoy.filters.http.router"
+    # holds the headers for the one-message mode, up to the listener's buffer limit
+    assert buffer["typed_config"]["max_request_bytes"] == listener[
+        "per_connection_buffer_limit_bytes"]
     ext = ext_proc["typed_config"]
     assert ext["processing_mode"] == {
         "request_header_mode": "SEND", "request_body_mode": "BUFFERED",
@@ -419,7 +424,15 @@ def test_standalone_envoy_follows_the_field_notes(envoy_config) -> None:
     assert DEFAULTS.swap_budget < max_message <= idle
     assert ext["failure_mode_allow"] is True
 
-    member, fallback = hcm["route_config"]["virtual_hosts"][0]["routes"]
+    member, *by_metadata, one_message, fallback = hcm["route_config"]["virtual_hosts"][0][
+        "routes"]
+    assert [r["route"]["cluster"] for r in by_metadata] == [_route_value(m) for m in MEMBERS]
+    assert ext["request_attributes"] == list(ATTRIBUTES)
+    assert ext["metadata_options"]["receiving_namespaces"]["untyped"] == [METADATA_NAMESPACE]
+    mode = one_message["typed_per_filter_config"]["envoy.filters.http.ext_proc"]["overrides"][
+        "processing_mode"]
+    assert mode["request_header_mode"] == "SKIP" and mode["request_body_mode"] == "BUFFERED"
+    assert one_message["direct_response"] == fallback["direct_response"]
     assert member["match"]["headers"] == [{"name": DEFAULTS.route_header, "present_match": True}]
     assert member["route"]["cluster_header"] == DEFAULTS.route_header
     assert parse_duration(member["route"]["timeout"]) == 0
@@ -567,3 +580,27 @@ def test_operations_doc_states_the_manifest_values(eg, standalone) -> None:
                  f"`{grace}s`", f"`{DEFAULTS.swap_budget:.0f}s`",
                  f"`{DEFAULTS.swap_timeout:.0f}s`", f"`{DEFAULTS.shutdown_grace:.0f}s`"):
         assert text in doc, text
+
+
+def test_standalone_envoy_one_message_is_the_tested_templates(envoy_config) -> None:
+    # envoy/envoy.yaml's one-message mode is what the real-Envoy tests exercise
+    # (tests/test_envoy_attributes.py and the suites on it): the overlay must be the same.
+    from devstack import envoyconf
+
+    def parts(hcm: dict[str, Any]) -> tuple[Any, ...]:
+        ext = next(f for f in hcm["http_filters"] if f["name"] == envoyconf.EXTPROC_FILTER)
+        buffer = next(f for f in hcm["http_filters"] if f["name"] == envoyconf.BUFFER_FILTER)
+        routes = {r["name"]: r for r in hcm["route_config"]["virtual_hosts"][0]["routes"]}
+        one = routes["router_unavailable_one_message"]
+        return ([f["name"] for f in hcm["http_filters"]],
+                {k: ext["typed_config"][k] for k in ("processing_mode", "request_attributes",
+                                                     "metadata_options")},
+                buffer["typed_config"], one["match"], one["typed_per_filter_config"])
+
+    template = envoyconf.load_template()["static_resources"]["listeners"][0]
+    tested = _named_filter(template["filter_chains"][0]["filters"], envoyconf.HCM_FILTER)
+    assert parts(_hcm(_listener(envoy_config, "modelpool"))) == parts(tested["typed_config"])
+
+
+def _named_filter(filters: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    return next(f for f in filters if f["name"] == name)
