@@ -85,9 +85,9 @@ class ProbeRouter:
         self.app[_HOSTS] = {}
         self.app.router.add_get("/{namespace}/{member}/slots", _slots)
         self.app.router.add_get("/slots", _proxied_slots)
-        self.app.router.add_get("/asked", lambda r: web.json_response(r.app[_ASKED]))
-        self.app.router.add_get("/asked-hosts", lambda r: web.json_response(r.app[_HOSTS]))
-        self.app.router.add_get("/healthz", lambda _: web.Response(text="ok\n"))
+        self.app.router.add_get("/asked", _asked)
+        self.app.router.add_get("/asked-hosts", _asked_hosts)
+        self.app.router.add_get("/healthz", _healthz)
         self._runner: web.AppRunner | None = None
 
     @property
@@ -141,3 +141,18 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+async def _asked(request: web.Request) -> web.Response:
+    """Which members' probes were asked, in order (tests read it)."""
+    return web.json_response(request.app[_ASKED])
+
+
+async def _asked_hosts(request: web.Request) -> web.Response:
+    """Which cluster DNS names were dialled through the proxy, in order."""
+    return web.json_response(request.app[_HOSTS])
+
+
+async def _healthz(_: web.Request) -> web.Response:
+    """Up."""
+    return web.Response(text="ok\n")
