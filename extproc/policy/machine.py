@@ -52,11 +52,10 @@ applies, so any event order converges.
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from operator import attrgetter
 
-from . import admission, modes, replicas, snapshot, watchdog
+from . import admission, fairness, modes, replicas, snapshot, watchdog
 from .events import (ActuationChanged, AdmissionLease, Admit, Close, Command, DrainAnnounced,
                      Dropped, Event, Hold, IdleProbed, LeadershipChanged, MemberObserved,
                      Notice, PeersObserved, Reject, RequestArrived, RequestEnded, Scale,
@@ -147,7 +146,7 @@ class PoolMachine:
         swap = self.swap
         if swap is not None:
             if swap.stage is Stage.DRAIN:
-                times.extend(t for t in (swap.probe_retry_at, self.calm_at(),
+                times.extend(t for t in (swap.probe_retry_at, fairness.calm_at(self),
                                          *replicas.settle_times(self)) if t > self.now)
             if swap.stage in (Stage.LOAD, Stage.TRIGGERED):
                 times.append(swap.load_started + self.limits.swap_timeout)
@@ -234,7 +233,7 @@ class PoolMachine:
         self.owner_picked = True
         # A return within the drain linger's cap is what makes an adaptive linger worth it.
         self.requests.arrived(member, now, self.limits.drain_linger)
-        if self.routable(member) and not self._fairness_holds(member, now):
+        if self.routable(member) and not fairness.holds(self, member, now):
             self.admit(rid, member, 0.0, out)
             return
         refusal = admission.refusal(self, self.hands, rid, member, max_wait)
@@ -381,20 +380,6 @@ class PoolMachine:
             return replicas.follower_admits(self, member)
         return self.actuation is not Actuation.LLMKUBE or incoming(self) in ("", member)
 
-    def fairness_due(self, swap: Swap, now: float) -> bool:
-        """True once ``swap`` has waited its pool's fairness window (never when it is 0)."""
-        window = self.spec.fairness_window
-        return window > 0 and now - swap.started >= window
-
-    def calm_at(self) -> float:
-        """When the members giving up the slot will have been idle for their drain linger."""
-        swap = self.swap
-        if swap is None or self.fairness_due(swap, self.now):
-            return -math.inf
-        book, cap = self.requests, self.limits.drain_linger
-        return max((book.idle_since(m) + book.linger(m, self.now, cap) for m in self.others()),
-                   default=-math.inf)
-
     def others(self) -> list[str]:
         """The members that must give up the slot for the swap under way."""
         target = self.swap.target if self.swap is not None else ""
@@ -403,8 +388,3 @@ class PoolMachine:
     def missing(self) -> tuple[str, ...]:
         """Members whose InferenceService does not exist (the pool is Degraded)."""
         return tuple(m for m in self.spec.members if m in self.obs and not self.obs[m].exists)
-
-    def _fairness_holds(self, member: str, now: float) -> bool:
-        """True when ``member`` is the incumbent of a swap that has waited long enough."""
-        swap = self.swap
-        return swap is not None and swap.target != member and self.fairness_due(swap, now)

@@ -31,81 +31,92 @@ from .state import Limits, Stage, Swap
 
 
 class PoolReader(Protocol):
-    """A read-only view of one pool's machine, as concerns see it."""
+    """A view of one pool's machine, as concerns see it: read only (only ``machine.py``
+    assigns these; tests/policy/test_layers.py checks it)."""
 
-    @property
-    def spec(self) -> PoolSpec: """The pool's spec."""
-    @property
-    def limits(self) -> Limits: """Process-wide policy knobs."""
-    @property
-    def now(self) -> float: """The time of the event being handled."""
-    @property
-    def actuation(self) -> Actuation: """Who carries the pool's swaps out."""
-    @property
-    def status(self) -> PoolStatus: """The pool's ``.status`` as last observed."""
-    @property
-    def obs(self) -> Mapping[str, MemberObservation]: """The members as last observed."""
-    @property
-    def resident(self) -> str: """The member owning the slot ("" for none)."""
-    @property
-    def swap(self) -> Swap | None: """The swap under way (None: Idle)."""
-    @property
-    def stage(self) -> Stage: """Idle, or the stage of the swap under way."""
-    @property
-    def requests(self) -> RequestBook: """Held and in-flight requests (the book's own methods change it)."""
-    @property
-    def history(self) -> SwapHistory: """Past swap durations."""
-    @property
-    def hints(self) -> StartHints: """What the cluster remembered at start-up."""
-    @property
-    def owner_picked(self) -> bool: """Whether a request, an adoption or a warm-up picked an owner."""
-    @property
-    def failed_until(self) -> Mapping[str, float]: """Members whose load failed -> end of backoff."""
-    @property
-    def failed_message(self) -> str: """Why the last load failed."""
-    @property
-    def deferred(self) -> tuple[str, str]: """Why the swap waits (reason, message), or ("", "")."""
-    @property
-    def wishes(self) -> Mapping[str, None]: """Members wanted by requests refused for their deadline."""
-    @property
-    def departing(self) -> frozenset[str] | set[str]: """Members removed from the spec that may hold the GPU."""
-    @property
-    def closing(self) -> tuple[str, str] | None: """(code, message) once the pool closes."""
-    @property
-    def drain(self) -> tuple[int, str]: """The drain announcement in force: (epoch, target)."""
-    @property
-    def admit_until(self) -> float: """This replica admits nothing from then on."""
-    @property
-    def peers(self) -> tuple[PeerState, ...]: """The other replicas' membership Leases."""
-    @property
-    def resident_since(self) -> float: """When the resident took the slot."""
-    @property
-    def idle_shown(self) -> float | None: """The status's residentIdleSince (None: not shown)."""
+    # Given, and the time of the event being handled.
+    spec: PoolSpec
+    limits: Limits
+    now: float
+    # What the cluster showed: the members, and the pool's .status.
+    obs: Mapping[str, MemberObservation]
+    status: PoolStatus
+    # Who owns the slot, and the swap under way (None: Idle).
+    resident: str
+    swap: Swap | None
+    stage: Stage  # Idle, or the swap's stage
+    actuation: Actuation  # who carries the swaps out (``modes.Hands``)
+    # The records other rooms keep, each changed by its own methods.
+    requests: RequestBook
+    history: SwapHistory
+    # What the machine remembers between events.
+    hints: StartHints  # what the cluster remembered at start-up
+    owner_picked: bool  # a request, an adoption or a warm-up picked an owner
+    failed_until: Mapping[str, float]  # a member that failed to load -> end of its backoff
+    failed_message: str  # why the last load failed
+    deferred: tuple[str, str]  # why the swap waits: (reason, message), or ("", "")
+    wishes: Mapping[str, None]  # members wanted by requests refused for their own deadline
+    departing: set[str]  # members removed from the spec that may still hold the GPU
+    closing: tuple[str, str] | None  # (code, message) once the pool closes
+    # Read back from ``replicas.Fleet``.
+    drain: tuple[int, str]  # the drain announcement in force: (epoch, target)
+    admit_until: float  # this replica admits nothing from then on
+    peers: tuple[PeerState, ...]  # the other replicas' membership Leases
+    # Read back from ``reclaim.PolicyMemory``.
+    resident_since: float  # when the resident took the slot
+    idle_shown: float | None  # the status's residentIdleSince (None: not shown)
 
-    def routable(self, member: str) -> bool: """May requests for ``member`` pass now?"""
-    def serving(self, member: str) -> bool: """Resident and Ready (and nothing else coming in)."""
-    def others(self) -> list[str]: """The members that must give up the slot for the swap."""
-    def missing(self) -> tuple[str, ...]: """Members that do not exist (the pool is Degraded)."""
-    def calm_at(self) -> float: """When the members giving up the slot are calm."""
-    def retry_after(self) -> int: """Seconds a client should wait before retrying."""
+    def routable(self, member: str) -> bool:
+        """May requests for ``member`` pass now?"""
+
+    def serving(self, member: str) -> bool:
+        """Resident and Ready (and, llmkube or follow, nothing else coming in)."""
+
+    def others(self) -> list[str]:
+        """The members that must give up the slot for the swap under way."""
+
+    def missing(self) -> tuple[str, ...]:
+        """Members that do not exist (the pool is Degraded)."""
+
+    def retry_after(self) -> int:
+        """Seconds a client should wait before retrying."""
 
 
 class PoolWriter(PoolReader, Protocol):
     """What the transition table's actions may change of the machine, each by a method."""
 
     def set_resident(self, member: str, since: float | None = None) -> None:
-        """``member`` owns the slot; ``since`` given, its idle clock starts then."""
-    def pick_owner(self) -> None: """An owner was picked: spec.default is not warmed any more."""
-    def begin_swap(self, swap: Swap) -> None: """``swap`` is under way from now on."""
-    def end_swap(self) -> None: """No swap is under way any more."""
-    def set_pending_hint(self, member: str) -> None: """Resume a swap to ``member`` ("" : none)."""
+        """``member`` owns the slot ("" : none); ``since`` given, its idle clock starts then."""
+
+    def pick_owner(self) -> None:
+        """An owner was picked: a cold pool no longer warms spec.default."""
+
+    def begin_swap(self, swap: Swap) -> None:
+        """``swap`` is under way from now on."""
+
+    def end_swap(self) -> None:
+        """No swap is under way any more."""
+
+    def forget_wish(self, member: str) -> None:
+        """A swap to ``member`` starts: the wish for it is granted."""
+
+    def set_pending_hint(self, member: str) -> None:
+        """Resume a swap to ``member`` next ("" : the hint is used up)."""
+
     def record_failure(self, member: str, until: float, reason: str) -> None:
-        """``member`` failed to load: it fails fast until ``until``."""
-    def clear_failure(self, member: str) -> None: """``member`` loaded: its backoff ends."""
+        """``member`` failed to load: requests for it fail fast until ``until``."""
+
+    def clear_failure(self, member: str) -> None:
+        """``member`` loaded: its failure backoff ends now."""
+
     def admit(self, rid: int, member: str, held_for: float, out: list[Command]) -> None:
         """Let ``rid`` through to ``member``."""
+
     def scale(self, member: str, replicas: int, out: list[Command]) -> None:
         """Ask for ``member`` at ``replicas``."""
+
     def defer(self, reason: str, message: str, out: list[Command]) -> None:
         """Record why the swap waits."""
-    def clear_deferral(self) -> None: """The swap moves again."""
+
+    def clear_deferral(self) -> None:
+        """The swap moves again."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from . import replicas
+from . import fairness, replicas
 from .events import Command, Notice, ProbeIdle, Reject
 from .model import PHASE_FAILED, Actuation
 from .pool import PoolReader, PoolWriter
@@ -160,7 +160,7 @@ def drained(m: PoolReader, now: float) -> bool:
     probe is what decides), and the linger is over."""
     gated = m.limits.idle_gate or replicas.unsettled(m, now)
     paused = gated and now < swap_of(m).probe_retry_at
-    return not paused and not others_busy(m) and now >= m.calm_at() \
+    return not paused and not others_busy(m) and now >= fairness.calm_at(m) \
         and replicas.peers_drained(m, m.others())
 
 

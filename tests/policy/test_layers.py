@@ -123,5 +123,6 @@ def test_the_write_check_sees_a_write(tmp_path: Path) -> None:
 def test_the_machine_has_what_the_protocols_promise() -> None:
     machine = PoolMachine(PoolSpec(PoolKey("ns", "pool"), ("a", "b")), limits(), 0.0)
     promised = {name for cls in PoolWriter.__mro__ if cls.__module__.endswith(".pool")
-                for name in vars(cls) if not name.startswith("_")}
+                for name in [*vars(cls), *getattr(cls, "__annotations__", {})]
+                if not name.startswith("_")}
     assert promised and all(hasattr(machine, name) for name in promised)
