@@ -85,7 +85,7 @@ class PoolMachine:
         # The rooms: each concern's own state (see the module header).
         self.hands = modes.Hands(actuation, auto)
         self.fleet = replicas.Fleet(leading=None if actuation is Actuation.FOLLOW else True)
-        self.memory = PolicyMemory(resident_since=now)
+        self.policy_memory = PolicyMemory(resident_since=now)
         self.requests = RequestBook()
         self.history = SwapHistory(limits.retry_after_default, limits.retry_after_max)
         # What the machine itself keeps, changed only here.
@@ -124,8 +124,9 @@ class PoolMachine:
     drain = property(attrgetter("fleet.drain"), doc="The drain announcement: (epoch, target).")
     admit_until = property(attrgetter("fleet.admit_until"), doc="This replica admits till then.")
     peers = property(attrgetter("fleet.peers"), doc="The other replicas' membership Leases.")
-    resident_since = property(attrgetter("memory.resident_since"), doc="When it took the slot.")
-    idle_shown = property(attrgetter("memory.idle_shown"), doc="status.residentIdleSince.")
+    resident_since = property(attrgetter("policy_memory.resident_since"),
+                              doc="When the resident took the slot.")
+    idle_shown = property(attrgetter("policy_memory.idle_shown"), doc="residentIdleSince.")
 
     def handle(self, event: Event, now: float) -> list[Command]:
         """Apply one event at time ``now`` and return the commands it causes."""
@@ -192,7 +193,7 @@ class PoolMachine:
             case ActuationChanged(actuation, reason):
                 modes.switch(self, hands, actuation, reason, out)
             case LeadershipChanged(leading):
-                modes.lead(self, hands, fleet.lead(leading), leading, out)
+                modes.lead(self, hands, fleet.note_leadership(leading), leading, out)
             case AdmissionLease(until):
                 fleet.admit_until = until
             case PeersObserved(peers):
@@ -220,8 +221,8 @@ class PoolMachine:
         track_activation(self, now)
         reject_blocked(self, now, out)
         replicas.track_announcement(fleet, self)
-        track_idle(self.memory, self, now)
-        report_policy(self.memory, self, out)
+        track_idle(self.policy_memory, self, now)
+        report_policy(self.policy_memory, self, out)
         return out
 
     def _arrive(self, rid: int, member: str, max_wait: float, now: float,
@@ -312,7 +313,7 @@ class PoolMachine:
         """``member`` owns the slot ("" : none); ``since`` given, its idle clock starts then."""
         self.resident = member
         if since is not None:
-            self.memory.took_slot(member, since)
+            self.policy_memory.took_slot(member, since)
 
     def pick_owner(self) -> None:
         """An owner was picked: a cold pool no longer warms spec.default."""

@@ -49,7 +49,7 @@ class Fleet:
     drain: tuple[int, str] = (0, "")  # the announcement in force: (epoch, target)
     announcing: str = ""  # the target this leader last wanted announced
 
-    def lead(self, leading: bool) -> bool:
+    def note_leadership(self, leading: bool) -> bool:
         """Take the leader Lease's answer; True if it is the first since start-up."""
         first, self.leading = self.leading is None, leading
         return first

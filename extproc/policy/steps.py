@@ -1,10 +1,12 @@
 """The guards and actions of the transition table (``swap.py``) that both actuation modes
 share, and those of own mode (this service drains, unloads and loads).
 
-Guards only read the machine (``pool.PoolReader``); actions change the swap under way and,
-through the machine's methods (``pool.PoolWriter``), the resident, the failures and the
-replicas, and append commands. Which edge uses which function, from which stage to which, is
-written only in ``swap.TRANSITIONS``.
+Rules of this file: it owns no state. Guards only read the machine (``pool.PoolReader``, and
+the read-only rules of ``replicas``, ``reclaim`` and ``fairness``); actions change the swap
+under way (``state.Swap``, the table's own record) and, through the machine's methods
+(``pool.PoolWriter``), the resident, the failures and the replicas, and append commands.
+Which edge uses which function, from which stage to which, is written only in
+``swap.TRANSITIONS``.
 """
 
 from __future__ import annotations

@@ -17,6 +17,11 @@ slow to write ``pendingMember`` is not raced), the swap goes back to Draining an
 again; after ``activation_retries`` losses it is given up, its held requests are told so, and
 the incumbent serves again. The watchdog (``watchdog.py``) watches Triggered too, and while a
 trigger is stalled the resident LLMKube still names serves its own requests.
+
+Rules of this file: it owns no state but the swap's record of lost triggers (``Swap.lost``,
+``lost_since``, kept by ``track_activation`` after every event). As in ``steps.py``, guards
+read the machine (``pool.PoolReader``) and actions change the swap and, through the
+machine's methods (``pool.PoolWriter``), the rest.
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ Rules of this file
 * ``TRANSITIONS`` is the whole graph. Each row is an edge: the stage it leaves, the guard
   that must hold, the stage it enters, the action that goes with it, and the gate saying
   what the pool must look like for the edge to be considered at all. Nothing outside this
-  file changes ``Swap.stage`` or starts, completes, fails or cancels a swap.
+  file changes ``Swap.stage`` or starts, completes, fails or cancels a swap (the one
+  exception, a change of hands between modes, is explained in ``modes.py``). The file owns
+  no state of its own: the swap under way is ``PoolMachine.swap``.
 * Guards only read (``pool.PoolReader``). Actions change the swap under way (``state.Swap``,
   the table's own record) directly, and the machine only through its methods
   (``pool.PoolWriter``: ``set_resident``, ``begin_swap``, ``end_swap``, ``record_failure``,
