@@ -25,41 +25,14 @@ from .. import metrics
 from ..logs import get_logger
 from ..platform.contract import Platform
 from ..platform.contract import PoolLoad
-from ..policy.events import (
-    AdmissionLease,
-    Admit,
-    Close,
-    Command,
-    DrainAnnounced,
-    Dropped,
-    Event,
-    Hold,
-    IdleProbed,
-    LeadershipChanged,
-    MemberObserved,
-    Notice,
-    PeersObserved,
-    ProbeIdle,
-    Reject,
-    RequestArrived,
-    RequestEnded,
-    Scale,
-    SpecChanged,
-    StatusObserved,
-    Tick,
-    Trigger,
-    WARNING_NOTICES,
-)
+from ..policy.events import (WARNING_NOTICES, AdmissionLease, Admit, Close, Command,
+                             DrainAnnounced, Dropped, Event, Hold, IdleProbed,
+                             LeadershipChanged, MemberObserved, Notice, PeersObserved,
+                             ProbeIdle, Reject, RequestArrived, RequestEnded, Scale,
+                             SpecChanged, StatusObserved, Tick, Trigger)
 from ..policy.machine import Limits, PolicyError, PoolMachine
-from ..policy.model import (
-    Actuation,
-    MemberObservation,
-    PeerState,
-    PoolSpec,
-    PoolStatus,
-    PoolView,
-    StartHints,
-)
+from ..policy.model import (Actuation, MemberObservation, PeerState, PoolSpec, PoolStatus,
+                            PoolView, StartHints)
 from ..policy.replicas import announcement
 from .scaling import Retry, Scaler
 
