@@ -9,8 +9,9 @@ A request refused for its deadline still leaves a *wish* for its member (``Refus
 bound does not (the bound sheds load, it must not add swaps). A held request whose swap
 budget runs out is told only what is true of the swap (``budget_exceeded``).
 
-Rules of this file: it owns no state. It reads the pool through ``pool.PoolReader`` and
-returns the answers; the machine records them.
+Rules of this file: it owns no state. It reads the pool through ``pool.PoolReader`` (and
+``modes.Hands``, for when a hands-off spell ends) and returns the answers; the machine records
+them (a held request, a wish).
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """What a policy concern may see of a pool's machine, and what an edge may ask it to change.
 
-Rules of this file: it imports nothing of the machine or of any concern, so every concern can
-type against it without a circle of imports (tests/policy/test_layers.py checks that).
+Rules of this file: it owns no state, and it imports only the value types and the records that
+import nothing of the policy's rules (``model``, ``state``, ``events``, ``requests``,
+``forecast``): nothing of the machine or of any concern, so every concern can type against it
+without a circle of imports (tests/policy/test_layers.py checks that).
 ``PoolMachine`` (``machine.py``) is the one class that satisfies both protocols.
 
 * ``PoolReader`` is read only: the pool's spec, limits and clock, what the cluster showed, the
