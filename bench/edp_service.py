@@ -16,8 +16,10 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy_data_plane.envoy.config.core import v3 as edp_core
 from envoy_data_plane.envoy.service.ext_proc import v3 as edp
+from envoy_data_plane.google import protobuf as edp_pb
 
 from extproc import app, cli
+from extproc.protocol.answers import METADATA_KEY, METADATA_NAMESPACE
 from extproc.protocol.service import SERVICE, ExtProcService
 
 _OVERWRITE = edp_core.HeaderValueOptionHeaderAppendAction.OVERWRITE_IF_EXISTS_OR_ADD
@@ -55,7 +57,13 @@ def _route_builder(key: str, value: bytes) -> Callable[[], edp.ProcessingRespons
                                             append_action=_OVERWRITE)
         common = edp.CommonResponse(header_mutation=edp.HeaderMutation(set_headers=[header]),
                                     clear_route_cache=True)
-        return edp.ProcessingResponse(request_body=edp.BodyResponse(response=common))
+        # the member in dynamic metadata too, as the service's answer (one-message routes)
+        member = edp_pb.Struct(fields={METADATA_KEY: edp_pb.Value(
+            string_value=value.decode("latin-1"))})
+        return edp.ProcessingResponse(
+            request_body=edp.BodyResponse(response=common),
+            dynamic_metadata=edp_pb.Struct(fields={
+                METADATA_NAMESPACE: edp_pb.Value(struct_value=member)}))
     return build
 
 

@@ -57,10 +57,13 @@ def render(envoy: EnvoyProcess, extproc_port: int | Sequence[int], members: dict
                 ["typed_extension_protocol_options"])
     if direct_to is not None:
         hcm["http_filters"] = [f for f in hcm["http_filters"]
-                               if f["name"] != envoyconf.EXTPROC_FILTER]
+                               if f["name"] not in (envoyconf.EXTPROC_FILTER,
+                                                    envoyconf.BUFFER_FILTER)]
         # The fallback route (no routing header) becomes a plain route to the member, with the
-        # member route's own options; nothing else changes.
+        # member route's own options; nothing else changes. (The one-message fallback only
+        # chooses the ext_proc's mode, so it goes with the ext_proc.)
         routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+        routes[:] = [r for r in routes if r["name"] != "router_unavailable_one_message"]
         member_route = _named(routes, "member")
         fallback = _named(routes, "router_unavailable")
         fallback.pop("direct_response")

@@ -5,7 +5,9 @@ whole run is bounded (fixed durations and counts, timeouts on every wait): about
 on this machine, 4 of them part 5. Part 2 runs the same swaps in both actuation modes, own and
 llmkube; part 5 runs 3 ext_proc replicas side by side with 1. ``python -m bench.run --only
 llmkube`` runs just part 2's llmkube half, ``--only ha`` just part 5, and merges it into the
-last run's bench/results.json (the other parts keep their figures).
+last run's bench/results.json (the other parts keep their figures). Part 6 (hand-offs per
+request for each way of running the service) runs only alone, ``--only handoffs``; a full run
+keeps its last figures.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import ha, held, hotpath, machine, overhead, report, swap, tools
+from . import ha, handoffs, held, hotpath, machine, overhead, report, swap, tools
 
 # Part 1: seconds per wrk run, after a warm-up of its own.
 WRK_SECONDS, WRK_WARMUP = 10, 3
@@ -48,6 +50,15 @@ def _ha(work: Path, versions: dict[str, str]) -> dict[str, object]:
     return result
 
 
+def _stamped(result: dict[str, object], began: float, versions: dict[str, str]
+             ) -> dict[str, object]:
+    """A part run alone, stamped with its date, commit and duration."""
+    facts = machine.facts(versions)
+    result["measured"] = {"date": facts["date"], "git_commit": facts["git_commit"],
+                          "elapsed_s": round(time.monotonic() - began, 1)}
+    return result
+
+
 def _finish(results: dict, work: Path) -> None:
     report.write(results)
     for target, measured, limit, met in report.targets(results):
@@ -59,8 +70,10 @@ def _finish(results: dict, work: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Run everything (or ``--only llmkube|ha``) in a scratch directory (kept on failure)."""
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
-    parser.add_argument("--only", choices=("llmkube", "ha"),
-                        help="run only this part and merge it into bench/results.json")
+    parser.add_argument("--only", choices=("llmkube", "ha", "handoffs"),
+                        help="run only this part and merge it into bench/results.json "
+                        "(handoffs: part 6, context switches and CPU per request for each "
+                        "way of running the service, about 5 minutes; not in the full run)")
     only = parser.parse_args(argv).only
     began = time.monotonic()
     versions = tools.ensure_tools()
@@ -68,7 +81,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"bench: working in {work}", flush=True)
     if only is not None:
         results = json.loads(report.RESULTS.read_text(encoding="utf-8"))
-        if only == "llmkube":
+        if only == "handoffs":
+            print("bench: 6 hand-offs per request, variants side by side", flush=True)
+            results["handoffs"] = _stamped(handoffs.run(work / "handoffs"), began, versions)
+        elif only == "llmkube":
             print("bench: 2/5 swap trigger and release latency, llmkube mode only", flush=True)
             results["llmkube"] = _llmkube_swaps(work, versions)
         else:
@@ -96,6 +112,11 @@ def main(argv: list[str] | None = None) -> None:
     results["ha"] = _ha(work, versions)
     results["machine"] = machine.facts(versions)
     results["elapsed_s"] = round(time.monotonic() - began, 1)
+    if report.RESULTS.exists():
+        # part 6 runs only alone: a full run keeps its last figures
+        last = json.loads(report.RESULTS.read_text(encoding="utf-8")).get("handoffs")
+        if last is not None:
+            results["handoffs"] = last
     _finish(results, work)
 
 

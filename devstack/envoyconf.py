@@ -14,6 +14,9 @@ TEMPLATE = Path(__file__).resolve().parent.parent / "envoy" / "envoy.yaml"
 EXTPROC_CLUSTER = "extproc"
 EXTPROC_FILTER = "envoy.filters.http.ext_proc"
 HCM_FILTER = "envoy.filters.network.http_connection_manager"
+BUFFER_FILTER = "envoy.filters.http.buffer"
+# The template's routes that match the service's dynamic metadata, one per member cluster.
+MEMBER_ROUTE_PREFIX = "member."
 # Several ext_proc replicas: Envoy asks each for its gRPC health (the service name the service
 # registers beside "") every half second, and one failed or NOT_SERVING answer is enough to
 # stop sending it new streams (a replica that cannot renew its Lease says NOT_SERVING), one
@@ -90,6 +93,8 @@ def render(
     if ext_proc:
         filter_config.update(ext_proc)
 
+    _set_member_routes(hcm["route_config"]["virtual_hosts"][0]["routes"], list(members))
+
     clusters = cfg["static_resources"]["clusters"]
     extproc = _named(clusters, EXTPROC_CLUSTER)
     _set_replicas(extproc, ports)
@@ -111,6 +116,20 @@ def write(path: Path | str, *args: Any, **kwargs: Any) -> Path:
     path = Path(path)
     path.write_text(dump(render(*args, **kwargs)), encoding="utf-8")
     return path
+
+
+def _set_member_routes(routes: list[dict[str, Any]], members: list[str]) -> None:
+    """One metadata-matched route per member cluster, in place of the template's (the
+    one-message mode routes on the service's dynamic metadata, not on a header)."""
+    at = next(i for i, r in enumerate(routes) if r["name"].startswith(MEMBER_ROUTE_PREFIX))
+    model = routes[at]
+    routes[:] = [r for r in routes if not r["name"].startswith(MEMBER_ROUTE_PREFIX)]
+    for offset, name in enumerate(members):
+        route = copy.deepcopy(model)
+        route["name"] = MEMBER_ROUTE_PREFIX + name
+        route["match"]["dynamic_metadata"][0]["value"]["string_match"]["exact"] = name
+        route["route"]["cluster"] = name
+        routes.insert(at + offset, route)
 
 
 def _member_cluster(model: dict[str, Any], name: str, port: int) -> dict[str, Any]:

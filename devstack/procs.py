@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -157,8 +158,10 @@ class ManagedProcess:
         *,
         env: dict[str, str] | None = None,
         cwd: Path | str | None = None,
+        stdin_pipe: bool = False,
     ) -> None:
         self.args = [str(a) for a in args]
+        self.stdin_pipe = stdin_pipe  # a pipe to the child's stdin (`tell`), else /dev/null
         self.log_path = Path(log_path)
         self.env = env
         self.cwd = cwd
@@ -186,7 +189,7 @@ class ManagedProcess:
                 self.args,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE if self.stdin_pipe else subprocess.DEVNULL,
                 env=self.env,
                 cwd=self.cwd,
                 start_new_session=True,
@@ -228,6 +231,12 @@ class ManagedProcess:
             return ""
         return data[-max_bytes:].decode("utf-8", "replace")
 
+    def tell(self, line: str) -> None:
+        """Write one line to the child's stdin (``stdin_pipe``): a message it reads when ready."""
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write(line.encode() + b"\n")
+        self.proc.stdin.flush()
+
     def send_signal(self, sig: int) -> None:
         """Send `sig` to the process group (a no-op once it is gone)."""
         assert self.proc is not None
@@ -238,6 +247,9 @@ class ManagedProcess:
 
     def _reap(self) -> int | None:
         assert self.proc is not None
+        if self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
         try:
             return self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:

@@ -18,7 +18,8 @@ from typing import Any, Callable
 
 from devstack.simulator_kube import (
     KILL_SEEN, TRANSIENT, Backoff, Kube, is_terminating, parse_duration, wait_event)
-from devstack.simulator_server import UpstreamServer
+from devstack.procs import ManagedProcess
+from devstack.simulator_server import STOP_GRACE, UpstreamServer, start_standby
 from devstack.simulator_timeline import Timeline
 from kubernetes.aio.client.exceptions import ApiException
 
@@ -86,6 +87,7 @@ class MemberActor:
         self.reported: str | None = None  # the last phase this actor wrote
         self.failed_start: str | None = None  # pod whose server would not start: no retry on it
         self.task: asyncio.Task | None = None
+        self.standby: ManagedProcess | None = None  # the next server, started ahead
 
     def observe(self, isvc: dict[str, Any] | None) -> None:
         """Take the latest InferenceService (None: deleted) and schedule a pass."""
@@ -99,7 +101,8 @@ class MemberActor:
         self.wake.set()
 
     def start(self) -> None:
-        """Start the member's task."""
+        """Start the member's task and its standby server process."""
+        self._refill()
         self.task = asyncio.create_task(self._run(), name=f"sim-{self.namespace}-{self.name}")
 
     async def stop(self) -> None:
@@ -108,6 +111,15 @@ class MemberActor:
             self.task.cancel()
             await asyncio.gather(self.task, return_exceptions=True)
         await self._stop_server()
+        standby, self.standby = self.standby, None
+        if standby is not None:
+            await asyncio.to_thread(standby.stop, STOP_GRACE)
+
+    def _refill(self) -> None:
+        """Start the member's next server process now, so a load need not wait for it."""
+        if self.standby is None or not self.standby.running:
+            self.standby = start_standby(self.name, self.ctx.port_for(self.name),
+                                         self.ctx.log_dir)
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -256,7 +268,8 @@ class MemberActor:
 
     async def _start_server(self, pod_name: str, adopted: bool) -> None:
         port = self.ctx.port_for(self.name)
-        server = UpstreamServer(self.name, port, self.ctx.log_dir)
+        standby, self.standby = self.standby, None
+        server = UpstreamServer(self.name, port, self.ctx.log_dir, standby)
         try:
             await server.start()
         except asyncio.CancelledError:
@@ -271,6 +284,7 @@ class MemberActor:
             return
         self.server, self.server_pod = server, pod_name
         self._record("server_started", pod_name, port=port)
+        self._refill()  # after the record: its fork is not part of this load
         if adopted:
             self._record("adopted", pod_name)
         await self._report_ready()

@@ -1,4 +1,11 @@
-"""The fake upstream process a simulated member serves from (``python -m devstack.upstream``)."""
+"""The fake upstream process a simulated member serves from (``python -m devstack.upstream``).
+
+Starting a Python process costs ~0.4 s here (mostly imports), which a benchmark's swap would
+count as orchestration. So each member keeps one *standby* process started ahead
+(``--standby``: imported, waiting on its stdin); a load hands the member's next server to it
+with one line, and it binds and answers /health within milliseconds. The member's server is
+still a process of its own (fault tests SIGKILL it); the next standby is started right after.
+"""
 
 from __future__ import annotations
 
@@ -15,14 +22,28 @@ START_TIMEOUT = 15.0
 STOP_GRACE = 2.0
 
 
+def _command(member: str, port: int, standby: bool) -> list[str]:
+    return [sys.executable, "-m", "devstack.upstream", "--name", member, "--port", str(port),
+            *(["--standby"] if standby else [])]
+
+
+def start_standby(member: str, port: int, log_dir: Path) -> ManagedProcess:
+    """A member's next server process, started now, serving only once ``UpstreamServer`` says."""
+    return ManagedProcess(_command(member, port, True), log_dir / f"upstream-{member}.log",
+                          cwd=PROJECT_ROOT, stdin_pipe=True).start()
+
+
 class UpstreamServer:
     """One member's OpenAI-compatible fake server process on its loopback port."""
 
-    def __init__(self, member: str, port: int, log_dir: Path) -> None:
+    def __init__(self, member: str, port: int, log_dir: Path,
+                 standby: ManagedProcess | None = None) -> None:
         self.member, self.port = member, port
-        self.process = ManagedProcess(
-            [sys.executable, "-m", "devstack.upstream", "--name", member, "--port", str(port)],
-            log_dir / f"upstream-{member}.log", cwd=PROJECT_ROOT)
+        # a standby that died (killed, or its start failed) is no use: start one the slow way
+        self._standby = standby is not None and standby.running
+        self.process = standby if standby is not None and self._standby else ManagedProcess(
+            _command(member, port, False), log_dir / f"upstream-{member}.log",
+            cwd=PROJECT_ROOT)
 
     @property
     def url(self) -> str:
@@ -34,8 +55,12 @@ class UpstreamServer:
         # a leftover listener would answer /health in our place and hide a failed start
         if not port_is_free(self.port):
             raise RuntimeError(f"port {self.port} for {self.member} is already in use")
-        self.process.start()
+        if self._standby:
+            self.process.tell("serve")
+        else:
+            self.process.start()
         deadline = time.monotonic() + timeout
+        pause = 0.001  # a standby binds within a few ms: look often at first, then back off
         async with aiohttp.ClientSession() as session:
             while True:
                 if not self.process.running:
@@ -50,7 +75,8 @@ class UpstreamServer:
                     pass  # not listening yet
                 if time.monotonic() >= deadline:
                     raise TimeoutError(f"upstream {self.member} not healthy after {timeout}s")
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 0.05)
 
     async def stop(self, hard: bool = False) -> None:
         """Stop the process (SIGKILL at once when hard) and reap it."""

@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import signal
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -329,6 +330,12 @@ def _vector(text: str, dims: int = 8) -> list[float]:
 
 
 async def _serve(args: argparse.Namespace) -> None:
+    if args.standby:
+        # Started ahead (the simulator's standby, devstack/simulator_server.py): everything is
+        # imported, only the bind waits for the word, so a member "loads" in milliseconds, not
+        # the ~0.4 s of a Python start. Its parent gone (EOF), there is nothing to wait for.
+        if not (await asyncio.to_thread(sys.stdin.readline)).strip():
+            return
     handle = await start_upstream(
         args.name, args.host, args.port, token_delay_ms=args.token_delay_ms, slots=args.slots
     )
@@ -349,6 +356,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--token-delay-ms", type=float, default=None)
     parser.add_argument("--slots", type=int, default=1)
+    parser.add_argument("--standby", action="store_true",
+                        help="start, then bind and serve only once a line arrives on stdin")
     asyncio.run(_serve(parser.parse_args(argv)))
 
 

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from devstack.stack import LocalStack
+from devstack.testkit import eventually
 from e2e_support import pools, start_stack, wait_resident
 
 
@@ -26,10 +27,15 @@ async def test_stop_reaps_member_servers_of_a_killed_simulator(tmp_path: Path) -
                                                      {"default": "solo-a"})))
     try:
         await wait_resident(stack, "solo", "solo-a")
-        servers = processes_logging_into(stack.log_dir / "members")
-        assert len(servers) == 1  # solo-a's fake model server
+        # solo-a's fake model server, and each member's standby (its next server, idle)
+        before = processes_logging_into(stack.log_dir / "members")
+        assert len(before) == 3
         stack.kill("simulator")  # its member server is orphaned, still serving
-        assert processes_logging_into(stack.log_dir / "members") == servers
+        # the standbys see their parent gone (end of their stdin) and leave
+        [server] = await eventually(
+            lambda: (left := processes_logging_into(stack.log_dir / "members")) and
+            len(left) == 1 and left, timeout=10, what="only the serving member left")
+        assert server in before
     finally:
         stack.stop()
     assert stack.exited() == ["kubeapi", "simulator", "proberouter", "extproc", "envoy"]

@@ -58,10 +58,14 @@ async def test_cross_model_request_is_held_through_an_ordered_swap(
     assert gone["t"] < created["t"]
     # ... and from the API server's record: the ext_proc scaled cross-b up only after the
     # last request that removed cross-a's pod. (Spec and /scale writes to cross-b come from
-    # the ext_proc alone: the simulator writes /status, and this test annotates nothing.)
-    def scales(r: dict) -> bool:
+    # the ext_proc alone: the simulator writes /status, and this test annotates nothing. The
+    # leader's stamp, a metadata-only patch, is one of them but no scale.)
+    def writes(r: dict) -> bool:
         return r["verb"] in ("patch", "update") and r["resource"] == "inferenceservices" \
             and r["name"] == "cross-b" and r["subresource"] in (None, "scale")
+
+    def scales(r: dict) -> bool:
+        return writes(r) and "spec" in (r.get("body") or {})
     assert any(scales(r) for r in extproc_calls(stack))
     if stack.actuation == "llmkube":
         # The activator triggers at once and LLMKube's reconciler holds the target at 0 until
@@ -75,7 +79,11 @@ async def test_cross_model_request_is_held_through_an_ordered_swap(
     removed = max(i for i, r in enumerate(record)
                   if r["resource"] == "pods" and r["verb"] == "patch" and not r["subresource"]
                   and (r["name"] or "").startswith("cross-a-"))
-    assert min(i for i, r in enumerate(record) if scales(r)) > removed
+    # the full record has no bodies: pair its writes to cross-b with the ext_proc's, in order
+    ours = [r for r in extproc_calls(stack) if writes(r)]
+    where = [i for i, r in enumerate(record) if writes(r)]
+    assert len(ours) == len(where)
+    assert min(i for i, r in zip(where, ours) if scales(r)) > removed
 
 
 async def test_concurrent_requests_for_one_member_share_one_swap(

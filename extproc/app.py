@@ -89,7 +89,10 @@ class Service:
             await self._start_health_listener()
         if self.settings.metrics_listen:
             await self._start_http()
-        log.info("serving", grpc=f"{self._host(self.settings.listen)}:{self.grpc_port}",
+        listen = self.settings.listen
+        # a Unix socket (unix:PATH, which grpc accepts as it is) has no port to show
+        log.info("serving", grpc=listen if listen.startswith("unix:")
+                 else f"{self._host(listen)}:{self.grpc_port}",
                  metrics=self.settings.metrics_listen and
                  f"{self._host(self.settings.metrics_listen)}:{self.metrics_port}",
                  pools_source=self.settings.pools_file or "kubernetes")

@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import json
 import sys
+from collections.abc import Coroutine
 from importlib import metadata
 from typing import Any
 
@@ -94,6 +95,18 @@ def _add_render_routes(sub: Any) -> None:
                             metavar=field.metadata["metavar"], help=field.metadata["help"])
 
 
+def run(main: Coroutine[Any, Any, None], event_loop: str) -> None:
+    """Run ``main`` to completion on the chosen event loop (``--event-loop``)."""
+    if event_loop == "uvloop":
+        import uvloop
+
+        # A loop factory, not a global policy: nothing else in the process changes loops.
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(main)
+        return
+    asyncio.run(main)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script: 0 on success, 2 for unusable configuration."""
     args = build_parser().parse_args(argv)
@@ -120,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from .app import serve
 
-        asyncio.run(serve(settings))
+        run(serve(settings), settings.event_loop)
     except ConfigError as exc:
         print(f"modelpool-extproc: {exc}", file=sys.stderr)
         return 2

@@ -1,7 +1,7 @@
 """Routes that follow the pool: render each member's route from a ModelPool, find the missing.
 
 Every member needs its own route (routing-header value -> the member's Service): one
-HTTPRoute rule under Envoy Gateway, one cluster in the standalone Envoy. Written by hand, a
+HTTPRoute rule under Envoy Gateway, one cluster and one route in the standalone Envoy. Written by hand, a
 member added to a ModelPool stays unroutable until someone edits the route; rendered from the
 pool, it cannot be forgotten. ``modelpool-extproc render-routes`` prints them and
 ``check-config --routes`` warns about members that rendered manifests do not route.
@@ -20,13 +20,14 @@ from typing import Any, Iterable
 
 import yaml
 
+from .protocol.answers import METADATA_KEY, METADATA_NAMESPACE
 from .settings import Settings
 
 PORTS_ANNOTATION = "modelpool.inference.llmkube.dev/member-ports"
 DEFAULT_PORT = 8080
 #: The catch-all's direct 503 (an Envoy Gateway HTTPRouteFilter in the pool's namespace).
 UNAVAILABLE_FILTER = "modelpool-router-unavailable"
-FORMATS = ("httproute", "helm-values", "envoy-clusters")
+FORMATS = ("httproute", "helm-values", "envoy-clusters", "envoy-routes")
 # Held requests are released to the new member together; Envoy's default of 1,024 pending or
 # active requests per cluster would turn a large release into 503s.
 _BREAKER = {"priority": "DEFAULT", "max_connections": 100000, "max_pending_requests": 100000,
@@ -124,6 +125,21 @@ def envoy_clusters(routes: list[MemberRoute]) -> list[dict[str, Any]]:
                      "port_value": r.port}}}}]}]}} for r in routes]
 
 
+def envoy_routes(routes: list[MemberRoute], settings: Settings) -> list[dict[str, Any]]:
+    """Standalone Envoy routes for the one-message mode: each matches the member the service
+    names in dynamic metadata (Envoy drops a body answer's header mutations when the headers
+    message was skipped) and adds the routing header for the member and the access log."""
+    return [{"name": f"member.{r.value}",
+             "match": {"prefix": "/", "dynamic_metadata": [{
+                 "filter": METADATA_NAMESPACE, "path": [{"key": METADATA_KEY}],
+                 "value": {"string_match": {"exact": r.value}}}]},
+             "route": {"cluster": r.value, "timeout": "0s", "idle_timeout": "600s"},
+             "request_headers_to_add": [{
+                 "header": {"key": settings.route_header,
+                            "value": f"%DYNAMIC_METADATA({METADATA_NAMESPACE}:{METADATA_KEY})%"},
+                 "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]} for r in routes]
+
+
 def render(pools: list[dict[str, Any]], settings: Settings, fmt: str, *,
            gateway: str = "modelpool", service_template: str = "{member}",
            default_port: int = DEFAULT_PORT) -> str:
@@ -137,6 +153,9 @@ def render(pools: list[dict[str, Any]], settings: Settings, fmt: str, *,
         return yaml.safe_dump({"pools": [helm_values(r) for r in per_pool]}, sort_keys=False)
     if fmt == "envoy-clusters":
         return yaml.safe_dump([c for r in per_pool for c in envoy_clusters(r)],
+                              sort_keys=False)
+    if fmt == "envoy-routes":
+        return yaml.safe_dump([c for r in per_pool for c in envoy_routes(r, settings)],
                               sort_keys=False)
     raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
 

@@ -18,6 +18,7 @@ from grpc_health.v1.health import aio as health_aio
 from devstack import procs
 from devstack.testkit import finish_within
 from devstack.upstream import UpstreamHandle, start_upstream
+from extproc.protocol import answers
 from extproc.protocol.service import SERVICE
 
 
@@ -103,7 +104,8 @@ class StubExtProc(ext_grpc.ExternalProcessorServicer):
         self.streams += 1
         async for msg in request_iterator:
             kind = msg.WhichOneof("request")
-            if kind == "request_headers" and self.immediate:
+            # The first message is the headers, or (one-message mode) the body alone.
+            if kind in ("request_headers", "request_body") and self.immediate:
                 status, body, headers = self.immediate
                 yield ext_pb.ProcessingResponse(
                     immediate_response=ext_pb.ImmediateResponse(
@@ -120,15 +122,11 @@ class StubExtProc(ext_grpc.ExternalProcessorServicer):
                 yield ext_pb.ProcessingResponse(request_headers=ext_pb.HeadersResponse())
             elif kind == "request_body":
                 model = json.loads(msg.request_body.body or b"{}").get("model", "")
-                # Same contract as the real service: mutate the header and clear the route
-                # cache in one CommonResponse, or Envoy keeps the route it already picked.
-                common = ext_pb.CommonResponse(
-                    header_mutation=ext_pb.HeaderMutation(
-                        set_headers=[_header("x-modelpool-member", f"{model}.demo")]
-                    ),
-                    clear_route_cache=True,
-                )
-                yield ext_pb.ProcessingResponse(request_body=ext_pb.BodyResponse(response=common))
+                # The real service's answer: the routing header with a route cache clear (or
+                # Envoy keeps the route it already picked), and the same member in dynamic
+                # metadata for the one-message mode, where the header mutation is dropped.
+                yield ext_pb.ProcessingResponse.FromString(
+                    answers.route("x-modelpool-member", f"{model}.demo"))
 
 
 StubFactory = Callable[[], Awaitable[StubExtProc]]

@@ -41,6 +41,18 @@ def test_envoy_clusters_are_the_standalone_configs() -> None:
     assert yaml.safe_load(out.stdout) == members
 
 
+def test_envoy_routes_are_the_standalone_configs() -> None:
+    out = _cli("render-routes", str(EXAMPLE), "--format", "envoy-routes")
+    assert out.returncode == 0, out.stderr
+    config = yaml.safe_load((ROOT / "deploy/overlays/standalone-envoy/envoy.yaml").read_text())
+    listener = next(x for x in config["static_resources"]["listeners"]
+                    if x["name"] == "modelpool")
+    hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    routes = [r for r in hcm["route_config"]["virtual_hosts"][0]["routes"]
+              if r["name"].startswith("member.")]
+    assert yaml.safe_load(out.stdout) == routes
+
+
 def test_helm_values_are_the_charts_defaults() -> None:
     out = _cli("render-routes", str(EXAMPLE), "--format", "helm-values")
     assert out.returncode == 0, out.stderr

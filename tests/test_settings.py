@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 
 import pytest
 
@@ -46,8 +47,24 @@ def test_flag_beats_environment_beats_default():
     (("--tls-cert", "c.pem"), "--tls-cert and --tls-key"),
     (("--swap-budget", "nan"), "swap_budget"),
     (("--fairness-window=-5s",), "fairness_window"),
+    (("--event-loop", "trio"), "event_loop"),
 ])
 def test_settings_that_would_fail_per_request_fail_at_start(argv, complaint):
     with pytest.raises(SystemExit) as caught:
         from_sources(_args(*argv), {})
     assert complaint in str(caught.value)
+
+
+@pytest.mark.parametrize("event_loop, kind", [("uvloop", "uvloop.Loop"),
+                                              ("asyncio", "asyncio.unix_events")])
+def test_the_service_runs_on_the_event_loop_it_is_given(event_loop, kind):
+    from extproc.cli import run
+
+    seen = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        seen.append(f"{type(loop).__module__}.{type(loop).__name__}")
+
+    run(main(), event_loop)
+    assert seen[0].startswith(kind)

@@ -3,6 +3,11 @@
 Envoy needs ``raw_value`` bytes in header values (``value`` alone arrives empty), and it
 re-picks the route only when the response that clears the route cache also mutates headers,
 so the routing answer always carries both.
+
+The routing answer also names the member in dynamic metadata (``METADATA_NAMESPACE``): in
+one-message mode (request headers skipped) Envoy drops a body answer's header mutations
+("headers aren't available"), so the standalone Envoy routes on that metadata instead. The
+same bytes serve both modes.
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.type.v3 import http_status_pb2
 
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+#: Dynamic metadata namespace and key of the routing decision (Envoy's
+#: ``metadata_options.receiving_namespaces`` and its member routes name the same).
+METADATA_NAMESPACE, METADATA_KEY = "modelpool", "member"
 
 #: Let the request headers pass unchanged (the decision comes with the body).
 CONTINUE_HEADERS = ep.ProcessingResponse(
@@ -40,8 +48,9 @@ def route(header: str, value: str) -> bytes:
     common = ep.CommonResponse(header_mutation=ep.HeaderMutation(set_headers=[_header(header,
                                                                                       value)]),
                                clear_route_cache=True)
-    return ep.ProcessingResponse(request_body=ep.BodyResponse(response=common)) \
-        .SerializeToString()
+    response = ep.ProcessingResponse(request_body=ep.BodyResponse(response=common))
+    response.dynamic_metadata.update({METADATA_NAMESPACE: {METADATA_KEY: value}})
+    return response.SerializeToString()
 
 
 def override_timeout(seconds: float) -> bytes:

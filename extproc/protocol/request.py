@@ -63,6 +63,36 @@ def read_head(header_map: object) -> RequestHead:
     return head
 
 
+#: What the one-message mode asks Envoy for (the filter's ``request_attributes``; envoy.yaml
+#: lists the same), and the RequestHead field each fills. Envoy evaluates each as a CEL
+#: expression; ``request.headers`` alone arrives as an unusable "CelMap value", so each header
+#: is named on its own. An absent header arrives as no entry (or null): "".
+ATTRIBUTES: dict[str, str] = {
+    "request.method": "method",
+    "request.path": "path",
+    "request.id": "request_id",
+    "request.headers['content-type']": "content_type",
+    "request.headers['content-encoding']": "content_encoding",
+    f"request.headers['{MAX_WAIT_HEADER}']": "max_wait",
+}
+#: The key Envoy files the request attributes under in ProcessingRequest.attributes.
+ATTRIBUTES_KEY = "envoy.filters.http.ext_proc"
+
+
+def read_attributes(attributes: object) -> RequestHead:
+    """The request head from a body message's ``attributes`` (one-message mode)."""
+    head = RequestHead()
+    struct = attributes.get(ATTRIBUTES_KEY)  # type: ignore[attr-defined]
+    if struct is None:
+        return head
+    for name, value in struct.fields.items():
+        field = ATTRIBUTES.get(name)
+        if field is not None:
+            setattr(head, field, value.string_value)
+    head.content_encoding = head.content_encoding.strip().lower()
+    return head
+
+
 def max_wait(head: RequestHead) -> float:
     """Seconds the client will wait for its member (inf without the header), or BadRequest."""
     if not head.max_wait:

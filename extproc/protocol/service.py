@@ -1,9 +1,19 @@
 """The ext_proc stream: one HTTP request from Envoy in, one decision out.
 
-Envoy opens a stream per request, sends the headers, then the buffered body, and keeps the
-stream open until the downstream response (SSE included) has finished. So the stream's
-lifetime is the request's lifetime: the pool counts a request in flight from admission until
-this handler returns, which is exactly what "drain before unload" needs.
+Envoy opens a stream per request and keeps it open until the downstream response (SSE
+included) has finished. So the stream's lifetime is the request's lifetime: the pool counts a
+request in flight from admission until this handler returns, which is exactly what "drain
+before unload" needs.
+
+A stream comes in one of two shapes, and both are served:
+
+* two messages (Envoy Gateway, and the standalone Envoy's bodyless or chunked requests): the
+  headers, answered with CONTINUE or an answer of our own, then the buffered body;
+* one message (the standalone Envoy's requests with a body, ``request_header_mode: SKIP``): the
+  buffered body alone, with the head (method, path, request id, our client headers) in its
+  ``attributes`` (``request.ATTRIBUTES``): one message each way instead of two.
+
+The decision always rides on the body's answer (``answers.route`` works for both shapes).
 """
 
 from __future__ import annotations
@@ -25,7 +35,8 @@ from ..runtime.driver import Ticket
 from ..runtime.hub import Hub, Route
 from ..settings import Settings
 from . import answers
-from .request import BadRequest, RequestHead, max_wait, model_from_body, read_head
+from .request import (ATTRIBUTES_KEY, BadRequest, RequestHead, max_wait, model_from_body,
+                      read_attributes, read_head)
 
 log = get_logger(__name__)
 
@@ -65,15 +76,17 @@ class ExtProcService:
             opened = await self._read_head(context)
             if opened is None:
                 return
-            head, end_of_stream = opened
+            head, end_of_stream, first = opened
             del opened  # a parked stream keeps only what it still needs
-            early = self._decide_on_headers(head, end_of_stream)
+            early = self._decide_on_headers(head, end_of_stream and first is None)
             if early is not None:
                 await context.write(early)
                 return await self._until_closed(context)
-            await context.write(answers.CONTINUE_HEADERS)
+            if first is None:
+                await context.write(answers.CONTINUE_HEADERS)
             try:
-                body = await self._read_body(context)
+                body = await self._read_body(context, first, end_of_stream)
+                del first
             except BadRequest as exc:
                 await context.write(self._refuse(head, exc))
                 return await self._until_closed(context)
@@ -141,23 +154,43 @@ class ExtProcService:
         return None
 
     @staticmethod
-    async def _read_head(context: grpc.aio.ServicerContext) -> tuple[RequestHead, bool] | None:
-        """The request head and whether the request ends with it (None: not a request).
+    async def _read_head(context: grpc.aio.ServicerContext
+                         ) -> tuple[RequestHead, bool, bytes | None] | None:
+        """The request head, whether the message that brought it ends the request, and the
+        body that came with it (one-message mode; None after a headers message). None: the
+        stream is not a request.
 
         The message itself stays local here: its protobuf arena is freed on return instead
         of living as long as the (possibly parked) stream.
         """
         first = await context.read()
-        if first is grpc.aio.EOF or not first.HasField("request_headers"):
+        if first is grpc.aio.EOF:
+            return None
+        if first.HasField("request_body"):
+            if ATTRIBUTES_KEY not in first.attributes:
+                # Headers skipped but no request attributes: an Envoy configured without
+                # them. Nothing says what the request is; Envoy's fallback answers it.
+                log.warning("request body without headers or request attributes; "
+                            "configure the ext_proc filter's request_attributes")
+                return None
+            body = first.request_body
+            return read_attributes(first.attributes), body.end_of_stream, body.body
+        if not first.HasField("request_headers"):
             return None
         headers = first.request_headers
-        return read_head(headers.headers), headers.end_of_stream
+        return read_head(headers.headers), headers.end_of_stream, None
 
-    async def _read_body(self, context: grpc.aio.ServicerContext) -> bytes | None:
-        """The whole request body (None if the stream ended first); 413 over the limit."""
-        chunks: list[bytes] = []
-        size, limit = 0, self._settings.max_body_bytes
-        while True:
+    async def _read_body(self, context: grpc.aio.ServicerContext, first: bytes | None = None,
+                         ended: bool = False) -> bytes | None:
+        """The whole request body (None if the stream ended first); 413 over the limit.
+
+        ``first`` is the chunk that came with the head in one-message mode, ``ended`` whether
+        it was the last.
+        """
+        chunks: list[bytes] = [] if first is None else [first]
+        size, limit = len(first or b""), self._settings.max_body_bytes
+        ended = ended and first is not None  # a headers message's end says nothing of a body
+        while not ended:
             msg = await context.read()
             if msg is grpc.aio.EOF:
                 return None
@@ -167,11 +200,11 @@ class ExtProcService:
             size += len(chunk)
             if size <= limit:
                 chunks.append(chunk)
-            if msg.request_body.end_of_stream:
-                if size > limit:
-                    raise BadRequest(413, "request_too_large", f"request body is {size} bytes; "
-                                     f"the limit is {limit}")
-                return b"".join(chunks)
+            ended = msg.request_body.end_of_stream
+        if size > limit:
+            raise BadRequest(413, "request_too_large", f"request body is {size} bytes; "
+                             f"the limit is {limit}")
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def _park(self, context: grpc.aio.ServicerContext, ticket: Ticket, route: Route,
                     head: RequestHead) -> bool:

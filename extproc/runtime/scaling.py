@@ -89,7 +89,9 @@ class Scaler:
             # Giving up would leave the policy waiting for a change that never comes, so keep
             # asking, ever more slowly, until the cause is fixed: a conflict passes at once
             # (the next attempt reads a fresher view), a 403 or a webhook's 422 waits for an
-            # operator (the swap stays visible as Swapping meanwhile).
+            # operator (the swap stays visible as Swapping meanwhile). A conflict is not the
+            # same write again: the platform re-read the member, the policy heard it, and the
+            # next attempt takes the wish as it is now, with the member's fresh version.
             delay = backoff.next_delay()
             log.error(f"{verb} failed; will retry", namespace=self._key.namespace,
                       pool=self._key.name, member=member, replicas=replicas,

@@ -225,6 +225,19 @@ def test_pod_anti_affinity_modes(tmp_path: Path) -> None:
     assert anti(yaml.safe_dump({"affinity": {"podAntiAffinity": own}})) == own
 
 
+def test_headless_service_for_a_standalone_envoy(render, tmp_path: Path) -> None:
+    assert [o["metadata"]["name"] for o in _of(render_chart("default"), "Service")] == \
+        ["modelpool-extproc"]  # off by default: Envoy Gateway balances over the endpoints
+    objs = _template(*_values_with(tmp_path, "headlessService: {enabled: true}"))
+    (headless,) = [o for o in _of(objs, "Service") if o["metadata"]["name"].endswith("-headless")]
+    # the very Service the standalone overlay's Envoy reaches the replicas through
+    overlay = [o for o in render("deploy/overlays/standalone-envoy") if o["kind"] == "Service"
+               and o["metadata"]["name"] == headless["metadata"]["name"]]
+    assert overlay and _normalised(headless) == _normalised(overlay[0])
+    pods = _one(objs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert headless["spec"]["selector"].items() <= pods.items()
+
+
 def test_replicas_combination() -> None:
     objs = render_chart("replicas-values")
     dep = _one(objs, "Deployment")

@@ -13,6 +13,8 @@ import pytest
 import yaml
 
 from extproc.cli import build_parser
+from extproc.protocol.answers import METADATA_NAMESPACE
+from extproc.protocol.request import ATTRIBUTES
 from extproc.settings import Settings, from_sources, parse_duration
 from downward import POD_NAME, as_flags, downward_env, pod_env
 from tools import tool_binary
@@ -406,8 +408,11 @@ def test_standalone_envoy_follows_the_field_notes(envoy_config) -> None:
     log_format = hcm["access_log"][0]["typed_config"]["log_format"]["json_format"]
     assert "%RESPONSE_CODE_DETAILS%" in log_format.values()
 
-    ext_proc, router = hcm["http_filters"]
+    ext_proc, buffer, router = hcm["http_filters"]
     assert router["name"] == "envoy.filters.http.router"
+    # holds the headers for the one-message mode, up to the listener's buffer limit
+    assert buffer["typed_config"]["max_request_bytes"] == listener[
+        "per_connection_buffer_limit_bytes"]
     ext = ext_proc["typed_config"]
     assert ext["processing_mode"] == {
         "request_header_mode": "SEND", "request_body_mode": "BUFFERED",
@@ -419,7 +424,15 @@ def test_standalone_envoy_follows_the_field_notes(envoy_config) -> None:
     assert DEFAULTS.swap_budget < max_message <= idle
     assert ext["failure_mode_allow"] is True
 
-    member, fallback = hcm["route_config"]["virtual_hosts"][0]["routes"]
+    member, *by_metadata, one_message, fallback = hcm["route_config"]["virtual_hosts"][0][
+        "routes"]
+    assert [r["route"]["cluster"] for r in by_metadata] == [_route_value(m) for m in MEMBERS]
+    assert ext["request_attributes"] == list(ATTRIBUTES)
+    assert ext["metadata_options"]["receiving_namespaces"]["untyped"] == [METADATA_NAMESPACE]
+    mode = one_message["typed_per_filter_config"]["envoy.filters.http.ext_proc"]["overrides"][
+        "processing_mode"]
+    assert mode["request_header_mode"] == "SKIP" and mode["request_body_mode"] == "BUFFERED"
+    assert one_message["direct_response"] == fallback["direct_response"]
     assert member["match"]["headers"] == [{"name": DEFAULTS.route_header, "present_match": True}]
     assert member["route"]["cluster_header"] == DEFAULTS.route_header
     assert parse_duration(member["route"]["timeout"]) == 0
@@ -436,7 +449,6 @@ def test_standalone_envoy_clusters(envoy_config, standalone) -> None:
     name = _hcm(_listener(envoy_config, "modelpool"))["http_filters"][0]["typed_config"][
         "grpc_service"]["envoy_grpc"]["cluster_name"]
     ext = clusters[name]
-    assert _address(ext) == (f"modelpool-extproc.{NAMESPACE}.svc.cluster.local", 9002)
     assert "http2_protocol_options" in ext["typed_extension_protocol_options"][
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]["explicit_http_config"]
     (threshold,) = ext["circuit_breakers"]["thresholds"]
@@ -457,6 +469,44 @@ def test_standalone_envoy_clusters(envoy_config, standalone) -> None:
     listen = {lst["name"]: lst["address"]["socket_address"]["port_value"]
               for lst in envoy_config["static_resources"]["listeners"]}
     assert ports == {"http": listen["modelpool"], "ops": listen["ops"]}
+
+
+def test_standalone_envoy_balances_over_the_replicas_and_health_checks_each(
+        envoy_config, standalone) -> None:
+    from extproc.protocol.service import SERVICE  # noqa: PLC0415 - the name it registers
+
+    filt = _hcm(_listener(envoy_config, "modelpool"))["http_filters"][0]["typed_config"]
+    ext = _clusters(envoy_config)[filt["grpc_service"]["envoy_grpc"]["cluster_name"]]
+    # every replica's own address, re-resolved: the headless Service of the ext_proc pods
+    host, port = _address(ext)
+    assert ext["type"] == "STRICT_DNS" and parse_duration(ext["dns_refresh_rate"]) <= 5
+    assert host == f"modelpool-extproc-headless.{NAMESPACE}.svc.cluster.local"
+    headless = _one(standalone, "Service", "modelpool-extproc-headless")
+    assert headless["spec"]["clusterIP"] == "None"
+    assert not headless["spec"].get("publishNotReadyAddresses")  # a pod not Ready is not in DNS
+    pods = _one(standalone, "Deployment", "modelpool-extproc")["spec"]["template"]
+    assert headless["spec"]["selector"].items() <= pods["metadata"]["labels"].items()
+    (svc_port,) = headless["spec"]["ports"]
+    (container,) = [c for c in pods["spec"]["containers"] if c["name"] == "extproc"]
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert svc_port["port"] == port == named[svc_port["targetPort"]]
+    assert svc_port["appProtocol"] == "kubernetes.io/h2c"
+    # the ClusterIP Service stays (Envoy Gateway, metrics); the standalone Envoy does not use it
+    assert _one(standalone, "Service", "modelpool-extproc")["spec"].get("clusterIP") != "None"
+    # per stream over the replicas, each asked for the gRPC health the service reports
+    # (NOT_SERVING when it cannot admit), also without traffic; never "panic" onto them
+    assert ext["lb_policy"] in ("LEAST_REQUEST", "ROUND_ROBIN")
+    (check,) = ext["health_checks"]
+    assert check["grpc_health_check"] == {"service_name": SERVICE}
+    assert parse_duration(check["interval"]) <= 2 and parse_duration(check["no_traffic_interval"]) <= 2
+    assert parse_duration(check["timeout"]) <= parse_duration(check["interval"])
+    assert check["healthy_threshold"] == 1 and check["unhealthy_threshold"] <= 3
+    assert ext["common_lb_config"]["healthy_panic_threshold"] == {"value": 0.0}
+    assert not ext.get("close_connections_on_host_health_failure")  # open streams finish
+    # a stream that could not reach a replica is retried on another, never a decided one
+    retry = filt["grpc_service"]["retry_policy"]
+    assert set(retry["retry_on"].split(",")) == {"connect-failure", "refused-stream"}
+    assert retry["retry_host_predicate"][0]["name"] == "envoy.retry_host_predicates.previous_hosts"
 
 
 def _envoy_binary() -> Path:
@@ -530,3 +580,27 @@ def test_operations_doc_states_the_manifest_values(eg, standalone) -> None:
                  f"`{grace}s`", f"`{DEFAULTS.swap_budget:.0f}s`",
                  f"`{DEFAULTS.swap_timeout:.0f}s`", f"`{DEFAULTS.shutdown_grace:.0f}s`"):
         assert text in doc, text
+
+
+def test_standalone_envoy_one_message_is_the_tested_templates(envoy_config) -> None:
+    # envoy/envoy.yaml's one-message mode is what the real-Envoy tests exercise
+    # (tests/test_envoy_attributes.py and the suites on it): the overlay must be the same.
+    from devstack import envoyconf
+
+    def parts(hcm: dict[str, Any]) -> tuple[Any, ...]:
+        ext = next(f for f in hcm["http_filters"] if f["name"] == envoyconf.EXTPROC_FILTER)
+        buffer = next(f for f in hcm["http_filters"] if f["name"] == envoyconf.BUFFER_FILTER)
+        routes = {r["name"]: r for r in hcm["route_config"]["virtual_hosts"][0]["routes"]}
+        one = routes["router_unavailable_one_message"]
+        return ([f["name"] for f in hcm["http_filters"]],
+                {k: ext["typed_config"][k] for k in ("processing_mode", "request_attributes",
+                                                     "metadata_options")},
+                buffer["typed_config"], one["match"], one["typed_per_filter_config"])
+
+    template = envoyconf.load_template()["static_resources"]["listeners"][0]
+    tested = _named_filter(template["filter_chains"][0]["filters"], envoyconf.HCM_FILTER)
+    assert parts(_hcm(_listener(envoy_config, "modelpool"))) == parts(tested["typed_config"])
+
+
+def _named_filter(filters: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    return next(f for f in filters if f["name"] == name)

@@ -84,10 +84,12 @@ def test_excess_lists_unused_grants() -> None:
 
 
 # The calls the service makes (the end-to-end suite's record agrees: no get on the pools' kinds,
-# the watch cache answers every read): the manifests must grant exactly these.
+# the watch cache answers every read, a re-read after a 409 is a list by name): the manifests
+# must grant exactly these.
 POOL_CALLS = [
     ("list", "inference.llmkube.dev", "modelpools", "", "llm", ""),
     ("watch", "inference.llmkube.dev", "modelpools", "", "llm", ""),
+    ("patch", "inference.llmkube.dev", "modelpools", "", "llm", "shared-gpu"),  # leader stamp
     ("patch", "inference.llmkube.dev", "modelpools", "status", "llm", "shared-gpu"),
     ("list", "inference.llmkube.dev", "inferenceservices", "", "llm", ""),
     ("watch", "inference.llmkube.dev", "inferenceservices", "", "llm", ""),

@@ -87,6 +87,19 @@ async def test_scale_up_creates_pod_then_ready_with_a_live_upstream(cluster: Clu
     assert sim.timeline.of("judge", "ready")[0].t - first(sim, "judge", "pod_created") >= LOAD
 
 
+async def test_a_load_hands_the_member_to_its_standby_and_starts_the_next(cluster: Cluster,
+                                                                          sims):
+    await cluster.create("judge", replicas=0)
+    sim = await sims({"judge": free_port()})
+    await cluster.wait_phase("judge", "Stopped")
+    actor = sim.actors[(NS, "judge")]
+    standby = actor.standby.pid  # started with the member, before any load
+    await cluster.scale("judge", 1)
+    await cluster.wait_phase("judge", "Ready")
+    assert actor.server.process.pid == standby  # the load used it: no process start on the way
+    assert actor.standby.running and actor.standby.pid != standby  # the next one waits
+
+
 async def test_scale_down_unloads_before_the_pod_goes(cluster: Cluster, sims, tmp_path: Path):
     port = free_port()
     await cluster.create("coder", replicas=1)

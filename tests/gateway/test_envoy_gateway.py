@@ -78,6 +78,11 @@ def test_ext_proc_filter_as_translated(gateway_run: GatewayRun) -> None:
     assert ext_proc["messageTimeout"] == "330s"
     assert ext_proc["failureModeAllow"] is True
     assert ext_proc["processingMode"]["requestBodyMode"] == "BUFFERED"
+    # Two messages each way here: Envoy Gateway sends the request headers whenever
+    # processingMode.request is set, and the body mode lives under it (its API has no
+    # headers-skip), nor a buffer filter or a route matching dynamic metadata, which the
+    # standalone Envoy's one-message mode needs (tests/test_envoy_attributes.py).
+    assert ext_proc["processingMode"]["requestHeaderMode"] == "SEND"
     assert "maxMessageTimeout" not in ext_proc, "the Deployment patch assumes there is none"
 
 

@@ -17,8 +17,11 @@ from kube_helpers import IgnoresReplicas, eventually, running
 from extproc.metrics import WATCH_RESTARTS
 from extproc.platform.kube.actuator import Actuator
 from extproc.platform.kube.client import make_api_client
+from extproc.platform.kube.credentials import from_kubeconfig
 from extproc.platform.kube.events import EventRecorder
-from extproc.platform.kube.rest import KubeClient
+from extproc.platform.kube.fencing import LEADER_ANNOTATION
+from extproc.platform.kube.platform import KubePlatform
+from extproc.platform.kube.rest import ApiError, KubeClient
 from extproc.platform.kube.status import StatusWriter
 from extproc.policy.model import (
     MemberObservation,
@@ -32,9 +35,10 @@ from extproc.policy.model import (
 from extproc.settings import Settings
 
 
-__all__ = ["Actuator", "EventRecorder", "LatestReports", "MemberObservation", "PoolKey",
-           "PoolPhase", "PoolView", "StatusWriter", "api_client", "restarts", "until",
-           "watching"]
+__all__ = ["Actuator", "ApiError", "EventRecorder", "KubeClient", "KubePlatform",
+           "LEADER_ANNOTATION", "LatestReports", "MemberObservation", "PoolKey", "PoolPhase",
+           "PoolView", "Settings", "StatusWriter", "api_client", "from_kubeconfig", "restarts",
+           "until", "watching"]
 
 
 class LatestReports(IgnoresReplicas):

@@ -19,6 +19,7 @@ from kubernetes.aio.client.exceptions import ApiException
 from control_plane import ControlPlane
 from platform_entry import (
     Actuator,
+    ApiError,
     EventRecorder,
     LatestReports,
     MemberObservation,
@@ -171,11 +172,23 @@ async def test_stale_resource_version_conflicts(client: Any, service: Any,
         await custom.replace_namespaced_custom_object(GROUP, VERSION, namespace, "modelpools",
                                                       "slot", read)  # same, now stale, version
     assert conflict.value.status == 409
-    # the actuator's merge patch carries no version: a concurrent write cannot make it lose
-    await Actuator(service).scale(namespace, "b", 1)
+    # the actuator's merge patch names the version it was decided on: once someone else
+    # wrote the member, that version is refused and the replicas stay; the current one lands
+    seen = await custom.get_namespaced_custom_object(GROUP, VERSION, namespace,
+                                                     "inferenceservices", "b")
+    await custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, "inferenceservices",
+                                                "b", {"metadata": {"labels": {"moved": "yes"}}})
+    with pytest.raises(ApiError) as refused:
+        await Actuator(service).scale(namespace, "b", 1, seen["metadata"]["resourceVersion"])
+    assert refused.value.status == 409
     stored = await custom.get_namespaced_custom_object(GROUP, VERSION, namespace,
                                                        "inferenceservices", "b")
-    assert stored["spec"]["replicas"] == 1
+    assert stored["spec"]["replicas"] == 0
+    answered = await Actuator(service).scale(namespace, "b", 1,
+                                             stored["metadata"]["resourceVersion"])
+    stored = await custom.get_namespaced_custom_object(GROUP, VERSION, namespace,
+                                                       "inferenceservices", "b")
+    assert stored["spec"]["replicas"] == 1 and answered == stored["metadata"]["resourceVersion"]
 
 
 async def test_status_subresource(client: Any, service: Any, namespace: str) -> None:
@@ -185,7 +198,7 @@ async def test_status_subresource(client: Any, service: Any, namespace: str) -> 
         MemberObservation("a", phase="Ready", replicas=1, pods=1),
         MemberObservation("b", phase="Stopped")), generation=1)
     writer = StatusWriter(service)
-    assert await writer.publish(view, {}) is True  # the real schema accepts what we write
+    assert await writer.publish(view, {}) is not None  # the real schema accepts what we write
     stored = await custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "modelpools",
                                                        "slot")
     assert stored["status"] == writer.written(key)
@@ -199,7 +212,7 @@ async def test_status_subresource(client: Any, service: Any, namespace: str) -> 
     stored = await custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "modelpools",
                                                        "slot")
     assert stored["status"]["phase"] == "Ready" and stored["spec"]["default"] == "a"
-    assert await writer.publish(view, stored["status"]) is True  # converges back
+    assert await writer.publish(view, stored["status"]) is not None  # converges back
     stored = await custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "modelpools",
                                                        "slot")
     assert stored["status"]["pendingMember"] == ""

@@ -68,6 +68,30 @@ async def test_stale_resource_version_is_409_on_put_and_patch(custom):
     assert replaced["spec"]["default"] == "b"
 
 
+async def test_stale_resource_version_is_409_on_status_merge_patches_too(custom):
+    """As kube-apiserver: a merge patch of /status that names a stale resourceVersion is
+    refused, also when it would change nothing; the current one is accepted (fencing.py)."""
+    await custom.create_namespaced_custom_object(GROUP, VERSION, NS, "modelpools", modelpool("p1"))
+    first = await custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, NS, "modelpools", "p1", {"status": {"phase": "Ready"}})
+    stale = first["metadata"]["resourceVersion"]
+    await custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, NS, "modelpools", "p1", {"status": {"phase": "Swapping"}})
+    for phase in ("Ready", "Swapping"):  # a change, then what is already there
+        with pytest.raises(AioApiException) as info:
+            await custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, NS, "modelpools", "p1",
+                {"metadata": {"resourceVersion": stale}, "status": {"phase": phase}})
+        assert info.value.status == 409 and '"reason": "Conflict"' in info.value.body
+    current = await custom.get_namespaced_custom_object(GROUP, VERSION, NS, "modelpools", "p1")
+    assert current["status"] == {"phase": "Swapping"}
+    landed = await custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, NS, "modelpools", "p1",
+        {"metadata": {"resourceVersion": current["metadata"]["resourceVersion"]},
+         "status": {"phase": "Ready"}})
+    assert landed["status"] == {"phase": "Ready"}
+
+
 async def test_status_and_spec_are_isolated_both_ways(custom):
     await custom.create_namespaced_custom_object(
         GROUP, VERSION, NS, "modelpools", {**modelpool("p1"), "status": {"phase": "Ready"}})

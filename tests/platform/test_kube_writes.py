@@ -16,6 +16,7 @@ from extproc.platform.kube.rest import ApiError
 from extproc.metrics import KUBE_REQUESTS
 from extproc.platform.kube.actuator import Actuator, MemberMissing
 from extproc.platform.kube.events import EventRecorder
+from extproc.platform.kube.fencing import LEADER_ANNOTATION
 from extproc.platform.kube.platform import KubePlatform
 from extproc.platform.kube.status import StatusPublisher, StatusWriter
 from extproc.policy.model import MemberObservation, PoolKey, PoolPhase, PoolView
@@ -31,6 +32,20 @@ def patches(emulator: Any, resource: str, subresource: str | None = None) -> int
     """How many patch requests the emulator recorded for ``resource``/``subresource``."""
     return sum(1 for r in emulator.requests if r.verb == "patch" and r.resource == resource
                and r.subresource == subresource)
+
+
+def scale_bodies(emulator: Any) -> list[dict]:
+    """The bodies of the replicas patches the emulator recorded (not the leader's stamps)."""
+    return [body for _caller, r, body in emulator.handler.callers
+            if r.verb == "patch" and r.resource == "inferenceservices"
+            and isinstance(body, dict) and "spec" in body]
+
+
+def stamped_by(emulator: Any, identity: str) -> bool:
+    """Whether every member of pool slot carries the leader stamp of ``identity``."""
+    return all(((emulator.get("inferenceservices", m, NS) or {}).get("metadata", {})
+                .get("annotations") or {}).get(LEADER_ANNOTATION, "").startswith(identity + " ")
+               for m in ("a", "b"))
 
 
 def ready_view(**kw: Any) -> PoolView:
@@ -65,6 +80,8 @@ async def leading(emulator: Any) -> tuple[KubePlatform, asyncio.Task[None]]:
     platform = await KubePlatform.create(settings)
     task = asyncio.get_running_loop().create_task(platform.run(Recorder()))
     await eventually(lambda: platform.replicas.leads(KEY), 10)
+    # the new leader's stamps land before its first scale: wait, so faults meet the scale
+    await eventually(lambda: stamped_by(emulator, platform.replicas.identity), 10)
     return platform, task
 
 
@@ -89,7 +106,13 @@ async def test_scale_retries_conflicts(emulator: Any, api: Any) -> None:
     await _scaled_by_the_runtime(emulator, "a", 0,
                                  fault=lambda: emulator.fail_writes("inferenceservices", 2))
     assert emulator.get("inferenceservices", "a", NS)["spec"]["replicas"] == 0
-    assert patches(emulator, "inferenceservices") == 3
+    bodies = scale_bodies(emulator)
+    assert len(bodies) == 3
+    # every attempt names the version it was decided on, and a 409 is re-read before the next
+    assert all(b["metadata"]["resourceVersion"] for b in bodies), bodies
+    lists = [r for r in emulator.requests if r.verb == "list" and r.resource ==
+             "inferenceservices"]
+    assert len(lists) == 1 + 2, lists  # the watch's first list, then one re-read per 409
 
 
 async def test_scale_retries_while_the_api_is_unavailable(emulator: Any, api: Any) -> None:
@@ -153,13 +176,13 @@ async def test_scale_can_be_cancelled(emulator: Any, api: Any) -> None:
 async def test_publish_patches_once_then_not_again(emulator: Any, api: Any) -> None:
     seed(emulator)
     writer = StatusWriter(api)
-    assert await writer.publish(ready_view(), {}) is True
+    assert await writer.publish(ready_view(), {}) is not None
     stored = emulator.get("modelpools", "slot", NS)
     assert stored["status"]["phase"] == "Ready"
     assert stored["status"]["residentMember"] == "a"
     assert stored["spec"]["members"]  # the /status subresource left the spec alone
     assert patches(emulator, "modelpools", "status") == 1
-    assert await writer.publish(ready_view(), stored["status"]) is False
+    assert await writer.publish(ready_view(), stored["status"]) is None
     assert patches(emulator, "modelpools", "status") == 1
 
 
@@ -171,7 +194,7 @@ async def test_publish_removes_fields_it_does_not_own(emulator: Any, api: Any) -
     await writer.publish(ready_view(), emulator.get("modelpools", "slot", NS)["status"])
     status = emulator.get("modelpools", "slot", NS)["status"]
     assert status["pendingMember"] == "" and status["phase"] == "Ready"
-    assert await writer.publish(ready_view(), status) is False
+    assert await writer.publish(ready_view(), status) is None
 
 
 async def test_publisher_coalesces_and_skips_unchanged(emulator: Any, api: Any) -> None:

@@ -6,6 +6,7 @@ import grpc
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
+from extproc.protocol.request import ATTRIBUTES_KEY
 from extproc.protocol.service import SERVICE
 
 PROCESS = f"/{SERVICE}/Process"
@@ -26,6 +27,17 @@ def body_message(body: bytes) -> bytes:
     """A buffered request_body message."""
     return ep.ProcessingRequest(request_body=ep.HttpBody(body=body, end_of_stream=True)) \
         .SerializeToString()
+
+
+def one_message(body: bytes, path: str = "/v1/chat/completions", method: str = "POST",
+                eos: bool = True, headers: tuple[tuple[str, str], ...] = ()) -> bytes:
+    """A body message as Envoy sends it with the headers skipped: the head in attributes."""
+    msg = ep.ProcessingRequest(request_body=ep.HttpBody(body=body, end_of_stream=eos))
+    msg.attributes[ATTRIBUTES_KEY].update({
+        "request.method": method, "request.path": path, "request.id": "rid-one",
+        "request.headers['content-type']": "application/json",
+        **{f"request.headers['{k}']": v for k, v in headers}})
+    return msg.SerializeToString()
 
 
 def open_process(channel: grpc.aio.Channel) -> grpc.aio.StreamStreamCall:

@@ -61,3 +61,9 @@ def custom_path(namespace: str, plural: str, name: str = "", subresource: str = 
     path = f"/apis/{GROUP}/{VERSION}"
     path += f"/namespaces/{namespace}/{plural}" if namespace else f"/{plural}"
     return path + "".join(f"/{part}" for part in (name, subresource) if part)
+
+
+def resource_version_of(obj: object) -> str:
+    """An API object's metadata.resourceVersion ("" when absent)."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    return str(meta.get("resourceVersion") or "") if isinstance(meta, dict) else ""

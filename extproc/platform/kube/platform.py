@@ -8,16 +8,19 @@ listener, so nothing here forwards observations.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import aiohttp
 
 from extproc.logs import get_logger
+from extproc.platform.kube._calls import POOLS, SERVICES, TRANSPORT_ERRORS
 from extproc.platform.kube.actuator import Actuator
 from extproc.platform.kube.client import make_api_client
 from extproc.platform.kube.events import EventRecorder
 from extproc.platform.kube.idle import run_probe
 from extproc.platform.kube.replicas import Replicas
-from extproc.platform.kube.rest import KubeClient
+from extproc.platform.kube.fencing import HeldVersions, TakeoverFences
+from extproc.platform.kube.rest import ApiError, KubeClient
 from extproc.platform.kube.routecheck import RouteChecker
 from extproc.platform.kube.status import StatusPublisher, StatusWriter
 from extproc.platform.kube.watcher import ClusterWatcher
@@ -41,11 +44,17 @@ class KubePlatform:
         self._settings = settings
         self._writer = StatusWriter(api_client)
         self.watcher = ClusterWatcher(api_client, settings, ours=self._ours)
-        self.replicas = Replicas(api_client, settings, self.watcher.relist)
         self._actuator = Actuator(api_client)
-        self._publisher = StatusPublisher(self._writer, self.watcher, may_write=self.replicas.leads,
-                                          backoff_initial=settings.api_retry_initial,
-                                          backoff_max=settings.api_retry_max)
+        self._versions = HeldVersions()  # the members' versions across our own writes
+        self.replicas = Replicas(api_client, settings, self.watcher.relist,
+                                 on_lead=lambda key, leading: self._fences.lead_changed(
+                                     key, leading))
+        self._fences = TakeoverFences(self._actuator, self.watcher, self._versions,
+                                      self.replicas.identity)
+        self._publisher = StatusPublisher(
+            self._writer, self.watcher, may_write=self.replicas.leads,
+            reread=lambda key: self.watcher.reread(POOLS, key.namespace, key.name),
+            backoff_initial=settings.api_retry_initial, backoff_max=settings.api_retry_max)
         self._events = EventRecorder(api_client, uids=self.watcher.pool_uid)
         self._session: aiohttp.ClientSession | None = None
         self._event_tasks: set[asyncio.Task[None]] = set()
@@ -93,6 +102,7 @@ class KubePlatform:
         if self._event_tasks:
             await asyncio.wait(self._event_tasks, timeout=2.0)
         await self._publisher.close()
+        self._fences.close()
         await self.replicas.stop()
         if self._session is not None:
             await self._session.close()
@@ -100,10 +110,29 @@ class KubePlatform:
 
     async def scale(self, key: PoolKey, member: str, replicas: int) -> None:
         """Set a member's replicas (one attempt; the runtime retries); only the pool's leader
-        may: a deposed one finds out here, on its own clock, before it writes."""
+        may: a deposed one finds out here, on its own clock, before it writes, and a write
+        it sent before that lands only if the member is still as it saw it (fencing.py)."""
         if not self.replicas.leads(key):
             raise NotLeader(f"this replica does not lead pool {key}")
-        await self._actuator.scale(key.namespace, member, replicas)
+        await self._fences.ready(key)  # this lead's stamps first: older writes now fail
+        if not self.replicas.leads(key):
+            raise NotLeader(f"this replica no longer leads pool {key}")
+        where = (key.namespace, member)
+        _, cached = self.watcher.member_replicas(key, member)
+        # No version known: the cache has never seen the member; the API answers 404 then.
+        version = self._versions.precondition(where, cached)
+        try:
+            answered = await self._actuator.scale(key.namespace, member, replicas, version)
+        except ApiError as exc:
+            if exc.status == 409:
+                # The member changed since we looked: read it again, so the policy decides on
+                # the fresh observation and the scaler's next try (if the policy still wants
+                # it) carries the fresh version; never the same write again.
+                self._versions.forget(where)
+                with contextlib.suppress(*TRANSPORT_ERRORS, ApiError):
+                    await self.watcher.reread(SERVICES, key.namespace, member)
+            raise
+        self._versions.wrote(where, version, answered)
 
     async def trigger(self, key: PoolKey, member: str) -> None:
         """llmkube mode: replicas 0 -> 1, guarded by the resourceVersion the watch last saw."""

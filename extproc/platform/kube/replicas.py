@@ -12,7 +12,8 @@ Theory of operation:
   through one watch on every Lease of the service (member and leader roles), which also
   brings the peers' counts within a round trip instead of a renew period.
 - Writes for a pool are fenced (``leads``): a replica that is not the pool's leader, by its
-  own clock, sends no scale and no status patch.
+  own clock, sends no scale and no status patch; what it sent before that carries a
+  resourceVersion precondition, and the next leader's stamps refuse it (``fencing.py``).
 - ``leave()`` on SIGTERM releases the leader Leases at once; ``stop()`` deletes the
   membership Lease after the streams have ended, so peers stop waiting for it.
 """
@@ -66,10 +67,12 @@ class Replicas:
 
     def __init__(self, client: KubeClient, settings: Settings,
                  relist: Callable[[], asyncio.Event], *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 on_lead: Callable[[PoolKey, bool], None] = lambda key, leading: None) -> None:
         self.identity = replica_identity(settings)
         self.namespace = lease_namespace(settings)
         self._client, self._settings, self._relist, self._clock = client, settings, relist, clock
+        self._on_lead = on_lead  # the platform fences the pool's members on each gain
         self.membership = Membership(client, self.namespace, self.identity, self._load,
                                      settings, clock=clock, on_renew=self._renewed,
                                      lists_peers=False)  # the Lease watch brings them
@@ -185,6 +188,7 @@ class Replicas:
             self._lead_since[key] = self._clock()
         else:
             self._lead_since.pop(key, None)
+        self._on_lead(key, leading)  # before the machine hears it: its first scale waits on it
         if self._listener is not None:
             self._listener.leadership_changed(key, leading)
 

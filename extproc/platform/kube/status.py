@@ -8,14 +8,16 @@ views into as few writes as possible, one background task per pool, never writin
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from collections import deque
 from datetime import datetime, timezone
 from typing import Protocol
 
 from extproc.backoff import Backoff
 from extproc.logs import get_logger
-from extproc.platform.kube._calls import POOLS, counted, custom_path, describe, retryable
+from extproc.platform.kube._calls import (POOLS, counted, custom_path, describe,
+                                          resource_version_of, retryable)
+from extproc.platform.kube.fencing import HeldVersions
 from extproc.platform.kube.objects import OWN_CONDITIONS
 from extproc.platform.kube.rest import ApiError, KubeClient
 from extproc.policy.model import MemberObservation, PoolKey, PoolPhase, PoolView
@@ -143,13 +145,15 @@ class StatusWriter:
         """The status this writer last wrote for ``key`` (None if it wrote none)."""
         return self._written.get(key)
 
-    async def publish(self, view: PoolView, current_status: dict, *,
-                      spec_problems: tuple[str, ...] = ()) -> bool:
-        """Patch the status computed from ``view`` unless it equals ``current_status``."""
+    async def publish(self, view: PoolView, current_status: dict, *, resource_version: str = "",
+                      spec_problems: tuple[str, ...] = ()) -> str | None:
+        """Patch the status computed from ``view`` unless it equals ``current_status``, only
+        if the pool is still at ``resource_version`` (else 409); the new version, or None
+        when nothing was written."""
         desired = desired_status(view, current_status, datetime.now(timezone.utc),
                                  spec_problems=spec_problems)
         if desired == owned_part(current_status, desired):
-            return False
+            return None
         # A merge patch leaves the keys it does not mention, so fields other writers own
         # survive; the conditions list is replaced whole, so desired carries the others'
         # conditions along (desired_status). What we write is remembered before the call (the
@@ -159,10 +163,13 @@ class StatusWriter:
         stored = {k: v for k, v in desired.items() if v is not None}
         before, self._written[view.key] = self._written.get(view.key), stored
         self._recent.setdefault(view.key, deque(maxlen=8)).append(desired)
+        body: dict = {"status": desired}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}  # the fence (fencing.py)
         try:
-            await counted("patch", f"{POOLS}/status", self._api.call(
+            answered = await counted("patch", f"{POOLS}/status", self._api.call(
                 "PATCH", custom_path(view.key.namespace, POOLS, view.key.name, "status"),
-                body={"status": desired}))
+                body=body))
         except BaseException:
             if before is None:
                 self._written.pop(view.key, None)
@@ -170,9 +177,9 @@ class StatusWriter:
                 self._written[view.key] = before
             raise
         log.info("pool status written", namespace=view.key.namespace, pool=view.key.name,
-                 phase=desired["phase"],
-                 resident=view.resident, pending=view.pending)
-        return True
+                 phase=desired["phase"], resident=view.resident, pending=view.pending,
+                 resource_version=resource_version)
+        return resource_version_of(answered)
 
     def matches(self, key: PoolKey, status: dict) -> bool:
         """Whether ``status`` shows one of our recent writes: it is ours.
@@ -211,14 +218,18 @@ class StatusPublisher:
 
     def __init__(self, writer: StatusWriter, source: StatusSource, *,
                  backoff_initial: float = 0.2, backoff_max: float = 30.0,
-                 may_write: Callable[[PoolKey], bool] = lambda key: True) -> None:
+                 may_write: Callable[[PoolKey], bool] = lambda key: True,
+                 reread: Callable[[PoolKey], Awaitable[None]] | None = None) -> None:
         self._writer = writer
         self._source = source
-        self._may_write = may_write  # the fence: only the pool's leader writes its status
+        # Two fences: only the pool's leader (by its own clock) writes its status, and every
+        # write names the version it was decided on, so a late one cannot land (fencing.py).
+        self._may_write = may_write
+        self._reread = reread  # after a 409: fetch the pool again, so the next try is fresh
         self._backoff = (backoff_initial, backoff_max)
         self._latest: dict[PoolKey, PoolView] = {}
         self._tasks: dict[PoolKey, asyncio.Task[None]] = {}
-        self._written_at: dict[PoolKey, str] = {}  # cache resourceVersion when we last wrote
+        self._versions = HeldVersions()
 
     def submit(self, view: PoolView) -> None:
         """Schedule ``view`` for writing, replacing any view of the same pool not yet written."""
@@ -242,15 +253,16 @@ class StatusPublisher:
         while tasks := [t for t in self._tasks.values() if not t.done()]:
             await asyncio.wait(tasks)
 
-    def _current(self, key: PoolKey) -> dict:
-        """The freshest status we know: the cache's, unless it has not seen our last write."""
-        version = self._source.pool_resource_version(key)
-        if self._written_at.get(key) == version:
-            # The watch has not delivered our own write yet; comparing with the cache would
-            # redo the write, or skip one if the view flipped back meanwhile.
-            return self._writer.written(key) or self._source.pool_status(key)
-        self._written_at.pop(key, None)
-        return self._source.pool_status(key)
+    def _current(self, key: PoolKey) -> tuple[dict, str]:
+        """The freshest status we know and its version: the cache's, unless it has not
+        shown our last write yet (then what we wrote, and the version it was answered)."""
+        cached = self._source.pool_resource_version(key)
+        held = self._versions.precondition(key, cached)
+        if held != cached and (written := self._writer.written(key)) is not None:
+            # Comparing with the cache would redo the write (or skip one if the view flipped
+            # back meanwhile), and its version would be refused by our own last write.
+            return written, held
+        return self._source.pool_status(key), cached
 
     async def _drain(self, key: PoolKey) -> None:
         """Write the latest view of one pool until none is left, backing off on failures."""
@@ -264,10 +276,11 @@ class StatusPublisher:
                 log.info("status not written: this replica no longer leads the pool",
                          namespace=key.namespace, pool=key.name)
                 continue
-            version = self._source.pool_resource_version(key)
+            current, version = self._current(key)
             try:
-                wrote = await self._writer.publish(view, self._current(key),
-                                                   spec_problems=self._source.spec_problems(key))
+                answered = await self._writer.publish(
+                    view, current, resource_version=version,
+                    spec_problems=self._source.spec_problems(key))
             except Exception as exc:
                 if isinstance(exc, ApiError) and exc.status == 404:
                     self._forget(key)
@@ -275,18 +288,35 @@ class StatusPublisher:
                 if not retryable(exc):
                     log.error("status write rejected", namespace=key.namespace, pool=key.name, error=describe(exc))
                     continue
+                conflict = isinstance(exc, ApiError) and exc.status == 409
+                if conflict:
+                    # The pool changed since the version we sent (another writer, a leader
+                    # after us): never send the same write again; read the pool afresh (the
+                    # policy hears it through the watcher) and decide on the fresh status.
+                    self._versions.forget(key)
+                    await self._reread_quietly(key)
                 delay = backoff.next_delay()
                 log.warning("status write failed, retrying", namespace=key.namespace, pool=key.name,
-                            error=describe(exc), retry_in=round(delay, 3))
+                            error=describe(exc), retry_in=round(delay, 3), conflict=conflict)
                 # Retry this view unless a newer one arrived while we were writing.
                 self._latest.setdefault(key, view)
                 await asyncio.sleep(delay)
                 continue
             backoff.reset()
-            if wrote:
-                self._written_at[key] = version
+            if answered is not None:
+                self._versions.wrote(key, version, answered)
+
+    async def _reread_quietly(self, key: PoolKey) -> None:
+        """Re-read the pool after a conflict; a failed re-read leaves the watch to catch up."""
+        if self._reread is None:
+            return
+        try:
+            await self._reread(key)
+        except Exception as exc:  # the retry's precondition is then the watch's, maybe a 409
+            log.warning("pool not re-read after a conflict", namespace=key.namespace,
+                        pool=key.name, error=describe(exc))
 
     def _forget(self, key: PoolKey) -> None:
         """Drop state kept for a pool that no longer exists."""
-        self._written_at.pop(key, None)
+        self._versions.forget(key)
         self._writer.forget(key)

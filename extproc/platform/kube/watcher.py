@@ -15,6 +15,14 @@ Pods: only pods labelled ``inference.llmkube.dev/service`` are watched by defaul
 and a selector keeps the pod watch down to model servers even cluster-wide, where "all pods"
 would stream every pod of every workload. An empty selector watches all pods in the watched
 namespaces, which makes the ``app`` fallback count hand-made members with only ``app=<member>``.
+
+Re-reads. After a write was refused (409: the object changed since we looked), ``reread``
+fetches that one object (a list with a name field selector: the RBAC grants list, not get)
+and applies it like a watch event, so the policy decides again on the fresh state. The watch
+may still deliver older events of that object afterwards (it lags): the cache then steps back
+until the watch catches up, as with any watch lag, and a write decided meanwhile is refused
+and re-read once more. Skipping those events instead would need to know which versions are
+older, and resourceVersions are opaque (only equality is defined).
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from typing import Any
 
 from extproc.logs import get_logger
 from extproc.platform.contract import PoolListener
-from extproc.platform.kube._calls import POOLS, SERVICES, custom_path
+from extproc.platform.kube._calls import POOLS, SERVICES, counted, custom_path
 from extproc.platform.kube.idle import IdleProbe
 from extproc.platform.kube.objects import (object_key, pod_member, pool_spec, pool_status,
                                             service_probe, service_state)
@@ -105,6 +113,14 @@ class ClusterWatcher:
         state = self._services.get(where)
         return (state[1] if state else 0), self._service_versions.get(where, "")
 
+    def members_of(self, key: PoolKey) -> list[str]:
+        """The pool's members: its spec's, then those removed from it that are still indexed
+        (one may hold the GPU until the pool has drained and unloaded it)."""
+        pool = self._pools.get(key)
+        named = list(pool.spec.members) if pool else []
+        return named + sorted(m for (ns, m), pools in self._pools_of.items()
+                              if ns == key.namespace and key in pools and m not in named)
+
     def pool_status(self, key: PoolKey) -> dict:
         """The pool's ``.status`` as last seen ({} when unknown)."""
         pool = self._pools.get(key)
@@ -154,6 +170,17 @@ class ClusterWatcher:
                     on_list=lambda items, k=kind, s=scope: self._listed_all(k, s, items),
                     on_event=lambda event, obj, k=kind: self._apply(k, event, obj))
                 self._loops[(kind, scope)] = self._group.create_task(watch.run())
+
+    async def reread(self, kind: str, namespace: str, name: str) -> None:
+        """Read one pool or member again now and apply it (after a 409 on a write to it)."""
+        path = self._path(kind, namespace)
+        body = await counted("list", kind, self._api.call(
+            "GET", path, params={"fieldSelector": f"metadata.name={name}"}, timeout=10.0))
+        items = [o for o in body.get("items") or [] if object_key(o) == (namespace, name)]
+        obj = items[0] if items else {"metadata": {"namespace": namespace, "name": name}}
+        self._apply(kind, "MODIFIED" if items else "DELETED", obj)
+        log.info("object re-read after a conflict", kind=kind, namespace=namespace, name=name,
+                 resource_version=(obj.get("metadata") or {}).get("resourceVersion") or "")
 
     def _listed_all(self, kind: str, scope: str, items: list[dict]) -> None:
         self._replace(kind, scope, items)
