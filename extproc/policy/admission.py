@@ -1,21 +1,41 @@
-"""Refusing a request at once instead of holding it: the client's own deadline, the pool's bound.
+"""Refusing a request instead of holding it: at its arrival, and at its deadline.
 
-Both answer 503 + Retry-After without parking. A request refused for its deadline still leaves
-a *wish* for its member (``PoolMachine.wishes``), so the swap starts and the retry is served
-warm; one refused by the bound does not (the bound sheds load, it must not add swaps).
+A request that is not admitted at once is held, unless it is answered 503 + Retry-After now:
+this replica may not admit (its admission Lease ran out), its member failed to load or cannot
+be loaded (a blocked llmkube pool), the pool is Degraded, closing or hands-off, the client's
+own deadline is shorter than the expected wait, or the pool holds as many requests as it may.
+A request refused for its deadline still leaves a *wish* for its member (``Refusal.wish``;
+``PoolMachine.wishes``), so the swap starts and the retry is served warm; one refused by the
+bound does not (the bound sheds load, it must not add swaps). A held request whose swap
+budget runs out is told only what is true of the swap (``budget_exceeded``).
+
+Rules of this file: it owns no state. It reads the pool through ``pool.PoolReader`` (and
+``modes.Hands``, for when a hands-off spell ends) and returns the answers; the machine records
+them (a held request, a wish).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from dataclasses import dataclass
 
-from .events import Command, Reject
+from . import modes, replicas
+from .events import Reject
+from .model import Actuation
+from .pool import PoolReader
+from .requests import Held
+from .steps_llmkube import blocked_reject, blocker
 
-if TYPE_CHECKING:
-    from .machine import PoolMachine
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A request answered at once, and whether its member is wished for all the same."""
+
+    reject: Reject
+    wish: bool = False  # the swap starts anyway: the retry finds it warm
 
 
-def expected_wait(m: PoolMachine, member: str) -> float:
+def expected_wait(m: PoolReader, member: str) -> float:
     """Seconds until ``member`` should be serving, from the pool's swap history."""
     if m.routable(member):
         return 0.0
@@ -28,27 +48,71 @@ def expected_wait(m: PoolMachine, member: str) -> float:
     return rest + history.expected(swap.target, member)  # this swap, then one to it
 
 
-def held_bound(m: PoolMachine) -> int:
+def held_bound(m: PoolReader) -> int:
     """Held requests the pool takes at most (0: no bound): its annotation, else the setting."""
     return m.spec.max_held if m.spec.max_held is not None else m.limits.max_held
 
 
-def refuse_now(m: PoolMachine, rid: int, member: str, max_wait: float,
-               out: list[Command]) -> bool:
-    """Answer a request that would be held with 503 now when it cannot wait; True if so."""
+def refusal(m: PoolReader, hands: modes.Hands, rid: int, member: str,
+            max_wait: float) -> Refusal | None:
+    """The answer for a request that is not admitted at once, if it must not be held."""
+    now = m.now
+    if now >= m.admit_until:
+        return Refusal(Reject(rid, 503, replicas.UNAVAILABLE_CODE,
+                              replicas.unavailable_message(), 1))
+    failed_until = m.failed_until.get(member, 0.0)
+    if failed_until > now:
+        return Refusal(Reject(rid, 503, "member_failed",
+                              f"model {member!r} failed to load: {m.failed_message}",
+                              max(1, math.ceil(failed_until - now))))
+    if blocker(m) not in ("", member):
+        return Refusal(blocked_reject(m, rid, member, 0.0))
+    if m.missing():
+        return Refusal(Reject(rid, 503, "pool_degraded",
+                              f"pool {m.spec.key} is degraded: member(s) "
+                              f"{', '.join(m.missing())} do not exist",
+                              m.limits.retry_after_default))
+    if m.closing is not None:
+        return Refusal(Reject(rid, 503, *m.closing, m.retry_after()))
+    if m.actuation is Actuation.HANDS_OFF:
+        return Refusal(modes.conflict_reject(m, hands, rid, 0.0))
+    return _cannot_wait(m, rid, member, max_wait)
+
+
+def _cannot_wait(m: PoolReader, rid: int, member: str, max_wait: float) -> Refusal | None:
     wait = expected_wait(m, member)
     if wait > max_wait:
-        if m.swap is None or m.swap.target != member:
-            m.wishes[member] = None  # the swap starts anyway: the retry finds it warm
-        out.append(Reject(rid, 503, "max_wait_exceeded",
-                          f"model {member!r} is expected to be ready in {wait:.0f}s, longer "
-                          f"than the request's x-modelpool-max-wait ({max_wait:g}s); it is "
-                          "being loaded, retry after Retry-After", m.history.clamp(wait)))
-        return True
+        return Refusal(Reject(rid, 503, "max_wait_exceeded",
+                              f"model {member!r} is expected to be ready in {wait:.0f}s, "
+                              f"longer than the request's x-modelpool-max-wait "
+                              f"({max_wait:g}s); it is being loaded, retry after Retry-After",
+                              m.history.clamp(wait)),
+                       wish=m.swap is None or m.swap.target != member)
     bound = held_bound(m)
     if bound and len(m.requests.held) >= bound:
-        out.append(Reject(rid, 503, "too_many_held",
-                          f"pool {m.spec.key} already holds {bound} requests waiting for a "
-                          "swap; retry after Retry-After", m.history.clamp(wait)))
-        return True
-    return False
+        return Refusal(Reject(rid, 503, "too_many_held",
+                              f"pool {m.spec.key} already holds {bound} requests waiting for a "
+                              "swap; retry after Retry-After", m.history.clamp(wait)))
+    return None
+
+
+def budget_exceeded(m: PoolReader, rid: int, held: Held) -> Reject:
+    """The answer for a held request whose swap budget ran out."""
+    return Reject(rid, 503, "swap_budget_exceeded",
+                  f"model {held.member!r} did not become ready within the pool's swap budget "
+                  f"({m.spec.swap_budget:g}s); {_swap_state(m, held.member)}", m.retry_after(),
+                  m.now - held.arrived)
+
+
+def _swap_state(m: PoolReader, member: str) -> str:
+    """What a request refused at its budget is told of the swap: only what is true."""
+    swap = m.swap
+    if swap is None:
+        return "no swap is under way for it now; retry after Retry-After"
+    if swap.stalled:
+        return f"the swap to {swap.target} is stalled: {swap.stalled}"
+    if m.deferred[0]:
+        return f"the swap to {swap.target} is deferred: {m.deferred[1]}"
+    if swap.target != member:
+        return f"the swap to {swap.target} under way comes first; retry shortly"
+    return "the swap continues, retry shortly"

@@ -2,6 +2,8 @@
 
 Events are facts the runtime observed; commands are things the runtime must do. Request ids
 are opaque integers chosen by the caller and unique per pool while the request lives.
+
+Rules of this file: frozen value types only; it owns no state and reads only ``model.py``.
 """
 
 from __future__ import annotations

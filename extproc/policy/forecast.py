@@ -3,6 +3,9 @@
 Durations are kept per (from, to) pair, because loading a 70B model after unloading a 7B one
 takes far longer than the reverse. A pair never seen falls back to the pool's history (every
 pair), and a pool that never swapped to the configured default.
+
+Rules of this file: it owns ``SwapHistory`` (changed only by ``record``, when a swap completes)
+and reads nothing of the pool.
 """
 
 from __future__ import annotations

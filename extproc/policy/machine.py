@@ -6,8 +6,15 @@ Rules of this package
   in ``extproc/policy``. Nothing here awaits, sleeps, reads a clock, or talks to gRPC or
   Kubernetes: callers feed events (with the current time) in and carry the returned
   commands out.
-* This file handles events and owns the state; ``swap.py`` holds the transition table (the
-  only place a stage changes); ``requests.py`` keeps every request's state and counts.
+* This file composes the pool's rooms and is the one place where they meet: it routes each
+  event to the concern it belongs to, and it alone assigns the machine's own state (the spec,
+  what the cluster showed, the resident, the swap under way, failures, deferral, wishes).
+  Each concern owns its state in a dataclass next to its rules: ``modes.Hands`` (who actuates,
+  the fight detector, hands-off spells), ``replicas.Fleet`` (the other replicas, the admission
+  and leader Leases, the drain announcement), ``reclaim.PolicyMemory`` (the resident's idle
+  clock), ``requests.RequestBook`` (every request), ``forecast.SwapHistory`` (durations).
+  Concerns read the machine through ``pool.PoolReader``; the edges of the transition table
+  (``swap.py``, the only place a stage changes) change it through ``pool.PoolWriter``.
 * An event that cannot happen in the current state (an unknown request id, a member that is
   not in the pool) is a caller bug and raises ``PolicyError``. The machine is then *broken*:
   every later call raises too, so no caller can go on with a half-changed machine whose
@@ -45,50 +52,22 @@ applies, so any event order converges.
 
 from __future__ import annotations
 
-import math
+from dataclasses import replace
+from operator import attrgetter
 
-from . import modes, replicas, snapshot, watchdog
-from .admission import refuse_now
-from .events import (
-    ActuationChanged,
-    AdmissionLease,
-    Admit,
-    Close,
-    Command,
-    DrainAnnounced,
-    Dropped,
-    Event,
-    Hold,
-    IdleProbed,
-    LeadershipChanged,
-    MemberObserved,
-    Notice,
-    PeersObserved,
-    Reject,
-    RequestArrived,
-    Scale,
-    RequestEnded,
-    SpecChanged,
-    StatusObserved,
-    Tick,
-)
+from . import admission, fairness, modes, replicas, snapshot, watchdog
+from .events import (ActuationChanged, AdmissionLease, Admit, Close, Command, DrainAnnounced,
+                     Dropped, Event, Hold, IdleProbed, LeadershipChanged, MemberObserved,
+                     Notice, PeersObserved, Reject, RequestArrived, RequestEnded, Scale,
+                     SpecChanged, StatusObserved, Tick)
 from .forecast import SwapHistory
-from .model import (
-    Actuation,
-    MemberObservation,
-    PeerState,
-    PoolSpec,
-    PoolStatus,
-    PoolView,
-    StartHints,
-)
-from .reclaim import idle_deadline, report_policy, track_idle
+from .model import Actuation, MemberObservation, PoolSpec, PoolStatus, PoolView, StartHints
+from .reclaim import PolicyMemory, idle_deadline, report_policy, track_idle
 from .requests import RequestBook
 from .respec import respec
 from .state import Limits, PolicyError, Stage, Swap
 from .steps import reask_at
-from .steps_llmkube import blocked_reject, blocker, incoming, lost_at, reject_blocked, \
-    track_activation
+from .steps_llmkube import incoming, lost_at, reject_blocked, track_activation
 from .swap import advance
 
 __all__ = ["Limits", "PolicyError", "PoolMachine"]
@@ -101,26 +80,23 @@ class PoolMachine:
                  hints: StartHints = StartHints(), *, actuation: Actuation = Actuation.OWN,
                  auto: bool = False) -> None:
         self.spec = spec
-        self.actuation = actuation
-        self.auto = auto  # own until the status shows another controller, then llmkube
-        self.auto_said = False  # (auto mode names its choice once per pool)
-        self.status = PoolStatus()  # the pool's .status as last observed
-        # Own mode's fight detector (modes.note_scaled_up): members we asked down -> seen at 0
-        # since; and when each was scaled up again behind our back.
-        self.asked_down: dict[str, bool] = {}
-        self.undone: dict[str, list[float]] = {}
-        self.fight = ""  # own mode: why we think someone scales against us ("" if not)
-        self.hands_off = modes.HandsOff()  # own mode's spells of not actuating (modes.py)
         self.limits = limits
+        self.now = now
+        # The rooms: each concern's own state (see the module header).
+        self.hands = modes.Hands(actuation, auto)
+        self.fleet = replicas.Fleet(leading=None if actuation is Actuation.FOLLOW else True)
+        self.policy_memory = PolicyMemory(resident_since=now)
+        self.requests = RequestBook()
+        self.history = SwapHistory(limits.retry_after_default, limits.retry_after_max)
+        # What the machine itself keeps, changed only here.
+        self.status = PoolStatus()  # the pool's .status as last observed
         self.obs: dict[str, MemberObservation] = {}
         self.resident = ""
         self.swap: Swap | None = None
-        self.requests = RequestBook()
-        # Members removed from the spec that may still hold the GPU (see _respec).
+        # Members removed from the spec that may still hold the GPU (respec.py).
         self.departing: set[str] = set()
         self.failed_until: dict[str, float] = {}
         self.failed_message = ""
-        self.history = SwapHistory(limits.retry_after_default, limits.retry_after_max)
         self.deferred = ("", "")
         # An owner is picked by a request, by adoption, or by warming spec.default once.
         self.owner_picked = False
@@ -129,18 +105,6 @@ class PoolMachine:
         # Members asked for by requests refused for their own deadline (admission.py): a
         # swap starts for them as for a held request. Insertion order: oldest first.
         self.wishes: dict[str, None] = {}
-        self.policy_reported = ""  # the unsupported swapPolicy last reported (reclaim.py)
-        self.resident_was, self.resident_since = "", now  # when the resident took the slot
-        self.idle_shown: float | None = None  # status.residentIdleSince (reclaim.track_idle)
-        self.version = 0  # bumped whenever the status-relevant state changes
-        # Several replicas (replicas.py): this replica's admission Lease, the others' counts,
-        # and the pool's drain announcement (epoch, target) from its leader Lease.
-        self.admit_until = math.inf
-        self.leading: bool | None = None if actuation is Actuation.FOLLOW else True
-        self.peers: tuple[PeerState, ...] = ()
-        self.drain = (0, "")
-        self.announcing = ""  # the target this leader last wanted announced
-        self.now = now
         self._broken = ""
 
     # ---- public API --------------------------------------------------------------------
@@ -154,6 +118,15 @@ class PoolMachine:
     def stage(self) -> Stage:
         """Where the pool stands: Idle, or the stage of the swap under way."""
         return self.swap.stage if self.swap is not None else Stage.IDLE
+
+    # Values of the rooms that other concerns read, read back from their owners.
+    actuation = property(attrgetter("hands.actuation"), doc="Who carries the swaps out.")
+    drain = property(attrgetter("fleet.drain"), doc="The drain announcement: (epoch, target).")
+    admit_until = property(attrgetter("fleet.admit_until"), doc="This replica admits till then.")
+    peers = property(attrgetter("fleet.peers"), doc="The other replicas' membership Leases.")
+    resident_since = property(attrgetter("policy_memory.resident_since"),
+                              doc="When the resident took the slot.")
+    idle_shown = property(attrgetter("policy_memory.idle_shown"), doc="residentIdleSince.")
 
     def handle(self, event: Event, now: float) -> list[Command]:
         """Apply one event at time ``now`` and return the commands it causes."""
@@ -169,12 +142,12 @@ class PoolMachine:
         """The earliest time at which a Tick would change something (inf if none)."""
         times = [self.requests.next_deadline()]
         times.extend(self.failed_until.values())  # the status's failed member clears then
-        times.extend((idle_deadline(self), watchdog.deadline(self), modes.resume_at(self),
-                      lost_at(self)))
+        times.extend((idle_deadline(self), watchdog.deadline(self),
+                      modes.resume_at(self, self.hands), lost_at(self)))
         swap = self.swap
         if swap is not None:
             if swap.stage is Stage.DRAIN:
-                times.extend(t for t in (swap.probe_retry_at, self.calm_at(),
+                times.extend(t for t in (swap.probe_retry_at, fairness.calm_at(self),
                                          *replicas.settle_times(self)) if t > self.now)
             if swap.stage in (Stage.LOAD, Stage.TRIGGERED):
                 times.append(swap.load_started + self.limits.swap_timeout)
@@ -198,6 +171,7 @@ class PoolMachine:
     def _handle(self, event: Event, now: float) -> list[Command]:
         self.now = now = max(now, self.now)  # clocks handed in are monotonic; tolerate ties
         out: list[Command] = []
+        hands, fleet = self.hands, self.fleet
         for member in [w for w in self.wishes if self.routable(w)]:
             del self.wishes[member]  # served already (adopted, or a swap a request drove)
         match event:
@@ -210,21 +184,22 @@ class PoolMachine:
             case MemberObserved(obs):
                 self._observe(obs, out)
             case SpecChanged(spec):
-                respec(self, spec, out)
+                self._respec(spec, out)
             case IdleProbed(member, idle):
                 self._probed(member, idle)
             case StatusObserved(status):
-                modes.observe_status(self, status, out)
+                before, self.status = self.status, status
+                modes.observe_status(self, hands, before, out)
             case ActuationChanged(actuation, reason):
-                modes.switch(self, actuation, reason, out)
+                modes.switch(self, hands, actuation, reason, out)
             case LeadershipChanged(leading):
-                modes.lead(self, leading, out)
+                modes.lead(self, hands, fleet.note_leadership(leading), leading, out)
             case AdmissionLease(until):
-                self.admit_until = until
+                fleet.admit_until = until
             case PeersObserved(peers):
-                self.peers = peers
+                fleet.peers = peers
             case DrainAnnounced(epoch, target):
-                replicas.observe_announcement(self, epoch, target)
+                replicas.observe_announcement(fleet, epoch, target)
             case Close(code, message):
                 self.closing = (code, message)
                 for rid, held in list(self.requests.held.items()):
@@ -238,16 +213,16 @@ class PoolMachine:
         watchdog.watch(self, now, out)  # (first: a budget 503 at the stall's instant says so)
         self._expire(now, out)
         advance(self, now, out)
-        if modes.settle_fight(self, out) or modes.resume(self, out):
+        if modes.settle_fight(self, hands, out) or modes.resume(self, hands, out):
             advance(self, now, out)
         watchdog.watch(self, now, out)
         if incoming(self) == "" and self.stage is Stage.TRIGGERED:
             advance(self, now, out)  # a trigger just marked stalled lets the resident serve
         track_activation(self, now)
         reject_blocked(self, now, out)
-        replicas.track_announcement(self)
-        track_idle(self, now)
-        report_policy(self, out)
+        replicas.track_announcement(fleet, self)
+        track_idle(self.policy_memory, self, now)
+        report_policy(self.policy_memory, self, out)
         return out
 
     def _arrive(self, rid: int, member: str, max_wait: float, now: float,
@@ -262,34 +237,14 @@ class PoolMachine:
         # waiting by a linger (a client alternating A, B, A would make every swap linger).
         if self.serving(member):
             self.requests.arrived(member, now, self.limits.drain_linger)
-        if self.routable(member) and not self._fairness_holds(member, now):
+        if self.routable(member) and not fairness.holds(self, member, now):
             self.admit(rid, member, 0.0, out)
             return
-        if now >= self.admit_until:
-            out.append(Reject(rid, 503, replicas.UNAVAILABLE_CODE, replicas.unavailable_message(), 1))
-            return
-        failed_until = self.failed_until.get(member, 0.0)
-        if failed_until > now:
-            out.append(Reject(rid, 503, "member_failed",
-                              f"model {member!r} failed to load: {self.failed_message}",
-                              max(1, math.ceil(failed_until - now))))
-            return
-        if blocker(self) not in ("", member):
-            out.append(blocked_reject(self, rid, member, 0.0))
-            return
-        if self.missing():
-            out.append(Reject(rid, 503, "pool_degraded",
-                              f"pool {self.spec.key} is degraded: member(s) "
-                              f"{', '.join(self.missing())} do not exist",
-                              self.limits.retry_after_default))
-            return
-        if self.closing is not None:
-            out.append(Reject(rid, 503, *self.closing, self.retry_after()))
-            return
-        if self.actuation is Actuation.HANDS_OFF:
-            out.append(modes.conflict_reject(self, rid, 0.0))
-            return
-        if refuse_now(self, rid, member, max_wait, out):
+        refusal = admission.refusal(self, self.hands, rid, member, max_wait)
+        if refusal is not None:
+            if refusal.wish:
+                self.wishes[member] = None
+            out.append(refusal.reject)
             return
         coalesced = self.swap is not None and self.swap.target == member
         deadline = now + self.spec.swap_budget
@@ -307,11 +262,10 @@ class PoolMachine:
             raise PolicyError(f"{obs.name!r} is not a member of pool {self.spec.key}")
         before = self.obs.get(obs.name)
         self.obs[obs.name] = obs
-        if before != obs:
-            self.version += 1
         if before is not None and before.replicas != obs.replicas:
-            modes.foreign_write(self)  # (hands-off scales nothing: any change is someone else's)
-        modes.note_scaled_up(self, obs.name, obs.replicas, self.now)
+            # (hands-off scales nothing: any change is someone else's)
+            modes.foreign_write(self, self.hands)
+        modes.note_scaled_up(self.hands, obs.name, obs.replicas, self.now)
         swap = self.swap
         if swap is not None and obs.replicas > 0:
             # Scaled up again behind our back (kubectl, a GitOps sync) after our Scale(0),
@@ -327,10 +281,18 @@ class PoolMachine:
             # residency is what LLMKube's status says; a dead resident is not routable.)
             if self.actuation is not Actuation.LLMKUBE:
                 self.resident = ""
-                self.version += 1
             out.append(Notice("MemberLost", f"resident member {obs.name} left Ready "
                               f"(phase {obs.phase or 'unknown'}, pods {obs.pods})",
                               source=obs.name))
+
+    def _respec(self, spec: PoolSpec, out: list[Command]) -> None:
+        change = respec(self, spec, out)
+        self.spec, self.departing = spec, set(change.departing)
+        for name in change.forgotten:
+            del self.obs[name]
+        if self.resident and self.resident not in spec.members:
+            self.resident = ""
+        self.wishes = {w: None for w in self.wishes if w in spec.members}
 
     def _probed(self, member: str, idle: bool | None) -> None:
         swap = self.swap
@@ -345,28 +307,44 @@ class PoolMachine:
         for member, until in list(self.failed_until.items()):
             if until <= now:
                 del self.failed_until[member]
-                self.version += 1  # view().failed_member changes with it
         for rid, held in self.requests.expired(now):
-            out.append(Reject(rid, 503, "swap_budget_exceeded",
-                              f"model {held.member!r} did not become ready within the "
-                              f"pool's swap budget ({self.spec.swap_budget:g}s); "
-                              f"{self._swap_state(held.member)}", self.retry_after(),
-                              now - held.arrived))
+            out.append(admission.budget_exceeded(self, rid, held))
 
-    def _swap_state(self, member: str) -> str:
-        """What a request refused at its budget is told of the swap: only what is true."""
-        swap = self.swap
-        if swap is None:
-            return "no swap is under way for it now; retry after Retry-After"
-        if swap.stalled:
-            return f"the swap to {swap.target} is stalled: {swap.stalled}"
-        if self.deferred[0]:
-            return f"the swap to {swap.target} is deferred: {self.deferred[1]}"
-        if swap.target != member:
-            return f"the swap to {swap.target} under way comes first; retry shortly"
-        return "the swap continues, retry shortly"
+    # ---- what the edges change (pool.PoolWriter) ------------------------------------------
 
-    # ---- shared by the events and the transitions -----------------------------------------
+    def set_resident(self, member: str, since: float | None = None) -> None:
+        """``member`` owns the slot ("" : none); ``since`` given, its idle clock starts then."""
+        self.resident = member
+        if since is not None:
+            self.policy_memory.took_slot(member, since)
+
+    def pick_owner(self) -> None:
+        """An owner was picked: a cold pool no longer warms spec.default."""
+        self.owner_picked = True
+
+    def begin_swap(self, swap: Swap) -> None:
+        """``swap`` is under way from now on (it picks the pool's owner)."""
+        self.swap, self.owner_picked = swap, True
+
+    def end_swap(self) -> None:
+        """No swap is under way any more (completed, failed, cancelled or handed over)."""
+        self.swap = None
+
+    def forget_wish(self, member: str) -> None:
+        """A swap to ``member`` starts: the wish for it is granted."""
+        self.wishes.pop(member, None)
+
+    def set_pending_hint(self, member: str) -> None:
+        """Resume a swap to ``member`` next ("" : the hint is used up)."""
+        self.hints = replace(self.hints, pending=member)
+
+    def record_failure(self, member: str, until: float, reason: str) -> None:
+        """``member`` failed to load: requests for it fail fast until ``until``."""
+        self.failed_until[member], self.failed_message = until, reason
+
+    def clear_failure(self, member: str) -> None:
+        """``member`` loaded: its failure backoff ends now."""
+        self.failed_until.pop(member, None)
 
     def admit(self, rid: int, member: str, held_for: float, out: list[Command]) -> None:
         """Let ``rid`` through to ``member`` and count it in flight."""
@@ -375,15 +353,25 @@ class PoolMachine:
 
     def scale(self, member: str, replicas: int, out: list[Command]) -> None:
         """Ask for ``member`` at ``replicas`` (own mode's only way to change replicas)."""
-        if replicas:
-            self.asked_down.pop(member, None)
-        else:
-            self.asked_down[member] = False
+        self.hands.fights.asked(member, replicas)
         out.append(Scale(member, replicas))
+
+    def defer(self, reason: str, message: str, out: list[Command]) -> None:
+        """Record why the swap waits (SwapDeferred), telling operators once per reason."""
+        if self.deferred != (reason, message):
+            self.deferred = (reason, message)
+            out.append(Notice("SwapDeferred", message, target=self.swap.target if self.swap
+                              else "", source=reason))
+
+    def clear_deferral(self) -> None:
+        """The swap moves again: SwapDeferred goes back to False."""
+        self.deferred = ("", "")
+
+    # ---- what every concern reads (pool.PoolReader) ---------------------------------------
 
     def routable(self, member: str) -> bool:
         """May requests for ``member`` pass now? Serving, and this replica may admit."""
-        return self.serving(member) and self.now < self.admit_until
+        return self.serving(member) and self.now < self.fleet.admit_until
 
     def serving(self, member: str) -> bool:
         """Resident and Ready, and (llmkube, follow) no other member coming in."""
@@ -396,20 +384,6 @@ class PoolMachine:
             return replicas.follower_admits(self, member)
         return self.actuation is not Actuation.LLMKUBE or incoming(self) in ("", member)
 
-    def fairness_due(self, swap: Swap, now: float) -> bool:
-        """True once ``swap`` has waited its pool's fairness window (never when it is 0)."""
-        window = self.spec.fairness_window
-        return window > 0 and now - swap.started >= window
-
-    def calm_at(self) -> float:
-        """When the members giving up the slot will have been idle for their drain linger."""
-        swap = self.swap
-        if swap is None or self.fairness_due(swap, self.now):
-            return -math.inf
-        book, cap = self.requests, self.limits.drain_linger
-        return max((book.idle_since(m) + book.linger(m, self.now, cap) for m in self.others()),
-                   default=-math.inf)
-
     def others(self) -> list[str]:
         """The members that must give up the slot for the swap under way."""
         target = self.swap.target if self.swap is not None else ""
@@ -418,22 +392,3 @@ class PoolMachine:
     def missing(self) -> tuple[str, ...]:
         """Members whose InferenceService does not exist (the pool is Degraded)."""
         return tuple(m for m in self.spec.members if m in self.obs and not self.obs[m].exists)
-
-    def defer(self, reason: str, message: str, out: list[Command]) -> None:
-        """Record why the swap waits (SwapDeferred), telling operators once per reason."""
-        if self.deferred != (reason, message):
-            self.deferred = (reason, message)
-            self.version += 1
-            out.append(Notice("SwapDeferred", message, target=self.swap.target if self.swap
-                              else "", source=reason))
-
-    def clear_deferral(self) -> None:
-        """The swap moves again: SwapDeferred goes back to False."""
-        if self.deferred != ("", ""):
-            self.deferred = ("", "")
-            self.version += 1
-
-    def _fairness_holds(self, member: str, now: float) -> bool:
-        """True when ``member`` is the incumbent of a swap that has waited long enough."""
-        swap = self.swap
-        return swap is not None and swap.target != member and self.fairness_due(swap, now)

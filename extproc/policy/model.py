@@ -3,6 +3,8 @@
 Nothing here does I/O. The platform layer builds ``PoolSpec`` and ``MemberObservation`` from
 Kubernetes objects (or a static file); the policy consumes them and produces a ``PoolView``
 that the platform's status writer turns into ``.status`` of the ModelPool.
+
+Rules of this file: frozen value types only; it owns no state and imports nothing.
 """
 
 from __future__ import annotations

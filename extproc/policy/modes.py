@@ -1,10 +1,16 @@
 """Who actuates a pool, and how the machine changes hands: the status LLMKube writes, the
 auto mode's choice, and the fight detector of own mode.
 
-Rules of this file: it only sets ``PoolMachine.actuation`` and what follows from a change of
-hands (the swap's stage, held requests): the one change of stage made outside
-``swap.TRANSITIONS``, because it is not an edge of either mode but the move from one mode's
-graph to the other's. The machine does it between events, never inside an edge.
+Rules of this file
+------------------
+* It owns ``Hands``: who actuates the pool (``actuation``, the auto mode's choice), the fight
+  detector's memory (``FightMemory``) and own mode's hands-off spells (``HandsOff``). Nothing
+  else changes them; the machine reads ``actuation`` from here.
+* It reads the pool through ``pool.PoolReader``. A change of hands (``switch``) also changes
+  what follows from it through the machine's own methods (``pool.PoolWriter``: the resident,
+  the swap, the start hints) and the swap's stage: the one change of stage made outside
+  ``swap.TRANSITIONS``, because it is not an edge of either mode but the move from one mode's
+  graph to the other's. The machine does it between events, never inside an edge.
 
 Hands-off is a spell, not a verdict. Own mode stops actuating a pool that another writer
 fights over (its status rewritten, or a member scaled up again FIGHT_SCALE_DOWNS times), but
@@ -18,15 +24,12 @@ get 503 ``pool_conflict`` saying when and how the pool resumes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from .events import Command, Notice, Reject, Trigger
 from .model import Actuation, PoolStatus
+from .pool import PoolReader, PoolWriter
 from .state import Stage
-
-if TYPE_CHECKING:
-    from .machine import PoolMachine
 
 Out = list[Command]
 
@@ -50,79 +53,110 @@ class HandsOff:
     token: str = ""  # the resume annotation's value when the spell began
 
 
-def quiet_needed(m: PoolMachine) -> float:
+@dataclass(slots=True)
+class FightMemory:
+    """Own mode's fight detector (``note_scaled_up``): who we asked down, who undid us, why."""
+
+    asked_down: dict[str, bool] = field(default_factory=dict)  # member -> seen at 0 since
+    undone: dict[str, list[float]] = field(default_factory=dict)  # member -> when, recently
+    fight: str = ""  # why we think someone scales against us ("" if not)
+
+    def asked(self, member: str, replicas: int) -> None:
+        """We ask for ``member`` at ``replicas``: a scale-down is watched for an undo."""
+        if replicas:
+            self.asked_down.pop(member, None)
+        else:
+            self.asked_down[member] = False
+
+    def forget(self) -> None:
+        """A new start: nothing asked down, nothing undone, no fight."""
+        self.asked_down.clear()
+        self.undone.clear()
+        self.fight = ""
+
+
+@dataclass(slots=True)
+class Hands:
+    """Who actuates the pool, and what own mode remembers of the writers it met."""
+
+    actuation: Actuation
+    auto: bool = False  # own until the status shows another controller, then llmkube
+    auto_said: bool = False  # (auto mode names its choice once per pool)
+    fights: FightMemory = field(default_factory=FightMemory)
+    spell: HandsOff = field(default_factory=HandsOff)
+
+
+def quiet_needed(m: PoolReader, hands: Hands) -> float:
     """How long the spell under way lasts without a foreign write."""
-    return m.limits.hands_off_quiet * min(MAX_SPELL_FACTOR, 2 ** max(0, m.hands_off.spells - 1))
+    return m.limits.hands_off_quiet * min(MAX_SPELL_FACTOR, 2 ** max(0, hands.spell.spells - 1))
 
 
-def resume_at(m: PoolMachine) -> float:
+def resume_at(m: PoolReader, hands: Hands) -> float:
     """When the hands-off spell under way ends by itself (inf: none under way)."""
-    if m.actuation is not Actuation.HANDS_OFF:
+    if hands.actuation is not Actuation.HANDS_OFF:
         return math.inf
-    return m.hands_off.quiet_since + quiet_needed(m)
+    return hands.spell.quiet_since + quiet_needed(m, hands)
 
 
-def foreign_write(m: PoolMachine) -> None:
+def foreign_write(m: PoolReader, hands: Hands) -> None:
     """A write that was not ours (a replica change, a foreign status) restarts the quiet clock."""
-    if m.actuation is Actuation.HANDS_OFF:
-        m.hands_off.quiet_since = m.now
+    if hands.actuation is Actuation.HANDS_OFF:
+        hands.spell.quiet_since = m.now
 
 
-def resume(m: PoolMachine, out: Out) -> bool:
+def resume(m: PoolWriter, hands: Hands, out: Out) -> bool:
     """End the hands-off spell when it has been quiet long enough or the annotation says so."""
-    if m.actuation is not Actuation.HANDS_OFF:
+    if hands.actuation is not Actuation.HANDS_OFF:
         return False
-    spell = m.hands_off
-    if m.spec.resume != spell.token:
+    if m.spec.resume != hands.spell.token:
         why = f"annotation {RESUME_ANNOTATION} changed"
-    elif m.now >= resume_at(m):
-        why = f"no foreign write for {quiet_needed(m):g}s"
+    elif m.now >= resume_at(m, hands):
+        why = f"no foreign write for {quiet_needed(m, hands):g}s"
     else:
         return False
-    spell.ended = m.now
-    m.fight = ""
-    m.undone.clear()
-    m.asked_down.clear()
-    switch(m, Actuation.OWN, f"hands-off over ({why}); actuating again", out)
+    hands.spell.ended = m.now
+    hands.fights.forget()
+    switch(m, hands, Actuation.OWN, f"hands-off over ({why}); actuating again", out)
     return True
 
 
-def resume_hint(m: PoolMachine) -> str:
+def resume_hint(m: PoolReader, hands: Hands) -> str:
     """How the spell ends, for the Event that announces it and the answers it gives."""
     key = m.spec.key
     return (f"this router routes only to members the cluster shows Ready and resumes "
-            f"actuating after {quiet_needed(m):g}s without a foreign write, or at once with: "
-            f"kubectl annotate mpool {key.name} -n {key.namespace} "
+            f"actuating after {quiet_needed(m, hands):g}s without a foreign write, or at once "
+            f"with: kubectl annotate mpool {key.name} -n {key.namespace} "
             f"{RESUME_ANNOTATION}=\"$(date +%s)\" --overwrite")
 
 
-def observe_status(m: PoolMachine, status: PoolStatus, out: Out) -> None:
-    """A new ``.status``: followed in llmkube and follow mode, a conflict in own mode if foreign."""
-    before, m.status = m.status, status
-    if m.actuation is Actuation.FOLLOW and m.auto and status.llmkube:
-        switch(m, Actuation.LLMKUBE, "LLMKube's reconciler manages this pool (its status "
-               "carries LLMKube's conditions)", out)
-    elif m.actuation is Actuation.OWN and m.auto and (status.foreign or status.llmkube):
-        switch(m, Actuation.LLMKUBE, "LLMKube's reconciler manages this pool (its status "
-               "carries LLMKube's conditions or fields we did not write)", out)
-    elif m.actuation is Actuation.HANDS_OFF and status.foreign:
+def observe_status(m: PoolWriter, hands: Hands, before: PoolStatus, out: Out) -> None:
+    """A new ``.status`` (``m.status``, ``before`` it): followed in llmkube and follow mode, a
+    conflict in own mode if foreign."""
+    status = m.status
+    if hands.actuation is Actuation.FOLLOW and hands.auto and status.llmkube:
+        switch(m, hands, Actuation.LLMKUBE, "LLMKube's reconciler manages this pool (its "
+               "status carries LLMKube's conditions)", out)
+    elif hands.actuation is Actuation.OWN and hands.auto and (status.foreign or status.llmkube):
+        switch(m, hands, Actuation.LLMKUBE, "LLMKube's reconciler manages this pool (its "
+               "status carries LLMKube's conditions or fields we did not write)", out)
+    elif hands.actuation is Actuation.HANDS_OFF and status.foreign:
         if status != before:  # (a re-list repeats what we saw: not a new write)
-            foreign_write(m)
-    elif m.actuation is Actuation.OWN and status.foreign:
-        switch(m, Actuation.HANDS_OFF, "another controller rewrites this pool's status; run "
-               "with --actuation llmkube (or auto) beside LLMKube", out)
-    elif m.auto and not m.auto_said:
-        out.append(Notice("ActuationChanged", f"actuation auto: {m.actuation.value} (no other "
-                          "controller writes this pool's status)", source="auto",
-                          target=m.actuation.value))
-    m.auto_said = True
-    if m.actuation not in (Actuation.LLMKUBE, Actuation.FOLLOW):
+            foreign_write(m, hands)
+    elif hands.actuation is Actuation.OWN and status.foreign:
+        switch(m, hands, Actuation.HANDS_OFF, "another controller rewrites this pool's status; "
+               "run with --actuation llmkube (or auto) beside LLMKube", out)
+    elif hands.auto and not hands.auto_said:
+        out.append(Notice("ActuationChanged", f"actuation auto: {hands.actuation.value} (no "
+                          "other controller writes this pool's status)", source="auto",
+                          target=hands.actuation.value))
+    hands.auto_said = True
+    if hands.actuation not in (Actuation.LLMKUBE, Actuation.FOLLOW):
         return
     resident = status.resident if status.resident in m.spec.members else ""
     if resident != m.resident:
-        m.resident = resident
-        m.owner_picked = m.owner_picked or bool(resident)
-        m.version += 1
+        m.set_resident(resident)
+        if resident:
+            m.pick_owner()
     if status.deferred_reason:
         m.defer(status.deferred_reason, status.deferred_message or
                 f"LLMKube deferred the swap ({status.deferred_reason})", out)
@@ -130,47 +164,46 @@ def observe_status(m: PoolMachine, status: PoolStatus, out: Out) -> None:
         m.clear_deferral()
 
 
-def lead(m: PoolMachine, leading: bool, out: Out) -> None:
+def lead(m: PoolWriter, hands: Hands, first: bool, leading: bool, out: Out) -> None:
     """This replica gained or lost the pool's leader Lease: own mode leads, or follows.
 
-    The first answer after start-up is not news (a lone replica always takes the Lease):
+    The ``first`` answer after start-up is not news (a lone replica always takes the Lease):
     only later changes are told, so the switch's one command, its Notice, is dropped then.
     """
-    first, m.leading = m.leading is None, leading
-    if m.actuation in (Actuation.OWN, Actuation.FOLLOW):
-        switch(m, Actuation.OWN if leading else Actuation.FOLLOW,
+    if hands.actuation in (Actuation.OWN, Actuation.FOLLOW):
+        switch(m, hands, Actuation.OWN if leading else Actuation.FOLLOW,
                "this replica holds the pool's leader Lease" if leading else
                "another replica holds the pool's leader Lease", [] if first else out)
 
 
-def switch(m: PoolMachine, actuation: Actuation, reason: str, out: Out) -> None:
+def switch(m: PoolWriter, hands: Hands, actuation: Actuation, reason: str, out: Out) -> None:
     """Hand the pool to ``actuation``; the swap under way continues in the new mode's terms."""
-    if actuation is m.actuation:
+    if actuation is hands.actuation:
         return
-    before, m.actuation = m.actuation, actuation
-    m.auto_said = True
-    m.version += 1
+    before, hands.actuation = hands.actuation, actuation
+    hands.auto_said = True
     if actuation is Actuation.HANDS_OFF:
-        spell = m.hands_off
+        spell = hands.spell
         spell.spells = spell.spells + 1 if m.now - spell.ended < FIGHT_WINDOW else 1
         spell.quiet_since, spell.token = m.now, m.spec.resume
-        reason = f"{reason}; {resume_hint(m)}"
+        reason = f"{reason}; {resume_hint(m, hands)}"
     out.append(Notice("ActuationChanged", f"actuation {before.value} -> {actuation.value}: "
                       f"{reason}", source=before.value, target=actuation.value))
     swap = m.swap
+    status_resident = m.status.resident if m.status.resident in m.spec.members else ""
     if actuation is Actuation.HANDS_OFF:
-        m.swap = None  # no stage of ours may act any more
+        m.end_swap()  # no stage of ours may act any more
         for rid, held in list(m.requests.held.items()):
             if not m.routable(held.member):
                 m.requests.unhold(rid)
-                out.append(conflict_reject(m, rid, m.now - held.arrived))
+                out.append(conflict_reject(m, hands, rid, m.now - held.arrived))
         return
     if actuation is Actuation.FOLLOW:
         # The leader carries the swap on; we hold the incumbent's requests until it is done.
         # Our scale wishes die with the lead (the runtime drops them): forget them, so a
         # later lead asks again rather than waiting for a scale-down it never sent.
-        m.resident = m.status.resident if m.status.resident in m.spec.members else ""
-        m.asked_down.clear()
+        m.set_resident(status_resident)
+        hands.fights.asked_down.clear()
         if swap is not None:
             swap.stage, swap.load_started, swap.probing = Stage.TRIGGERED, m.now, set()
             swap.scaled_down.clear()
@@ -182,10 +215,10 @@ def switch(m: PoolMachine, actuation: Actuation, reason: str, out: Out) -> None:
         if swap is not None:
             swap.stage, swap.probing, swap.refused = Stage.DRAIN, set(), None
         elif m.status.pending in m.spec.members:
-            m.hints = replace(m.hints, pending=m.status.pending)
+            m.set_pending_hint(m.status.pending)
         return
     if actuation is Actuation.LLMKUBE:
-        m.resident = m.status.resident if m.status.resident in m.spec.members else ""
+        m.set_resident(status_resident)
         if swap is not None and swap.stage in (Stage.UNLOAD, Stage.LOAD):
             # Our unload or load was under way: LLMKube's reconciler finishes it from here.
             swap.stage, swap.load_started = Stage.TRIGGERED, m.now
@@ -195,15 +228,16 @@ def switch(m: PoolMachine, actuation: Actuation, reason: str, out: Out) -> None:
             swap.stage, swap.probing, swap.refused = Stage.DRAIN, set(), None
 
 
-def conflict_reject(m: PoolMachine, rid: int, held_for: float) -> Reject:
+def conflict_reject(m: PoolReader, hands: Hands, rid: int, held_for: float) -> Reject:
     """The answer for a request this pool cannot serve while someone else fights over it."""
-    wait = max(1, math.ceil(resume_at(m) - m.now)) if resume_at(m) < math.inf else 0
+    until = resume_at(m, hands)
+    wait = max(1, math.ceil(until - m.now)) if until < math.inf else 0
     return Reject(rid, 503, CONFLICT_CODE, f"pool {m.spec.key} is hands-off: another writer "
-                  f"fought over it; {resume_hint(m)}",
+                  f"fought over it; {resume_hint(m, hands)}",
                   min(wait, m.limits.retry_after_max) or m.limits.retry_after_default, held_for)
 
 
-def note_scaled_up(m: PoolMachine, member: str, replicas: int, now: float) -> None:
+def note_scaled_up(hands: Hands, member: str, replicas: int, now: float) -> None:
     """Own mode: a member we asked down, and saw at 0, shows replicas again: someone undid us.
 
     Seen at 0 first: a watch event older than our patch can still show the old replicas, but
@@ -212,23 +246,26 @@ def note_scaled_up(m: PoolMachine, member: str, replicas: int, now: float) -> No
     FIGHT_WINDOW is a fight. Only noted here: the machine hands the pool over after the edges
     have settled (``settle_fight``), since an edge's action must end in its own target stage.
     """
-    if member not in m.asked_down:
+    fights = hands.fights
+    if member not in fights.asked_down:
         return
     if replicas == 0:
-        m.asked_down[member] = True  # our scale-down landed
+        fights.asked_down[member] = True  # our scale-down landed
         return
-    if not m.asked_down.pop(member):
+    if not fights.asked_down.pop(member):
         return  # not yet seen at 0: this may be an event from before our patch
-    times = [t for t in m.undone.get(member, []) if now - t < FIGHT_WINDOW] + [now]
-    m.undone[member] = times
-    if len(times) >= FIGHT_SCALE_DOWNS and m.actuation is Actuation.OWN and not m.fight:
-        m.fight = (f"{member} was scaled up again {len(times)} times after we scaled it down, "
-                   f"within {FIGHT_WINDOW:g}s")
+    times = [t for t in fights.undone.get(member, []) if now - t < FIGHT_WINDOW] + [now]
+    fights.undone[member] = times
+    if len(times) >= FIGHT_SCALE_DOWNS and hands.actuation is Actuation.OWN \
+            and not fights.fight:
+        fights.fight = (f"{member} was scaled up again {len(times)} times after we scaled it "
+                        f"down, within {FIGHT_WINDOW:g}s")
 
 
-def settle_fight(m: PoolMachine, out: Out) -> bool:
+def settle_fight(m: PoolWriter, hands: Hands, out: Out) -> bool:
     """Hand a fought-over pool to LLMKube (auto) or to no one (own); True if it changed."""
-    if not m.fight or m.actuation is not Actuation.OWN:
+    if not hands.fights.fight or hands.actuation is not Actuation.OWN:
         return False
-    switch(m, Actuation.LLMKUBE if m.auto else Actuation.HANDS_OFF, m.fight, out)
+    switch(m, hands, Actuation.LLMKUBE if hands.auto else Actuation.HANDS_OFF,
+           hands.fights.fight, out)
     return True

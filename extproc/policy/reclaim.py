@@ -8,24 +8,39 @@ next) runs as sticky and is reported, so a newer spec never breaks a pool.
 
 All of it is own mode's: in llmkube mode reclaim is LLMKube's reconciler's job (this service
 follows ``status.residentMember``), and the status, with its SpecValid, is LLMKube's to write.
+
+Rules of this file: it owns ``PolicyMemory`` (the resident's idle clock and what the status was
+told) and changes nothing else; it reads the pool through ``pool.PoolReader``.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from .events import Command, Notice
 from .model import Actuation
-
-if TYPE_CHECKING:
-    from .machine import PoolMachine
+from .pool import PoolReader
 
 STICKY, RECLAIM = "sticky", "reclaim"
 SUPPORTED_POLICIES = (STICKY, RECLAIM)
 
 
-def unsupported(m: PoolMachine) -> str:
+@dataclass(slots=True)
+class PolicyMemory:
+    """The resident's idle clock, and what the status was last told of the swapPolicy."""
+
+    resident_since: float  # when the resident took the slot
+    resident_was: str = ""  # the resident that clock runs for
+    idle_shown: float | None = None  # status.residentIdleSince (``track_idle``)
+    policy_reported: str = ""  # the unsupported swapPolicy last reported
+
+    def took_slot(self, member: str, now: float) -> None:
+        """``member`` took the slot at ``now``: its idle clock starts."""
+        self.resident_was, self.resident_since = member, now
+
+
+def unsupported(m: PoolReader) -> str:
     """The pool's swapPolicy if this version does not implement it, else "" (and "" outside
     own mode: there LLMKube runs the policy)."""
     if m.actuation is not Actuation.OWN or m.spec.swap_policy in SUPPORTED_POLICIES:
@@ -33,20 +48,19 @@ def unsupported(m: PoolMachine) -> str:
     return m.spec.swap_policy
 
 
-def report_policy(m: PoolMachine, out: list[Command]) -> None:
+def report_policy(memory: PolicyMemory, m: PoolReader, out: list[Command]) -> None:
     """Tell operators once per value that the pool's swapPolicy runs as sticky."""
     policy = unsupported(m)
-    if policy == m.policy_reported:
+    if policy == memory.policy_reported:
         return
-    m.policy_reported = policy
-    m.version += 1  # SpecValid follows it
+    memory.policy_reported = policy
     if policy:
         out.append(Notice("UnsupportedSwapPolicy", f"swapPolicy {policy!r} is not supported "
                           f"by this version (it runs {', '.join(SUPPORTED_POLICIES)}); the "
                           "pool runs as sticky", source=policy))
 
 
-def resident_idle_since(m: PoolMachine) -> float | None:
+def resident_idle_since(m: PoolReader) -> float | None:
     """Since when the serving resident has had nothing in flight or held (None: it has, or
     a swap is under way: the slot is moving anyway)."""
     resident = m.resident
@@ -56,7 +70,7 @@ def resident_idle_since(m: PoolMachine) -> float | None:
     return max(m.requests.idle_since(resident), m.resident_since)
 
 
-def reclaim_at(m: PoolMachine) -> float:
+def reclaim_at(m: PoolReader) -> float:
     """When an idle non-default resident is due to give the slot back (inf: not due ever)."""
     spec = m.spec
     if spec.swap_policy != RECLAIM or m.actuation is not Actuation.OWN or not spec.default \
@@ -67,23 +81,20 @@ def reclaim_at(m: PoolMachine) -> float:
     return math.inf if since is None else since + spec.reclaim_after
 
 
-def track_idle(m: PoolMachine, now: float) -> None:
-    """Update the resident's start and status.residentIdleSince (with a version bump).
+def track_idle(memory: PolicyMemory, m: PoolReader, now: float) -> None:
+    """Update the resident's start and status.residentIdleSince.
 
     As LLMKube's CRD defines it: only for a non-default resident under ``reclaim``, the
     clock its reclaim runs on; shown once idle for ``Limits.idle_report``.
     """
-    if m.resident != m.resident_was:
-        m.resident_was, m.resident_since = m.resident, now
+    if m.resident != memory.resident_was:
+        memory.took_slot(m.resident, now)
     since = resident_idle_since(m)
-    shown = since if since is not None and reclaim_at(m) < math.inf \
+    memory.idle_shown = since if since is not None and reclaim_at(m) < math.inf \
         and now >= since + m.limits.idle_report else None
-    if shown != m.idle_shown:
-        m.idle_shown = shown
-        m.version += 1
 
 
-def idle_deadline(m: PoolMachine) -> float:
+def idle_deadline(m: PoolReader) -> float:
     """The next time idleness changes something: the status report or a reclaim."""
     reclaim = reclaim_at(m)
     since = resident_idle_since(m)

@@ -21,46 +21,65 @@ Fail closed. ``admit_until`` (``AdmissionLease``): past it this replica admits n
 replica cut off from the API server stops routing before its peers may count it lost.
 
 With no peers every rule here is vacuous: one replica behaves exactly as before.
+
+Rules of this file: it owns ``Fleet`` (what this replica knows of the others and of its own
+standing) and changes nothing else; it reads the pool through ``pool.PoolReader``, whose
+``drain`` and ``admit_until`` are this file's, read back from ``Fleet`` by the machine.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from dataclasses import dataclass
 
 from .model import Actuation, PeerState
-
-if TYPE_CHECKING:
-    from .machine import PoolMachine
+from .pool import PoolReader
 
 UNAVAILABLE_CODE = "replica_unavailable"
-REWRITING = "\0"  # m.drain's target while the leader's new announcement is being written
+REWRITING = "\0"  # Fleet.drain's target while the leader's new announcement is being written
 
 
-def announcement(m: PoolMachine) -> str:
+@dataclass(slots=True)
+class Fleet:
+    """What this replica knows of the others on the pool, and of its own standing."""
+
+    admit_until: float = math.inf  # this replica's admission Lease (fail closed past it)
+    leading: bool | None = None  # holds the pool's leader Lease (None: not told yet)
+    peers: tuple[PeerState, ...] = ()  # the others' membership Leases
+    drain: tuple[int, str] = (0, "")  # the announcement in force: (epoch, target)
+    announcing: str = ""  # the target this leader last wanted announced
+
+    def note_leadership(self, leading: bool) -> bool:
+        """Take the leader Lease's answer; True if it is the first since start-up."""
+        first, self.leading = self.leading is None, leading
+        return first
+
+
+def announcement(m: PoolReader) -> str:
     """The drain target the leader's Lease should announce now ("" for none)."""
     if m.actuation is not Actuation.OWN or m.swap is None:
         return ""
     return m.swap.target
 
 
-def track_announcement(m: PoolMachine) -> None:
+def track_announcement(fleet: Fleet, m: PoolReader) -> None:
     """When the leader wants another announcement, the one in force stops counting until the
     platform reports the new one written (an acknowledgement of the old epoch proves nothing
     once a rewrite may be on its way to the followers)."""
     want = announcement(m)
-    if want != m.announcing:
-        m.announcing = want
+    if want != fleet.announcing:
+        fleet.announcing = want
         if m.actuation is Actuation.OWN:
-            m.drain = (m.drain[0], REWRITING)
+            fleet.drain = (fleet.drain[0], REWRITING)
 
 
-def observe_announcement(m: PoolMachine, epoch: int, target: str) -> None:
+def observe_announcement(fleet: Fleet, epoch: int, target: str) -> None:
     """Take the pool's announcement: epochs only grow, 0 means the Lease was recreated."""
-    if epoch == 0 or epoch >= m.drain[0]:
-        m.drain = (epoch, target)
+    if epoch == 0 or epoch >= fleet.drain[0]:
+        fleet.drain = (epoch, target)
 
 
-def follower_admits(m: PoolMachine, member: str) -> bool:
+def follower_admits(m: PoolReader, member: str) -> bool:
     """A follower admits to the resident only while neither the leader's status nor its drain
     announcement names another member, and it follows no swap to another member."""
     swap = m.swap
@@ -68,12 +87,12 @@ def follower_admits(m: PoolMachine, member: str) -> bool:
         (swap is None or swap.target == member)
 
 
-def live(m: PoolMachine) -> list[PeerState]:
+def live(m: PoolReader) -> list[PeerState]:
     """The peers whose counts are known."""
     return [p for p in m.peers if not p.lost]
 
 
-def peer_demand(m: PoolMachine) -> list[str]:
+def peer_demand(m: PoolReader) -> list[str]:
     """Own mode: members that live peers hold requests for (by identity, then member order).
     In llmkube mode each replica triggers for its own."""
     if m.actuation is not Actuation.OWN:
@@ -85,7 +104,7 @@ def peer_demand(m: PoolMachine) -> list[str]:
     return wanted
 
 
-def peers_release_first(m: PoolMachine) -> bool:
+def peers_release_first(m: PoolReader) -> bool:
     """Live peers still hold requests for the member that just took the slot: they release
     them once they see the status name it; the next swap waits for that (a fairness window
     at most), or it would announce another target and hold them for good."""
@@ -96,7 +115,7 @@ def peers_release_first(m: PoolMachine) -> bool:
     return any(p.held.get(resident, 0) > 0 for p in live(m))
 
 
-def peers_drained(m: PoolMachine, members: list[str]) -> bool:
+def peers_drained(m: PoolReader, members: list[str]) -> bool:
     """Every live peer obeys the announcement in force and has nothing in flight on ``members``
     (own mode; in llmkube mode LLMKube's reconciler and its idle probe guard the unload)."""
     peers = live(m)
@@ -110,13 +129,13 @@ def peers_drained(m: PoolMachine, members: list[str]) -> bool:
                for p in peers)
 
 
-def unsettled(m: PoolMachine, now: float) -> bool:
+def unsettled(m: PoolReader, now: float) -> bool:
     """A lost peer may still have requests streaming: only the idle probe or time can tell."""
     wait = m.limits.lost_replica_wait
     return any(p.lost and now < p.silent_since + wait for p in m.peers)
 
 
-def settle_times(m: PoolMachine) -> list[float]:
+def settle_times(m: PoolReader) -> list[float]:
     """When lost peers stop counting (deadlines for the machine's timer)."""
     wait = m.limits.lost_replica_wait
     return [p.silent_since + wait for p in m.peers if p.lost]

@@ -4,6 +4,9 @@ Data and bookkeeping only. The machine (``machine.py``) decides what happens to 
 this class remembers the outcome so that every count (held, in flight, busy per member, the
 time a member last went idle) has exactly one owner, and the runtime and the metrics read
 them from here instead of keeping copies.
+
+Rules of this file: it owns ``RequestBook`` and reads nothing of the pool; every change to it
+is one of its methods, called by the machine and by the concerns that answer held requests.
 """
 
 from __future__ import annotations

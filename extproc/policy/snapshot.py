@@ -1,18 +1,19 @@
-"""A pool machine's state as the status writer, metrics and logs see it (``PoolView``)."""
+"""A pool machine's state as the status writer, metrics and logs see it (``PoolView``).
+
+Rules of this file: it owns no state and changes nothing; it reads the pool through
+``pool.PoolReader``. Whatever the status shows is derived here, so a change of the view is the
+one signal that the status must be written again (the runtime compares views).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .admission import held_bound
 from .model import MemberObservation, PoolPhase, PoolView
+from .pool import PoolReader
 from .reclaim import unsupported
 
-if TYPE_CHECKING:
-    from .machine import PoolMachine
 
-
-def view(m: PoolMachine) -> PoolView:
+def view(m: PoolReader) -> PoolView:
     """A snapshot of ``m``: phase, resident, swap, members, conditions' inputs and counts."""
     missing = m.missing()
     if missing:

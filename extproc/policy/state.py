@@ -1,6 +1,8 @@
 """The plain state a pool's machine keeps: limits, swap progress, the stages of a swap.
 
-Data only; every decision about it is made in ``machine.py`` and ``swap.py``.
+Rules of this file: data only, and it imports nothing. ``Swap`` is the record of the swap under
+way, owned by the transition table: the edges' actions (``steps.py``, ``steps_llmkube.py``)
+change its fields, and the watchdog its marks of progress; the machine starts and ends it.
 """
 
 from __future__ import annotations

@@ -1,67 +1,66 @@
 """The guards and actions of the transition table (``swap.py``) that both actuation modes
 share, and those of own mode (this service drains, unloads and loads).
 
-Guards only read the machine; actions change it and append commands. Which edge uses which
-function, from which stage to which, is written only in ``swap.TRANSITIONS``.
+Rules of this file: it owns no state. Guards only read the machine (``pool.PoolReader``, and
+the read-only rules of ``replicas``, ``reclaim`` and ``fairness``); actions change the swap
+under way (``state.Swap``, the table's own record) and, through the machine's methods
+(``pool.PoolWriter``), the resident, the failures and the replicas, and append commands.
+Which edge uses which function, from which stage to which, is written only in
+``swap.TRANSITIONS``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import replace
-from typing import TYPE_CHECKING
 
-from . import replicas
+from . import fairness, replicas
 from .events import Command, Notice, ProbeIdle, Reject
 from .model import PHASE_FAILED, Actuation
+from .pool import PoolReader, PoolWriter
 from .reclaim import reclaim_at
 from .state import PolicyError, Stage, Swap
-
-if TYPE_CHECKING:
-    from .machine import PoolMachine
 
 Out = list[Command]
 
 
-def swap_of(m: PoolMachine) -> Swap:
+def swap_of(m: PoolReader) -> Swap:
     """The swap under way (the edge's source stage guarantees there is one)."""
     assert m.swap is not None
     return m.swap
 
 
-def others_busy(m: PoolMachine) -> bool:
+def others_busy(m: PoolReader) -> bool:
     return any(m.requests.busy(name) for name in m.others())
 
 
 # ---- Idle ---------------------------------------------------------------------------------
 
-def adoptable(m: PoolMachine, now: float) -> bool:
+def adoptable(m: PoolReader, now: float) -> bool:
     return not m.resident and any(m.obs[name].ready for name in m.spec.members)
 
 
-def adopt(m: PoolMachine, now: float, out: Out) -> None:
+def adopt(m: PoolWriter, now: float, out: Out) -> None:
     """With no resident, take a member that is already Ready (start-up, self-heal)."""
     ready = [name for name in m.spec.members if m.obs[name].ready]
-    m.resident = m.hints.resident if m.hints.resident in ready else ready[0]
-    m.owner_picked = True
-    m.version += 1
+    m.set_resident(m.hints.resident if m.hints.resident in ready else ready[0])
+    m.pick_owner()
 
 
-def held_for_serving(m: PoolMachine, now: float) -> bool:
+def held_for_serving(m: PoolReader, now: float) -> bool:
     # Normally none: a swap's completion releases its own. They appear when a spec change
     # cancels a swap while requests for the incumbent were held by fairness.
     return any(m.routable(held.member) for held in m.requests.held.values())
 
 
-def release_serving(m: PoolMachine, now: float, out: Out) -> None:
+def release_serving(m: PoolWriter, now: float, out: Out) -> None:
     for rid, held in list(m.requests.held.items()):
         if m.routable(held.member):
             m.requests.unhold(rid)
             m.admit(rid, held.member, now - held.arrived, out)
 
 
-def llmkube_blocked(m: PoolMachine) -> str:
+def llmkube_blocked(m: PoolReader) -> str:
     """The failed member LLMKube keeps pending ("" if none): its reconciler has no handling
     for a Failed pending member (LLMKUBE.md), so no other member can load until that one is
     fixed or the pending field is cleared. Nothing we trigger would move the pool."""
@@ -72,7 +71,7 @@ def llmkube_blocked(m: PoolMachine) -> str:
     return pending
 
 
-def wanted(m: PoolMachine) -> str:
+def wanted(m: PoolReader) -> str:
     """The member the slot should go to next, or "" to stay put."""
     if m.now >= m.admit_until or replicas.peers_release_first(m):
         return ""  # past its admission Lease this replica's view may be stale: start nothing
@@ -101,46 +100,44 @@ def wanted(m: PoolMachine) -> str:
     return ""
 
 
-def wants_a_member(m: PoolMachine, now: float) -> bool:
+def wants_a_member(m: PoolReader, now: float) -> bool:
     return bool(wanted(m))
 
 
-def hint_left(m: PoolMachine, now: float) -> bool:
+def hint_left(m: PoolReader, now: float) -> bool:
     # Reached only when no swap started: a pending hint still here no longer applies.
     return bool(m.hints.pending)
 
 
-def drop_hint(m: PoolMachine, now: float, out: Out) -> None:
-    m.hints = replace(m.hints, pending="")  # consulted once, at start-up
+def drop_hint(m: PoolWriter, now: float, out: Out) -> None:
+    m.set_pending_hint("")  # consulted once, at start-up
 
 
-def start(m: PoolMachine, now: float, out: Out) -> None:
+def start(m: PoolWriter, now: float, out: Out) -> None:
     start_swap(m, wanted(m), now, "", out)
 
 
-def start_swap(m: PoolMachine, target: str, now: float, why: str, out: Out) -> None:
+def start_swap(m: PoolWriter, target: str, now: float, why: str, out: Out) -> None:
     """Begin a swap to ``target``; ``why`` (said in the Notice) marks a reclaim."""
     drop_hint(m, now, out)
-    m.owner_picked = True
-    m.wishes.pop(target, None)
-    m.swap = Swap(target=target, incumbent=m.resident, started=now, reclaim=bool(why))
-    m.version += 1
+    m.forget_wish(target)
+    m.begin_swap(Swap(target=target, incumbent=m.resident, started=now, reclaim=bool(why)))
     out.append(Notice("SwapStarted", f"swap {m.resident or '(none)'} -> {target} started"
                       f"{why}", source=m.resident, target=target))
 
 
-def reclaim_due(m: PoolMachine, now: float) -> bool:
+def reclaim_due(m: PoolReader, now: float) -> bool:
     # Reached only when nothing is wanted: no request held or wished for another member.
     return now >= reclaim_at(m)
 
 
-def reclaim(m: PoolMachine, now: float, out: Out) -> None:
+def reclaim(m: PoolWriter, now: float, out: Out) -> None:
     """swapPolicy reclaim: the idle resident gives the slot back to spec.default."""
     start_swap(m, m.spec.default, now, f" (reclaim: {m.resident} idle for "
                f"{m.spec.reclaim_after:g}s)", out)
 
 
-def reclaim_unwanted(m: PoolMachine, now: float) -> bool:
+def reclaim_unwanted(m: PoolReader, now: float) -> bool:
     """A reclaim not yet unloading is moot once the resident serves, another member is
     wanted, or the pool left own mode (reclaim is then LLMKube's job)."""
     swap = swap_of(m)
@@ -149,10 +146,9 @@ def reclaim_unwanted(m: PoolMachine, now: float) -> bool:
                              or wanted(m) not in ("", swap.target))
 
 
-def cancel_reclaim(m: PoolMachine, now: float, out: Out) -> None:
+def cancel_reclaim(m: PoolWriter, now: float, out: Out) -> None:
     swap = swap_of(m)
-    m.swap = None
-    m.version += 1
+    m.end_swap()
     m.clear_deferral()
     out.append(Notice("SwapCancelled", f"reclaim {swap.incumbent} -> {swap.target} "
                       "cancelled: the slot is wanted again", source=swap.incumbent,
@@ -161,56 +157,56 @@ def cancel_reclaim(m: PoolMachine, now: float, out: Out) -> None:
 
 # ---- Draining and Probing -----------------------------------------------------------------
 
-def drained(m: PoolMachine, now: float) -> bool:
+def drained(m: PoolReader, now: float) -> bool:
     """No other member busy here or on a live peer, past a refused probe's pause (while a
     probe is what decides), and the linger is over."""
     gated = m.limits.idle_gate or replicas.unsettled(m, now)
     paused = gated and now < swap_of(m).probe_retry_at
-    return not paused and not others_busy(m) and now >= m.calm_at() \
+    return not paused and not others_busy(m) and now >= fairness.calm_at(m) \
         and replicas.peers_drained(m, m.others())
 
 
-def drained_here_and_settled(m: PoolMachine, now: float) -> bool:
+def drained_here_and_settled(m: PoolReader, now: float) -> bool:
     """Drained, and no lost peer may still stream from a serving member (else: probe it)."""
     return drained(m, now) and not (replicas.unsettled(m, now) and serving_others(m))
 
 
-def serving_others(m: PoolMachine) -> list[str]:
+def serving_others(m: PoolReader) -> list[str]:
     # Only a serving member can be busy: one that crashed (CrashLoop, Failed) would never
     # answer the probe and would block the swap that heals the pool.
     return [name for name in m.others() if m.obs[name].ready]
 
 
-def drained_and_gated(m: PoolMachine, now: float) -> bool:
+def drained_and_gated(m: PoolReader, now: float) -> bool:
     # a lost peer's requests are unknown: the member's own idle signal settles them
     gated = m.limits.idle_gate or replicas.unsettled(m, now)
     return gated and drained(m, now) and bool(serving_others(m))
 
 
-def probe(m: PoolMachine, now: float, out: Out) -> None:
+def probe(m: PoolWriter, now: float, out: Out) -> None:
     swap = swap_of(m)
     swap.stage, swap.probing, swap.refused = Stage.PROBE, set(serving_others(m)), None
     out.extend(ProbeIdle(name) for name in sorted(swap.probing))
 
 
-def to_unload(m: PoolMachine, now: float, out: Out) -> None:
+def to_unload(m: PoolWriter, now: float, out: Out) -> None:
     swap_of(m).stage = Stage.UNLOAD
 
 
-def busy_again(m: PoolMachine, now: float) -> bool:
+def busy_again(m: PoolReader, now: float) -> bool:
     return others_busy(m)
 
 
-def back_to_drain(m: PoolMachine, now: float, out: Out) -> None:
+def back_to_drain(m: PoolWriter, now: float, out: Out) -> None:
     swap = swap_of(m)
     swap.stage, swap.probing, swap.refused = Stage.DRAIN, set(), None
 
 
-def probe_refused(m: PoolMachine, now: float) -> bool:
+def probe_refused(m: PoolReader, now: float) -> bool:
     return swap_of(m).refused is not None
 
 
-def defer(m: PoolMachine, now: float, out: Out) -> None:
+def defer(m: PoolWriter, now: float, out: Out) -> None:
     swap = swap_of(m)
     member, idle = swap.refused or ("", None)
     reason = "PodsBusy" if idle is False else "IdleCheckFailed"
@@ -221,20 +217,20 @@ def defer(m: PoolMachine, now: float, out: Out) -> None:
     swap.probe_retry_at = now + m.limits.probe_retry
 
 
-def all_idle(m: PoolMachine, now: float) -> bool:
+def all_idle(m: PoolReader, now: float) -> bool:
     return not swap_of(m).probing
 
 
 # ---- Unloading and Loading ----------------------------------------------------------------
 
-def still_up(m: PoolMachine, now: float) -> bool:
+def still_up(m: PoolReader, now: float) -> bool:
     swap = swap_of(m)
     others = m.others()
     return m.resident in others or any(
         m.obs[name].replicas > 0 and name not in swap.scaled_down for name in others)
 
 
-def scale_down_others(m: PoolMachine, now: float, out: Out) -> None:
+def scale_down_others(m: PoolWriter, now: float, out: Out) -> None:
     swap = swap_of(m)
     for name in m.others():
         if m.requests.busy(name):
@@ -243,11 +239,10 @@ def scale_down_others(m: PoolMachine, now: float, out: Out) -> None:
             swap.scaled_down.add(name)
             m.scale(name, 0, out)
         if name == m.resident:
-            m.resident = ""
-            m.version += 1
+            m.set_resident("")
 
 
-def _intruders(m: PoolMachine) -> list[str]:
+def _intruders(m: PoolReader) -> list[str]:
     """Members up that serve nothing and that no stage of ours asked for.
 
     Any member but the resident; the target only while another member still holds the GPU
@@ -260,12 +255,12 @@ def _intruders(m: PoolMachine) -> list[str]:
             and name not in swap.scaled_down and (name != swap.target or others_hold)]
 
 
-def intruder_up(m: PoolMachine, now: float) -> bool:
+def intruder_up(m: PoolReader, now: float) -> bool:
     """A member scaled up behind our back while the swap waits (it would share the GPU)."""
     return bool(_intruders(m))
 
 
-def scale_down_intruders(m: PoolMachine, now: float, out: Out) -> None:
+def scale_down_intruders(m: PoolWriter, now: float, out: Out) -> None:
     """Scale every intruder back to 0 now, not at the unload stage."""
     swap = swap_of(m)
     for name in _intruders(m):
@@ -273,18 +268,17 @@ def scale_down_intruders(m: PoolMachine, now: float, out: Out) -> None:
         m.scale(name, 0, out)
 
 
-def others_gone(m: PoolMachine, now: float) -> bool:
+def others_gone(m: PoolReader, now: float) -> bool:
     # Wait for pods to be gone, not for phase Stopped: a terminating pod still holds memory.
     return all(m.obs[name].unloaded for name in m.others())
 
 
-def load(m: PoolMachine, now: float, out: Out) -> None:
+def load(m: PoolWriter, now: float, out: Out) -> None:
     swap = swap_of(m)
     m.clear_deferral()
     target = m.obs[swap.target]
     swap.stage, swap.load_started, swap.phase_at_load = Stage.LOAD, now, target.phase
     swap.asked_up_at = now
-    m.version += 1
     if target.replicas < 1 or swap.target in swap.scaled_down:
         # (an early scale-up of the target by someone else was undone: ask again)
         swap.scaled_down.discard(swap.target)
@@ -293,13 +287,13 @@ def load(m: PoolMachine, now: float, out: Out) -> None:
         swap.saw_progress = True  # already asked up: its phase is current
 
 
-def others_back(m: PoolMachine, now: float) -> bool:
+def others_back(m: PoolReader, now: float) -> bool:
     """While loading, another member holds the GPU again (scaled up behind our back): unload
     before load holds for it too, the target included (it waits at 0 until the slot is free)."""
     return not others_gone(m, now)
 
 
-def reask_at(m: PoolMachine) -> float:
+def reask_at(m: PoolReader) -> float:
     """When a loading target still seen at 0 replicas is asked for again (inf: it is not)."""
     swap = swap_of(m)
     if m.obs[swap.target].replicas or m.missing():  # (a Degraded pool changes no replicas)
@@ -307,32 +301,30 @@ def reask_at(m: PoolMachine) -> float:
     return swap.asked_up_at + m.limits.activation_grace
 
 
-def target_at_zero(m: PoolMachine, now: float) -> bool:
+def target_at_zero(m: PoolReader, now: float) -> bool:
     """The loading target has shown no replica for the grace since we asked: our patch is
     slow, or someone scaled it back (kubectl, a GitOps sync; a watch may show only the 0).
     The slot is free and ours, so it would otherwise wait for a load nobody runs."""
     return now >= reask_at(m)
 
 
-def scale_up_again(m: PoolMachine, now: float, out: Out) -> None:
+def scale_up_again(m: PoolWriter, now: float, out: Out) -> None:
     swap = swap_of(m)
     swap.asked_up_at = now
     m.scale(swap.target, 1, out)
 
 
-def target_ready(m: PoolMachine, now: float) -> bool:
+def target_ready(m: PoolReader, now: float) -> bool:
     return m.obs[swap_of(m).target].ready
 
 
-def complete(m: PoolMachine, now: float, out: Out) -> None:
+def complete(m: PoolWriter, now: float, out: Out) -> None:
     swap = swap_of(m)
-    m.swap = None
-    m.resident = swap.target
-    m.resident_was, m.resident_since = swap.target, now  # (replicas.peers_release_first)
-    m.version += 1
+    m.end_swap()
+    m.set_resident(swap.target, since=now)  # (replicas.peers_release_first counts from now)
     duration = now - swap.started
     m.history.record(swap.incumbent, swap.target, duration)
-    m.failed_until.pop(swap.target, None)
+    m.clear_failure(swap.target)
     released = 0
     # Only if the target may be routed to now: a replica past its admission Lease, or one
     # following a leader (or LLMKube) that already announced the next swap, keeps them held;
@@ -351,33 +343,31 @@ def complete(m: PoolMachine, now: float, out: Out) -> None:
                           target=swap.target, duration=duration))
 
 
-def target_failed(m: PoolMachine, now: float) -> bool:
+def target_failed(m: PoolReader, now: float) -> bool:
     swap = swap_of(m)
     return m.obs[swap.target].phase == PHASE_FAILED and swap.saw_progress
 
 
-def timed_out(m: PoolMachine, now: float) -> bool:
+def timed_out(m: PoolReader, now: float) -> bool:
     # Same arithmetic as next_deadline(): a Tick at that deadline must fire the timeout.
     return now >= swap_of(m).load_started + m.limits.swap_timeout
 
 
-def fail(reason: Callable[[PoolMachine], str]) -> Callable[[PoolMachine, float, Out], None]:
+def fail(reason: Callable[[PoolReader], str]) -> Callable[[PoolWriter, float, Out], None]:
     """The action that fails the swap, with ``reason`` as the operators' explanation."""
-    def action(m: PoolMachine, now: float, out: Out) -> None:
+    def action(m: PoolWriter, now: float, out: Out) -> None:
         fail_swap(m, reason(m), now, out)
     return action
 
 
-def fail_swap(m: PoolMachine, reason: str, now: float, out: Out) -> None:
+def fail_swap(m: PoolWriter, reason: str, now: float, out: Out) -> None:
     swap = swap_of(m)
-    m.swap = None
-    m.version += 1
+    m.end_swap()
     if m.resident == swap.target:
         # A swap to the resident itself (converging two members up) failed: it no longer
         # serves, and a resident left set would block adopting a member that does.
-        m.resident = ""
-    m.failed_until[swap.target] = now + m.limits.failure_backoff
-    m.failed_message = reason
+        m.set_resident("")
+    m.record_failure(swap.target, now + m.limits.failure_backoff, reason)
     retry = max(1, math.ceil(m.limits.failure_backoff))
     for rid, held in m.requests.held_for(swap.target):
         m.requests.unhold(rid)
@@ -398,12 +388,11 @@ def fail_swap(m: PoolMachine, reason: str, now: float, out: Out) -> None:
 
 # ---- any stage ----------------------------------------------------------------------------
 
-def target_left(m: PoolMachine, now: float) -> bool:
+def target_left(m: PoolReader, now: float) -> bool:
     return swap_of(m).target not in m.spec.members
 
 
-def cancel(m: PoolMachine, now: float, out: Out) -> None:
-    m.swap = None  # nothing left to load; its held requests were rejected with the spec
-    m.version += 1
+def cancel(m: PoolWriter, now: float, out: Out) -> None:
+    m.end_swap()  # nothing left to load; its held requests were rejected with the spec
 
 

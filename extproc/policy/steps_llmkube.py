@@ -17,26 +17,27 @@ slow to write ``pendingMember`` is not raced), the swap goes back to Draining an
 again; after ``activation_retries`` losses it is given up, its held requests are told so, and
 the incumbent serves again. The watchdog (``watchdog.py``) watches Triggered too, and while a
 trigger is stalled the resident LLMKube still names serves its own requests.
+
+Rules of this file: it owns no state but the swap's record of lost triggers (``Swap.lost``,
+``lost_since``, kept by ``track_activation`` after every event). As in ``steps.py``, guards
+read the machine (``pool.PoolReader``) and actions change the swap and, through the
+machine's methods (``pool.PoolWriter``), the rest.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import math
 
 from .events import Command, Notice, Reject, Trigger
 from .model import PHASE_FAILED, Actuation
+from .pool import PoolReader, PoolWriter
 from .state import Stage, Swap
 from .steps import drained, llmkube_blocked, swap_of
-
-if TYPE_CHECKING:
-    from .machine import PoolMachine
 
 Out = list[Command]
 
 
-def incoming(m: PoolMachine) -> str:
+def incoming(m: PoolReader) -> str:
     """The member LLMKube is bringing in, as the cluster shows it ("" if none).
 
     Our own trigger, ``status.pendingMember``, or a member that is not resident but has
@@ -68,24 +69,22 @@ def incoming(m: PoolMachine) -> str:
                  and m.obs[name].replicas > 0), "")
 
 
-def someone_swaps(m: PoolMachine, now: float) -> bool:
+def someone_swaps(m: PoolReader, now: float) -> bool:
     """A swap we did not start is under way (seen in the status or in replicas)."""
     return bool(incoming(m))
 
 
-def follow_swap(m: PoolMachine, now: float, out: Out) -> None:
+def follow_swap(m: PoolWriter, now: float, out: Out) -> None:
     """Follow it: the incumbent's new requests are held from now, held ones released after."""
     target = incoming(m)
-    m.swap = Swap(target=target, incumbent=m.resident, started=now, stage=Stage.TRIGGERED,
-                  load_started=now, followed_epoch=m.drain[0])
-    m.owner_picked = True
-    m.version += 1
+    m.begin_swap(Swap(target=target, incumbent=m.resident, started=now, stage=Stage.TRIGGERED,
+                      load_started=now, followed_epoch=m.drain[0]))
     by = "LLMKube" if m.actuation is Actuation.LLMKUBE else "the replica leading the pool"
     out.append(Notice("SwapStarted", f"swap {m.resident or '(none)'} -> {target} started "
                       f"(by {by})", source=m.resident, target=target))
 
 
-def leader_dropped(m: PoolMachine, now: float) -> bool:
+def leader_dropped(m: PoolReader, now: float) -> bool:
     """Follow mode: the leader gave the swap up (a cancelled reclaim, a change of hands): a
     newer announcement no longer names its target, nor does the status."""
     swap = swap_of(m)
@@ -93,35 +92,33 @@ def leader_dropped(m: PoolMachine, now: float) -> bool:
         and m.status.pending != swap.target and m.status.resident != swap.target
 
 
-def stop_following(m: PoolMachine, now: float, out: Out) -> None:
+def stop_following(m: PoolWriter, now: float, out: Out) -> None:
     """Back to Idle: the incumbent's held requests pass again once it may be routed to."""
     swap = swap_of(m)
-    m.swap = None
-    m.version += 1
+    m.end_swap()
     out.append(Notice("SwapCancelled", f"swap {swap.incumbent or '(none)'} -> {swap.target} "
                       "given up by the replica leading the pool", source=swap.incumbent,
                       target=swap.target))
 
 
-def drained_here(m: PoolMachine, now: float) -> bool:
+def drained_here(m: PoolReader, now: float) -> bool:
     """No request of ours is in flight elsewhere, the linger is over, and no other member is
     coming in (a second trigger while LLMKube swaps would be read as a competing owner)."""
     return drained(m, now) and incoming(m) in ("", swap_of(m).target)
 
 
-def trigger(m: PoolMachine, now: float, out: Out) -> None:
+def trigger(m: PoolWriter, now: float, out: Out) -> None:
     """Patch the target's replicas 0 -> 1 (unless someone already did) and wait for LLMKube."""
     swap = swap_of(m)
     target = m.obs[swap.target]
     swap.stage, swap.load_started, swap.phase_at_load = Stage.TRIGGERED, now, target.phase
-    m.version += 1
     if target.replicas < 1:
         out.append(Trigger(swap.target))
     else:
         swap.saw_progress = True  # already asked up: its phase is current
 
 
-def target_resident(m: PoolMachine, now: float) -> bool:
+def target_resident(m: PoolReader, now: float) -> bool:
     """The target is Ready and LLMKube's status names it resident: release its requests."""
     swap = swap_of(m)
     return m.status.resident == swap.target and m.obs[swap.target].ready
@@ -129,7 +126,7 @@ def target_resident(m: PoolMachine, now: float) -> bool:
 
 # ---- a trigger LLMKube lost (see the module header) ------------------------------------------
 
-def activation_gone(m: PoolMachine) -> bool:
+def activation_gone(m: PoolReader) -> bool:
     """Our trigger left no trace: the target at 0 replicas, neither pending nor resident."""
     swap = m.swap
     if m.actuation is not Actuation.LLMKUBE or swap is None or swap.stage is not Stage.TRIGGERED:
@@ -139,7 +136,7 @@ def activation_gone(m: PoolMachine) -> bool:
         and swap.target not in (m.status.pending, m.status.resident)
 
 
-def track_activation(m: PoolMachine, now: float) -> None:
+def track_activation(m: PoolReader, now: float) -> None:
     """After every event: since when the trigger under way has left no trace (None: it has)."""
     swap = m.swap
     if swap is not None and swap.stage is Stage.TRIGGERED:
@@ -147,7 +144,7 @@ def track_activation(m: PoolMachine, now: float) -> None:
             if activation_gone(m) else None
 
 
-def lost_at(m: PoolMachine) -> float:
+def lost_at(m: PoolReader) -> float:
     """When the trigger under way counts as lost (inf: it shows in the cluster)."""
     swap = m.swap
     if swap is None or swap.lost_since is None or not activation_gone(m):
@@ -155,59 +152,56 @@ def lost_at(m: PoolMachine) -> float:
     return swap.lost_since + m.limits.activation_grace * 2 ** swap.lost
 
 
-def _awaited(m: PoolMachine) -> bool:
+def _awaited(m: PoolReader) -> bool:
     target = swap_of(m).target
     return bool(m.requests.held_by.get(target)) or target in m.wishes
 
 
-def activation_unwanted(m: PoolMachine, now: float) -> bool:
+def activation_unwanted(m: PoolReader, now: float) -> bool:
     """A swap with no trace left that nobody here waits for (one LLMKube started and then
     gave up for a newer request, or our own whose requests left): nothing to trigger again."""
     return now >= lost_at(m) and not _awaited(m)
 
 
-def drop_lost(m: PoolMachine, now: float, out: Out) -> None:
+def drop_lost(m: PoolWriter, now: float, out: Out) -> None:
     """Back to Idle, following the cluster again."""
     swap = swap_of(m)
-    m.swap = None
-    m.version += 1
+    m.end_swap()
     out.append(Notice("SwapCancelled", f"swap {swap.incumbent or '(none)'} -> {swap.target} "
                       f"left no trace ({swap.target} at 0 replicas, {_where(m)}) and no "
                       "request waits for it", source=swap.incumbent, target=swap.target))
 
 
-def activation_lost(m: PoolMachine, now: float) -> bool:
+def activation_lost(m: PoolReader, now: float) -> bool:
     """The trigger was dropped and may be sent again."""
     return now >= lost_at(m) and swap_of(m).lost < m.limits.activation_retries
 
 
-def activation_abandoned(m: PoolMachine, now: float) -> bool:
+def activation_abandoned(m: PoolReader, now: float) -> bool:
     """The trigger was dropped once more than ``activation_retries`` allows."""
     return now >= lost_at(m) and swap_of(m).lost >= m.limits.activation_retries
 
 
-def _where(m: PoolMachine) -> str:
+def _where(m: PoolReader) -> str:
     return f"its status stays on {m.status.resident or 'no member'}" + \
         (f", pending {m.status.pending}" if m.status.pending else ", nothing pending")
 
 
-def retrigger(m: PoolMachine, now: float, out: Out) -> None:
+def retrigger(m: PoolWriter, now: float, out: Out) -> None:
     """Back to Draining: our own requests drain again (if any came in) and the trigger repeats."""
     swap = swap_of(m)
     swap.lost += 1
     swap.stage, swap.lost_since = Stage.DRAIN, None
-    m.version += 1
     out.append(Notice("ActivationLost", f"LLMKube dropped the activation of {swap.target}: it "
                       f"is back at 0 replicas and {_where(m)}; triggering again "
                       f"({swap.lost}/{m.limits.activation_retries})",
                       source=swap.incumbent, target=swap.target))
 
 
-def abandon(m: PoolMachine, now: float, out: Out) -> None:
+def abandon(m: PoolWriter, now: float, out: Out) -> None:
     """Give the swap up: its held requests hear why, the incumbent's pass again."""
     swap = swap_of(m)
-    m.swap = None
-    m.version += 1
+    m.end_swap()
     reason = (f"LLMKube's ModelPool reconciler dropped the activation of {swap.target} "
               f"{swap.lost + 1} times ({_where(m)})")
     for rid, held in m.requests.held_for(swap.target):
@@ -222,7 +216,7 @@ def abandon(m: PoolMachine, now: float, out: Out) -> None:
                       duration=now - swap.started))
 
 
-def stalled_trigger_frees(m: PoolMachine) -> bool:
+def stalled_trigger_frees(m: PoolReader) -> bool:
     """A trigger the watchdog marked stalled whose target has no pod: LLMKube is not moving,
     so the resident it names keeps serving (its idle probe still guards the unload)."""
     swap = m.swap
@@ -236,7 +230,7 @@ def stalled_trigger_frees(m: PoolMachine) -> bool:
 blocker = llmkube_blocked  # (in steps.py: wanted() consults it too)
 
 
-def blocked_reject(m: PoolMachine, rid: int, member: str, held_for: float) -> Reject:
+def blocked_reject(m: PoolReader, rid: int, member: str, held_for: float) -> Reject:
     """The answer for a request no swap can serve while LLMKube keeps a failed member pending."""
     stuck, key = blocker(m), m.spec.key
     return Reject(rid, 503, "pool_blocked", f"model {member!r} cannot be loaded now: LLMKube's "
@@ -246,7 +240,7 @@ def blocked_reject(m: PoolMachine, rid: int, member: str, held_for: float) -> Re
                   m.limits.retry_after_max, held_for)
 
 
-def reject_blocked(m: PoolMachine, now: float, out: Out) -> None:
+def reject_blocked(m: PoolWriter, now: float, out: Out) -> None:
     """After every event: held requests that only a blocked pool could serve are told why."""
     stuck = blocker(m)
     if not stuck:

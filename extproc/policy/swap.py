@@ -5,8 +5,15 @@ Rules of this file
 * ``TRANSITIONS`` is the whole graph. Each row is an edge: the stage it leaves, the guard
   that must hold, the stage it enters, the action that goes with it, and the gate saying
   what the pool must look like for the edge to be considered at all. Nothing outside this
-  file changes ``Swap.stage`` or starts, completes, fails or cancels a swap.
-* Guards only read. Actions change the machine and append commands.
+  file changes ``Swap.stage`` or starts, completes, fails or cancels a swap (the one
+  exception, a change of hands between modes, is explained in ``modes.py``). The file owns
+  no state of its own: the swap under way is ``PoolMachine.swap``.
+* Guards only read (``pool.PoolReader``). Actions change the swap under way (``state.Swap``,
+  the table's own record) directly, and the machine only through its methods
+  (``pool.PoolWriter``: ``set_resident``, ``begin_swap``, ``end_swap``, ``record_failure``,
+  ``scale``, ``admit``, ``defer`` ...), never by assigning its attributes. Methods rather than
+  returned values: an action makes several changes in an order that matters (end the swap,
+  then name the resident, then release its requests), which reads best written as it happens.
 * After every event, ``advance`` follows the first edge of the current stage whose gate and
   guard hold, again and again, until none does. A self-loop (a stage to itself) is allowed
   when its action makes its own guard false, which ``advance`` checks by counting passes.
@@ -62,16 +69,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
 
 from . import steps
 from . import steps_llmkube as llm
 from .events import Command
 from .model import Actuation
+from .pool import PoolReader, PoolWriter
 from .state import PolicyError, Stage
-
-if TYPE_CHECKING:
-    from .machine import PoolMachine
 
 Out = list[Command]
 
@@ -89,14 +93,14 @@ class Edge:
     """One transition: ``source --guard--> target``, doing ``action`` on the way."""
 
     source: Stage
-    guard: Callable[[PoolMachine, float], bool]
+    guard: Callable[[PoolReader, float], bool]
     target: Stage
-    action: Callable[[PoolMachine, float, Out], None]
+    action: Callable[[PoolWriter, float, Out], None]
     gate: Gate
     modes: frozenset[Actuation]  # the actuation modes in which the edge exists
 
 
-def advance(m: PoolMachine, now: float, out: Out) -> None:
+def advance(m: PoolWriter, now: float, out: Out) -> None:
     """Follow edges from the current stage until none applies (state-triggered)."""
     seen = all(name in m.obs for name in m.spec.members)
     healthy = seen and not m.missing()
@@ -127,11 +131,11 @@ FOLLOWING = frozenset({Actuation.LLMKUBE, Actuation.FOLLOW})
 FOLLOW = frozenset({Actuation.FOLLOW})
 
 
-def _not_ready_after(m: PoolMachine) -> str:
+def _not_ready_after(m: PoolReader) -> str:
     return f"{steps.swap_of(m).target} not Ready after {m.limits.swap_timeout:g}s"
 
 
-def _reported_failed(m: PoolMachine) -> str:
+def _reported_failed(m: PoolReader) -> str:
     return f"{steps.swap_of(m).target} reported phase Failed"
 
 

@@ -7,24 +7,25 @@ is missing (a SwapStalled condition, a Warning Event, a gauge); the next change 
 The watchdog never changes the swap's stage: ``swap_timeout`` still decides failure, this
 only makes a wedge visible long before that. One thing follows from the mark: a stalled
 trigger whose target has no pod lets the resident serve again (``steps_llmkube.py``).
+
+Rules of this file: its state is the swap's own record of progress (``Swap.progress_mark``,
+``progress_at``, ``stalled``: it lives and dies with the swap it watches, so it stays on
+``state.Swap``), and it changes nothing else; it reads the pool through ``pool.PoolReader``.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from .events import Command, Notice
 from .model import Actuation
+from .pool import PoolReader
 from .state import Stage
-
-if TYPE_CHECKING:
-    from .machine import PoolMachine
 
 _WATCHED = (Stage.UNLOAD, Stage.LOAD, Stage.TRIGGERED)
 
 
-def watch(m: PoolMachine, now: float, out: list[Command]) -> None:
+def watch(m: PoolReader, now: float, out: list[Command]) -> None:
     """Record progress of the swap under way, and mark or clear it as stalled."""
     swap = m.swap
     if swap is None or swap.stage not in _WATCHED:
@@ -35,17 +36,15 @@ def watch(m: PoolMachine, now: float, out: list[Command]) -> None:
         swap.progress_mark, swap.progress_at = mark, now
         if swap.stalled:
             swap.stalled = ""
-            m.version += 1
             out.append(Notice("SwapResumed", f"swap to {swap.target} is moving again",
                               source=swap.incumbent, target=swap.target))
     elif not swap.stalled and now >= swap.progress_at + m.limits.stall_after:
         swap.stalled = missing(m, now - swap.progress_at)
-        m.version += 1
         out.append(Notice("SwapStalled", f"swap to {swap.target} has made no progress: "
                           f"{swap.stalled}", source=swap.incumbent, target=swap.target))
 
 
-def deadline(m: PoolMachine) -> float:
+def deadline(m: PoolReader) -> float:
     """When the swap under way would count as stalled (inf: not watched, or already is)."""
     swap = m.swap
     if swap is None or swap.stage not in _WATCHED or swap.stalled:
@@ -53,7 +52,7 @@ def deadline(m: PoolMachine) -> float:
     return swap.progress_at + m.limits.stall_after
 
 
-def missing(m: PoolMachine, quiet: float) -> str:
+def missing(m: PoolReader, quiet: float) -> str:
     """What the stage waits for, in words, after ``quiet`` seconds without a change."""
     swap = m.swap
     assert swap is not None
@@ -77,7 +76,7 @@ def missing(m: PoolMachine, quiet: float) -> str:
             f"{target.phase or 'unknown'} unchanged for {quiet:.0f}s)")
 
 
-def _involved(m: PoolMachine) -> list[str]:
+def _involved(m: PoolReader) -> list[str]:
     swap = m.swap
     assert swap is not None
     if swap.stage is Stage.TRIGGERED:

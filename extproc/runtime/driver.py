@@ -25,41 +25,14 @@ from .. import metrics
 from ..logs import get_logger
 from ..platform.contract import Platform
 from ..platform.contract import PoolLoad
-from ..policy.events import (
-    AdmissionLease,
-    Admit,
-    Close,
-    Command,
-    DrainAnnounced,
-    Dropped,
-    Event,
-    Hold,
-    IdleProbed,
-    LeadershipChanged,
-    MemberObserved,
-    Notice,
-    PeersObserved,
-    ProbeIdle,
-    Reject,
-    RequestArrived,
-    RequestEnded,
-    Scale,
-    SpecChanged,
-    StatusObserved,
-    Tick,
-    Trigger,
-    WARNING_NOTICES,
-)
+from ..policy.events import (WARNING_NOTICES, AdmissionLease, Admit, Close, Command,
+                             DrainAnnounced, Dropped, Event, Hold, IdleProbed,
+                             LeadershipChanged, MemberObserved, Notice, PeersObserved,
+                             ProbeIdle, Reject, RequestArrived, RequestEnded, Scale,
+                             SpecChanged, StatusObserved, Tick, Trigger)
 from ..policy.machine import Limits, PolicyError, PoolMachine
-from ..policy.model import (
-    Actuation,
-    MemberObservation,
-    PeerState,
-    PoolSpec,
-    PoolStatus,
-    PoolView,
-    StartHints,
-)
+from ..policy.model import (Actuation, MemberObservation, PeerState, PoolSpec, PoolStatus,
+                            PoolView, StartHints)
 from ..policy.replicas import announcement
 from .scaling import Retry, Scaler
 
@@ -97,7 +70,7 @@ class PoolDriver:
         self._tasks: set[asyncio.Task[None]] = set()  # idle probes under way
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
-        self._published_version = -1
+        self._published: tuple | None = None  # what the last publish showed (see _shown)
         self._labels = (spec.key.namespace, spec.key.name)
         self._gauged_members: set[str] = set()
         self._held_by: dict[str, int] = {}  # the held counts the gauges show
@@ -217,9 +190,11 @@ class PoolDriver:
             return
         for cmd in commands:
             self._execute(cmd)
-        if machine.version != self._published_version:
-            self._published_version = machine.version
-            self._publish()
+        view = machine.view()
+        shown = self._shown(view)
+        if shown != self._published:
+            self._published = shown
+            self._publish(view)
         if machine.requests.held_by != self._held_by:
             self._count_held(machine.requests.held_by)
         self._tell_peers(machine)
@@ -341,8 +316,12 @@ class PoolDriver:
               released=notice.released)
         self._platform.notify(self.key, notice)
 
-    def _publish(self) -> None:
-        view = self._machine.view()
+    def _shown(self, view: PoolView) -> tuple:
+        """What a publish shows: the view (held and in flight aside: gauges, not status, that
+        change with every request), the spec (the budget gauge) and who writes the status."""
+        return replace(view, held=0, in_flight=0), self._machine.spec, self._machine.actuation
+
+    def _publish(self, view: PoolView) -> None:
         metrics.pool_published(view, self._machine.spec.swap_budget, self._gauged_members)
         self._gauged_members = {m.name for m in view.members}
         if self._machine.actuation is not Actuation.OWN:

@@ -20,7 +20,7 @@ from extproc.policy.events import (Admit, Command, Event, Hold, IdleProbed, Memb
                                    Notice, ProbeIdle, Reject, RequestArrived, RequestEnded,
                                    Scale, Tick)
 from extproc.policy.machine import Limits, PoolMachine
-from extproc.policy.model import MemberObservation, PoolKey, PoolSpec, PoolView, StartHints
+from extproc.policy.model import MemberObservation, PoolKey, PoolSpec, StartHints
 from extproc.runtime.hub import limits_from
 from extproc.settings import Settings
 
@@ -81,7 +81,6 @@ class Driver:
     now: float = 0.0
     resident_hint: str = ""
     pending_hint: str = ""
-    check_view_version: bool = True
     reuse_rids: bool = False  # hand the machine the smallest free id, as a runtime may
     watch_latency: float = 0.0  # the watch reports each cluster change this much later
     machine: PoolMachine = field(init=False)
@@ -172,13 +171,7 @@ class Driver:
         if obs.name in self.machine.spec.members:  # the watch follows the spec
             self._handle(MemberObserved(obs))
 
-    def _status(self) -> PoolView:
-        # held/in_flight are gauges for metrics, not status: they change on every request
-        # and deliberately do not bump the version (that would mean a status write each).
-        return replace(self.machine.view(), held=0, in_flight=0)
-
     def _handle(self, event: Event) -> list[Command]:
-        view, version = self._status(), self.machine.version
         if isinstance(event, RequestEnded):
             self._ended(self._req(event.rid))
         out = self.machine.handle(event, self.now)
@@ -189,9 +182,6 @@ class Driver:
         if any(isinstance(c, Scale) for c in out):
             # Invariant 6: a Degraded pool makes no replica changes.
             assert not self.machine.view().missing_members, f"Scale while Degraded: {out}"
-        if self.check_view_version and self._status() != view:
-            assert self.machine.version > version, \
-                f"view changed without a version bump on {event}: {view} -> {self._status()}"
         return out
 
     def _execute(self, command: Command) -> None:

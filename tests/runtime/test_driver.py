@@ -222,6 +222,20 @@ async def test_released_or_failed_swaps_resolve_every_waiter(phase: str) -> None
     d.close()
 
 
+async def test_the_status_is_published_again_exactly_when_what_it_shows_changes() -> None:
+    platform = ScriptedPlatform()
+    d = driver(platform)
+    published = len(platform.views)
+    assert published and platform.views[-1].resident == "a"
+    d.end(d.arrive("a"))  # admitted and done: the held and in-flight gauges are not status
+    assert len(platform.views) == published
+    d.respec(PoolSpec(KEY, ("a", "b"), swap_budget=60.0, fairness_window=0))
+    assert len(platform.views) == published + 1  # the same view, but the budget gauge moved
+    assert d.arrive("b").waiter is not None  # held: a swap starts, the status says pending b
+    assert len(platform.views) == published + 2 and platform.views[-1].pending == "b"
+    d.close()
+
+
 async def test_resident_idle_since_is_published_in_wall_clock_time() -> None:
     platform = ScriptedPlatform()
     d = driver(platform, idle_report=0.2)
