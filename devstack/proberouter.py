@@ -139,10 +139,6 @@ def main(argv: list[str] | None = None) -> None:
     asyncio.run(serve(args.port, {key: int(port) for key, port in args.member}))
 
 
-if __name__ == "__main__":
-    main()
-
-
 async def _asked(request: web.Request) -> web.Response:
     """Which members' probes were asked, in order (tests read it)."""
     return web.json_response(request.app[_ASKED])
@@ -156,3 +152,8 @@ async def _asked_hosts(request: web.Request) -> web.Response:
 async def _healthz(_: web.Request) -> web.Response:
     """Up."""
     return web.Response(text="ok\n")
+
+
+if __name__ == "__main__":
+    main()
+
