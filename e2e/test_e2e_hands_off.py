@@ -21,6 +21,13 @@ QUIET = 4.0  # --hands-off-quiet for the automatic exit (the default is 300 s)
 RESUME = "modelpool.inference.llmkube.dev/resume"
 
 
+def pool_stack(tmp_path_factory, pool: str, quiet: float | None = QUIET) -> LocalStack:
+    """A started stack with one pool of MEMBERS (default ho-a), hands-off quiet ``quiet``."""
+    args = ["--hands-off-quiet", f"{quiet:g}s"] if quiet is not None else []
+    return start_stack(tmp_path_factory.mktemp(pool), pools((pool, MEMBERS, {"default": "ho-a"})),
+                       extproc_args=args)
+
+
 def changes(stack: LocalStack, pool: str) -> list[str]:
     """The actuation changes the service announced for ``pool``, in order."""
     return [n["target"] for n in notices(stack, pool, "ActuationChanged")]
@@ -48,9 +55,7 @@ def scale(stack: LocalStack, member: str, replicas: int) -> None:
 
 async def test_hands_off_routes_to_ready_members_and_ends_after_a_quiet_period(
         tmp_path_factory, http: aiohttp.ClientSession) -> None:
-    stack = start_stack(tmp_path_factory.mktemp("quiet"),
-                        pools(("quiet", MEMBERS, {"default": "ho-a"})),
-                        extproc_args=["--hands-off-quiet", f"{QUIET:g}s"])
+    stack = pool_stack(tmp_path_factory, "quiet")
     try:
         await wait_resident(stack, "quiet", "ho-a", timeout=30)
         await rewrite_status(stack, "quiet")
@@ -76,8 +81,7 @@ async def test_hands_off_routes_to_ready_members_and_ends_after_a_quiet_period(
 
 async def test_the_resume_annotation_ends_hands_off_at_once(
         tmp_path_factory, http: aiohttp.ClientSession) -> None:
-    stack = start_stack(tmp_path_factory.mktemp("resume"),
-                        pools(("resume", MEMBERS, {"default": "ho-a"})))
+    stack = pool_stack(tmp_path_factory, "resume", quiet=None)  # the default 300 s
     try:
         await wait_resident(stack, "resume", "ho-a", timeout=30)
         await rewrite_status(stack, "resume")
@@ -96,9 +100,7 @@ async def test_the_resume_annotation_ends_hands_off_at_once(
 async def test_repeated_out_of_band_scale_ups_end_with_the_pool_ready_and_all_served(
         tmp_path_factory, http: aiohttp.ClientSession) -> None:
     """Someone keeps trying ``kubectl scale`` on members while clients use all three."""
-    stack = start_stack(tmp_path_factory.mktemp("soak"),
-                        pools(("soak", MEMBERS, {"default": "ho-a"})),
-                        extproc_args=["--hands-off-quiet", f"{QUIET:g}s"])
+    stack = pool_stack(tmp_path_factory, "soak")
     try:
         await wait_resident(stack, "soak", "ho-a", timeout=30)
         answers: list[tuple[str, int, str]] = []

@@ -18,9 +18,10 @@ from typing import Callable
 from cluster_model import Cluster, IdleGate
 from extproc.policy.events import (Admit, Command, Event, Hold, IdleProbed, MemberObserved,
                                    Notice, ProbeIdle, Reject, RequestArrived, RequestEnded,
-                                   Scale, Tick)
+                                   Scale, StatusObserved, Tick)
 from extproc.policy.machine import Limits, PoolMachine
-from extproc.policy.model import MemberObservation, PoolKey, PoolSpec, StartHints
+from extproc.policy.model import (Actuation, MemberObservation, PoolKey, PoolSpec, PoolStatus,
+                                  StartHints)
 from extproc.runtime.hub import limits_from
 from extproc.settings import Settings
 
@@ -38,6 +39,17 @@ def limits(**overrides) -> Limits:
     other rules, and the tests of the linger set it themselves.
     """
     return replace(limits_from(Settings(drain_linger=0.0)), **overrides)
+
+
+def two_members(actuation: Actuation = Actuation.OWN, **limit_overrides: object) -> PoolMachine:
+    """Pool a, b driven by hand: a Ready and named resident by the status, b Stopped; no
+    drain linger, no fairness window."""
+    m = PoolMachine(PoolSpec(KEY, ("a", "b"), fairness_window=0), limits(**limit_overrides),
+                    0.0, actuation=actuation)
+    m.handle(MemberObserved(MemberObservation("a", phase="Ready", replicas=1, pods=1)), 0.0)
+    m.handle(StatusObserved(PoolStatus(resident="a")), 0.0)
+    m.handle(MemberObserved(MemberObservation("b", phase="Stopped")), 0.0)
+    return m
 
 
 def spec(members: tuple[str, ...] = ("a", "b"), **kwargs) -> PoolSpec:

@@ -14,9 +14,9 @@ from dataclasses import replace
 from extproc.policy.events import (Admit, Hold, MemberObserved, Notice, Reject, RequestArrived,
                                    Scale, SpecChanged, StatusObserved, Tick, Trigger)
 from extproc.policy.machine import PoolMachine
-from extproc.policy.model import Actuation, PoolKey, PoolSpec, PoolStatus
+from extproc.policy.model import Actuation, PoolKey, PoolStatus
 from extproc.policy.model import MemberObservation as Obs
-from harness import limits
+from harness import two_members
 
 KEY = PoolKey("ns", "pool")
 READY = dict(phase="Ready", replicas=1, pods=1)
@@ -24,15 +24,8 @@ STOPPED = dict(phase="Stopped", replicas=0, pods=0)
 GRACE = 5.0  # the default --activation-grace
 
 
-def machine(actuation: Actuation = Actuation.OWN, **kw) -> PoolMachine:
-    """Pool a, b: a Ready (resident per the status in llmkube mode), b Stopped."""
-    m = PoolMachine(PoolSpec(KEY, ("a", "b"), fairness_window=0), limits(**kw), 0.0,
-                    actuation=actuation)
-    if actuation is Actuation.LLMKUBE:
-        m.handle(StatusObserved(PoolStatus(resident="a")), 0.0)
-    m.handle(MemberObserved(Obs("a", **READY)), 0.0)
-    m.handle(MemberObserved(Obs("b", **STOPPED)), 0.0)
-    return m
+
+machine = two_members  # (harness.py)
 
 
 def of(out: list, kind: type) -> list:

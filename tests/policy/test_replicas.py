@@ -24,26 +24,19 @@ from extproc.policy.events import (
     StatusObserved,
     Tick,
 )
-from extproc.policy.machine import PoolMachine
-from extproc.policy.model import Actuation, PeerState, PoolKey, PoolSpec, PoolStatus
+from extproc.policy.model import Actuation, PeerState, PoolKey, PoolStatus
 from extproc.policy.model import MemberObservation as Obs
 from extproc.policy import replicas
 from extproc.policy.state import Stage
-from harness import limits
+from harness import two_members
 
 KEY = PoolKey("ns", "pool")
 READY = dict(phase="Ready", replicas=1, pods=1)
 STOPPED = dict(phase="Stopped", replicas=0, pods=0)
 
 
-def machine(actuation: Actuation = Actuation.OWN, **limit_overrides: object) -> PoolMachine:
-    """Pool a, b: a Ready and resident, b Stopped; no drain linger, no fairness window."""
-    m = PoolMachine(PoolSpec(KEY, ("a", "b"), fairness_window=0),
-                    limits(drain_linger=0.0, **limit_overrides), 0.0, actuation=actuation)
-    m.handle(StatusObserved(PoolStatus(resident="a")), 0.0)
-    m.handle(MemberObserved(Obs("a", **READY)), 0.0)
-    m.handle(MemberObserved(Obs("b", **STOPPED)), 0.0)
-    return m
+
+machine = two_members  # (harness.py)
 
 
 def kinds(commands: list, kind: type) -> list:
