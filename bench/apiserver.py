@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import contextvars
 import json
-import signal
 import time
 from typing import Any, TextIO
 
@@ -24,6 +23,7 @@ from aiohttp import web
 
 from devstack.kubeapi import KubeEmulator
 from devstack.kubeapi.routes import caller
+from devstack.signals import until_signalled
 
 _LOGGED = ("inferenceservices", "pods", "modelpools")
 # The API user of the request being served; each connection's handler runs in its own task,
@@ -98,12 +98,8 @@ async def serve(args: argparse.Namespace) -> None:
         for user, path in args.kubeconfig_for:
             emulator.write_kubeconfig(path, user=user)
         emulator.write_kubeconfig(args.kubeconfig_out)  # last: callers wait for this one
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
         try:
-            await stop.wait()
+            await until_signalled()
         finally:
             await emulator.stop()
 

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 
 import aiohttp
 from aiohttp import web
+
+from devstack.signals import until_signalled
 
 LOCALHOST = "127.0.0.1"
 _MEMBERS = web.AppKey("members", dict)
@@ -119,12 +120,8 @@ async def serve(port: int, members: dict[str, int]) -> None:
     """Serve until SIGTERM or SIGINT."""
     router = ProbeRouter(port, members)
     await router.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
     try:
-        await stop.wait()
+        await until_signalled()
     finally:
         await router.stop()
 

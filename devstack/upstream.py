@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import sys
 import time
 import uuid
@@ -14,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
+
+from devstack.signals import until_signalled
 
 TOKEN_DELAY_ENV = "MODELPOOL_UPSTREAM_TOKEN_DELAY_MS"
 DEFAULT_TOKEN_DELAY_MS = 20.0
@@ -340,11 +341,7 @@ async def _serve(args: argparse.Namespace) -> None:
         args.name, args.host, args.port, token_delay_ms=args.token_delay_ms, slots=args.slots
     )
     print(f"fake upstream {args.name} listening on {handle.url}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await until_signalled()
     await handle.stop()
 
 

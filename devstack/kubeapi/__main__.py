@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 
 from devstack.kubeapi.server import KubeEmulator
+from devstack.signals import until_signalled
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -30,13 +30,9 @@ async def serve(args: argparse.Namespace) -> None:
     url = await emulator.start(args.host, args.port)
     if args.kubeconfig_out:
         emulator.write_kubeconfig(args.kubeconfig_out)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
     print(url, flush=True)
     try:
-        await stop.wait()
+        await until_signalled()
     finally:
         await emulator.stop()
 

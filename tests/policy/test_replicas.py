@@ -6,24 +6,10 @@ from __future__ import annotations
 
 import math
 
-from extproc.policy.events import (
-    AdmissionLease,
-    Admit,
-    DrainAnnounced,
-    Hold,
-    IdleProbed,
-    LeadershipChanged,
-    MemberObserved,
-    Notice,
-    PeersObserved,
-    ProbeIdle,
-    Reject,
-    RequestArrived,
-    RequestEnded,
-    Scale,
-    StatusObserved,
-    Tick,
-)
+from extproc.policy.events import (AdmissionLease, Admit, DrainAnnounced, Hold, IdleProbed,
+                                   LeadershipChanged, MemberObserved, Notice, PeersObserved,
+                                   ProbeIdle, Reject, RequestArrived, RequestEnded, Scale,
+                                   StatusObserved, Tick)
 from extproc.policy.model import Actuation, PeerState, PoolKey, PoolStatus
 from extproc.policy.model import MemberObservation as Obs
 from extproc.policy import replicas
@@ -33,8 +19,6 @@ from harness import two_members
 KEY = PoolKey("ns", "pool")
 READY = dict(phase="Ready", replicas=1, pods=1)
 STOPPED = dict(phase="Stopped", replicas=0, pods=0)
-
-
 
 machine = two_members  # (harness.py)
 

@@ -1,4 +1,5 @@
-"""Fixture: a module-scoped static-pool stack (fake members, in-process service, real Envoy)."""
+"""Fixtures: a module-scoped static-pool stack (fake members, in-process service, real Envoy),
+and the service alone for tests that speak ext_proc to it directly."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import AsyncIterator
 
 import pytest
 import pytest_asyncio
-from relstack import POOLS, Stack, settings_for
+from relstack import POOLS, Stack, settings_for, settle
 
 from devstack import procs
 from devstack.testkit import finish_within
@@ -39,3 +40,15 @@ async def stack(envoy_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> As
             await finish_within(handle.stop(), 15, f"fake member {handle.name} to stop")
 
 
+@pytest_asyncio.fixture
+async def service(tmp_path: Path) -> AsyncIterator[Service]:
+    """The service alone (no Envoy), static pools, on a free loopback port."""
+    pools = tmp_path / "pools.yaml"
+    pools.write_text(POOLS)
+    svc = Service(settings_for(pools))
+    await svc.start()
+    assert await settle(lambda: svc.platform.synced.is_set())
+    try:
+        yield svc
+    finally:
+        await svc.stop()

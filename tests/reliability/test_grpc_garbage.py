@@ -6,34 +6,17 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-from pathlib import Path
-from typing import AsyncIterator
 
 import grpc
 import pytest
-import pytest_asyncio
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from grpcprobe import answers_a_good_request, body_message, headers_message, open_process
-from relstack import POOLS, SERVING, health_status, settings_for, settle, streams_in_flight
+from relstack import SERVING, health_status, settle, streams_in_flight
 
 from extproc.app import Service
 from extproc.protocol.service import SERVICE
 
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-
-
-@pytest_asyncio.fixture
-async def service(tmp_path: Path) -> AsyncIterator[Service]:
-    """The service alone (no Envoy), static pools, on a free loopback port."""
-    pools = tmp_path / "pools.yaml"
-    pools.write_text(POOLS)
-    svc = Service(settings_for(pools))
-    await svc.start()
-    assert await settle(lambda: svc.platform.synced.is_set())
-    try:
-        yield svc
-    finally:
-        await svc.stop()
 
 
 def open_fds() -> int:

@@ -7,31 +7,14 @@ one-message route (what Envoy really sends is pinned in tests/test_envoy_attribu
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import AsyncIterator
 
 import grpc
 import pytest
-import pytest_asyncio
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from grpcprobe import body_message, one_message, open_process, route_of
-from relstack import POOLS, settings_for, settle, streams_in_flight
+from relstack import settle, streams_in_flight
 
 from extproc.app import Service
-
-@pytest_asyncio.fixture
-async def service(tmp_path: Path) -> AsyncIterator[Service]:
-    """The service alone (no Envoy), static pools, on a free loopback port."""
-    pools = tmp_path / "pools.yaml"
-    pools.write_text(POOLS)
-    svc = Service(settings_for(pools))
-    await svc.start()
-    assert await settle(lambda: svc.platform.synced.is_set())
-    try:
-        yield svc
-    finally:
-        await svc.stop()
-
 
 async def _answer(port: int, *messages: bytes) -> ep.ProcessingResponse:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
