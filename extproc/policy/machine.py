@@ -52,22 +52,23 @@ applies, so any event order converges.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import replace
 from operator import attrgetter
 
-from . import admission, fairness, modes, replicas, snapshot, watchdog
+from . import admission, deadlines, fairness, modes, replicas, snapshot, watchdog
 from .events import (ActuationChanged, AdmissionLease, Admit, Close, Command, DrainAnnounced,
                      Dropped, Event, Hold, IdleProbed, LeadershipChanged, MemberObserved,
                      Notice, PeersObserved, Reject, RequestArrived, RequestEnded, Scale,
                      SpecChanged, StatusObserved, Tick)
 from .forecast import SwapHistory
 from .model import Actuation, MemberObservation, PoolSpec, PoolStatus, PoolView, StartHints
-from .reclaim import PolicyMemory, idle_deadline, report_policy, track_idle
+from .reclaim import PolicyMemory, report_policy, track_idle
 from .requests import RequestBook
 from .respec import respec
 from .state import Limits, PolicyError, Stage, Swap
-from .steps import reask_at
-from .steps_llmkube import incoming, lost_at, reject_blocked, track_activation
+from .steps_llmkube import incoming, reject_blocked, track_activation
 from .swap import advance
 
 __all__ = ["Limits", "PolicyError", "PoolMachine"]
@@ -88,8 +89,7 @@ class PoolMachine:
         self.policy_memory = PolicyMemory(resident_since=now)
         self.requests = RequestBook()
         self.history = SwapHistory(limits.retry_after_default, limits.retry_after_max)
-        # What the machine itself keeps, changed only here.
-        self.status = PoolStatus()  # the pool's .status as last observed
+        self.status = PoolStatus()  # the pool's .status as last observed (the rest: only here)
         self.obs: dict[str, MemberObservation] = {}
         self.resident = ""
         self.swap: Swap | None = None
@@ -106,13 +106,11 @@ class PoolMachine:
         # swap starts for them as for a held request. Insertion order: oldest first.
         self.wishes: dict[str, None] = {}
         self._broken = ""
+        self._rest_until = -math.inf  # at rest (deadlines.at_rest) until then: see _quick
+        self.quick_path = True  # (the exhaustive search turns it off to compare both paths)
 
     # ---- public API --------------------------------------------------------------------
-
-    @property
-    def held(self) -> dict:
-        """Held requests by id (read only; owned by the request book)."""
-        return self.requests.held
+    held = property(attrgetter("requests.held"), doc="Held requests by id (the book's).")
 
     @property
     def stage(self) -> Stage:
@@ -132,28 +130,41 @@ class PoolMachine:
         """Apply one event at time ``now`` and return the commands it causes."""
         if self._broken:
             raise PolicyError(f"pool {self.spec.key} is broken: {self._broken}")
+        if self.quick_path and self.now <= now < self._rest_until:
+            quick = self._quick(event, now)
+            if quick is not None:
+                return quick
         try:
-            return self._handle(event, now)
+            out = self._handle(event, now)
         except PolicyError as exc:
             self._broken = str(exc)
             raise
+        self._rest_until = deadlines.next_deadline(self) if deadlines.at_rest(self) else -math.inf
+        return out
+
+    def _quick(self, event: Event, now: float) -> list[Command] | None:
+        """One pass for a resident hit or the end of one in flight, at rest (None: a full
+        pass decides): no edge is enabled, no deadline due, and booking it changes neither
+        (deadlines.at_rest). The exhaustive search checks both paths leave the same state."""
+        match event:
+            case RequestArrived(rid, member) if member in self.spec.members \
+                    and not self.requests.knows(rid):
+                self.now = now
+                if not self.routable(member):
+                    return None
+                self.owner_picked = True
+                self.requests.arrived(member, now, self.limits.drain_linger)
+                self.requests.admit(rid, member)
+                return [Admit(rid, member, 0.0)]
+            case RequestEnded(rid) if rid in self.requests.in_flight:
+                self.now = now
+                self.requests.end(rid, now)
+                return []
+        return None
 
     def next_deadline(self) -> float:
         """The earliest time at which a Tick would change something (inf if none)."""
-        times = [self.requests.next_deadline()]
-        times.extend(self.failed_until.values())  # the status's failed member clears then
-        times.extend((idle_deadline(self), watchdog.deadline(self),
-                      modes.resume_at(self, self.hands), lost_at(self)))
-        swap = self.swap
-        if swap is not None:
-            if swap.stage is Stage.DRAIN:
-                times.extend(t for t in (swap.probe_retry_at, fairness.calm_at(self),
-                                         *replicas.settle_times(self)) if t > self.now)
-            if swap.stage in (Stage.LOAD, Stage.TRIGGERED):
-                times.append(swap.load_started + self.limits.swap_timeout)
-            if swap.stage is Stage.LOAD:
-                times.append(reask_at(self))
-        return min(times)
+        return deadlines.next_deadline(self)
 
     def view(self) -> PoolView:
         """A snapshot for the status writer, metrics and logs."""
@@ -161,10 +172,9 @@ class PoolMachine:
 
     def retry_after(self) -> int:
         """Seconds a client should wait before retrying: the expected rest of the swap."""
-        swap = self.swap
-        if swap is None:
-            return self.history.retry_after(self.resident, self.spec.default)
-        return self.history.retry_after(swap.incumbent, swap.target, self.now - swap.started)
+        swap, history = self.swap, self.history
+        return history.retry_after(self.resident, self.spec.default) if swap is None else \
+            history.retry_after(swap.incumbent, swap.target, self.now - swap.started)
 
     # ---- events --------------------------------------------------------------------------
 
@@ -232,9 +242,8 @@ class PoolMachine:
         if self.requests.knows(rid):
             raise PolicyError(f"request {rid} arrived twice")
         self.owner_picked = True
-        # A return within the drain linger's cap is what makes an adaptive linger worth it;
-        # only while the member serves: one that comes back after a swap away was not kept
-        # waiting by a linger (a client alternating A, B, A would make every swap linger).
+        # A return within the linger's cap earns the adaptive linger; only while the member
+        # serves (a client alternating A, B, A would make every swap linger).
         if self.serving(member):
             self.requests.arrived(member, now, self.limits.drain_linger)
         if self.routable(member) and not fairness.holds(self, member, now):
@@ -262,8 +271,7 @@ class PoolMachine:
             raise PolicyError(f"{obs.name!r} is not a member of pool {self.spec.key}")
         before = self.obs.get(obs.name)
         self.obs[obs.name] = obs
-        if before is not None and before.replicas != obs.replicas:
-            # (hands-off scales nothing: any change is someone else's)
+        if before is not None and before.replicas != obs.replicas:  # (hands-off: not ours)
             modes.foreign_write(self, self.hands)
         modes.note_scaled_up(self.hands, obs.name, obs.replicas, self.now)
         swap = self.swap
@@ -304,11 +312,9 @@ class PoolMachine:
             swap.refused = (member, idle)  # the Probing -> Draining edge acts on it
 
     def _expire(self, now: float, out: list[Command]) -> None:
-        for member, until in list(self.failed_until.items()):
-            if until <= now:
-                del self.failed_until[member]
-        for rid, held in self.requests.expired(now):
-            out.append(admission.budget_exceeded(self, rid, held))
+        self.failed_until = {name: t for name, t in self.failed_until.items() if t > now}
+        out.extend(admission.budget_exceeded(self, rid, held)
+                   for rid, held in self.requests.expired(now))
 
     # ---- what the edges change (pool.PoolWriter) ------------------------------------------
 

@@ -287,8 +287,14 @@ class Search:
         trace = node.trace + (f"t={now:g}s {label}",)
         child = Node(m, env, trace)
         for event in events:
+            full = None
+            if isinstance(event, (RequestArrived, RequestEnded)):
+                full = copy.deepcopy(m)  # the same event through the full pass, to compare
+                full.quick_path = False
             try:
                 commands = m.handle(event, now)
+                if full is not None:
+                    self._same_as_full(m, commands, full, full.handle(event, now), trace)
             except PolicyError as exc:
                 raise Violation(f"PolicyError: {exc}", trace) from None
             for command in commands:
@@ -302,6 +308,15 @@ class Search:
         child.trace = trace[:-1] + (f"{trace[-1]}  [{m.stage.value}"
                                     f"{', ' + m.actuation.value if m.actuation.value != 'own' else ''}]",)
         return child
+
+    @staticmethod
+    def _same_as_full(m: PoolMachine, commands: list, full: PoolMachine, expected: list,
+                      trace: tuple[str, ...]) -> None:
+        """The one-pass path for a resident hit (or its end) leaves what the full pass does."""
+        full.quick_path = True
+        if commands != expected or fingerprint(m) != fingerprint(full):
+            raise Violation(f"the quick path differs from the full pass: {commands} vs "
+                            f"{expected}", trace)
 
     def _carry(self, node: Node, command: object) -> None:
         m, env = node.machine, node.env
