@@ -68,6 +68,16 @@ def overlay_on_loopback(stack: LocalStack, listen_port: int, admin_port: int,
                                          stack.ports.members[member])]
         members.append(cluster)
     res["clusters"] = [ext, *members]
+    # the one-message routes name each member (by dynamic metadata): the stack's, not the overlay's
+    (host,) = hcm["route_config"]["virtual_hosts"]
+    routes = host["routes"]
+    template = next(r for r in routes if r["name"].startswith("member."))
+    at = routes.index(template)
+    named = template["route"]["cluster"]
+    host["routes"] = [r for r in routes[:at] if not r["name"].startswith("member.")] + [
+        json.loads(json.dumps(template).replace(named, f"{member}.{namespace}"))
+        for namespace, member in stack.members] + [
+        r for r in routes[at:] if not r["name"].startswith("member.")]
     return cfg
 
 
