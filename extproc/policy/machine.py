@@ -242,10 +242,8 @@ class PoolMachine:
         if self.requests.knows(rid):
             raise PolicyError(f"request {rid} arrived twice")
         self.owner_picked = True
-        # A return within the linger's cap earns the adaptive linger; only while the member
-        # serves (a client alternating A, B, A would make every swap linger).
-        if self.serving(member):
-            self.requests.arrived(member, now, self.limits.drain_linger)
+        # A return within the drain linger's cap is what makes an adaptive linger worth it.
+        self.requests.arrived(member, now, self.limits.drain_linger)
         if self.routable(member) and not fairness.holds(self, member, now):
             self.admit(rid, member, 0.0, out)
             return
