@@ -154,7 +154,7 @@ class PoolMachine:
                     return None
                 self.owner_picked = True
                 self.requests.arrived(member, now, self.limits.drain_linger)
-                self.requests.admit(rid, member)
+                self.requests.admit(rid, member, now)
                 return [Admit(rid, member, 0.0)]
             case RequestEnded(rid) if rid in self.requests.in_flight:
                 self.now = now
@@ -352,7 +352,7 @@ class PoolMachine:
 
     def admit(self, rid: int, member: str, held_for: float, out: list[Command]) -> None:
         """Let ``rid`` through to ``member`` and count it in flight."""
-        self.requests.admit(rid, member)
+        self.requests.admit(rid, member, self.now)
         out.append(Admit(rid, member, held_for))
 
     def scale(self, member: str, replicas: int, out: list[Command]) -> None:

@@ -51,6 +51,9 @@ class RequestBook:
         # member -> (when, gap) of recent arrivals that came soon after one of its requests
         # ended: the sign of clients that send back to back (see return_gap).
         self._returns: dict[str, deque[tuple[float, float]]] = {}
+        # (member, when) of the latest admission of the two members admitted most recently,
+        # newest first: enough to tell, for any member, when another one was last admitted.
+        self._latest_admits: list[tuple[str, float]] = []
         # (deadline, rid) of held requests; entries of requests no longer held are skipped
         # lazily, so every event costs O(log n) even with thousands of requests parked.
         self._deadlines: list[tuple[float, int]] = []
@@ -96,9 +99,14 @@ class RequestBook:
 
     def arrived(self, member: str, now: float, horizon: float) -> None:
         """A request for ``member`` arrived: a return if one of its requests ended at most
-        ``horizon`` seconds ago (a longer pause is a new client, not one coming back)."""
-        gap = now - self._last_end.get(member, -math.inf)
-        if gap <= horizon:
+        ``horizon`` seconds ago (a longer pause is a new client, not one coming back) and no
+        other member was admitted a request in between."""
+        ended = self._last_end.get(member, -math.inf)
+        # A client that waited for another member's answer before coming back (one that
+        # alternates between models) gains nothing from a linger: it would only come back
+        # after the swap the linger delays. Counting it would make every such swap wait.
+        if now - ended <= horizon and self._admitted_elsewhere(member) <= ended:
+            gap = now - ended
             returns = self._returns.get(member)
             if returns is None:
                 returns = self._returns[member] = deque(maxlen=RETURNS_KEPT)
@@ -114,10 +122,15 @@ class RequestBook:
         """Take ``rid`` out of the held set (it is about to be admitted or answered)."""
         return self._take(rid)
 
-    def admit(self, rid: int, member: str) -> None:
-        """Count ``rid`` in flight on ``member``."""
+    def admit(self, rid: int, member: str, now: float) -> None:
+        """Count ``rid`` in flight on ``member`` from ``now``."""
         self.in_flight[rid] = member
         self._busy[member] = self._busy.get(member, 0) + 1
+        latest = self._latest_admits
+        if latest and latest[0][0] == member:
+            latest[0] = (member, now)
+        else:
+            self._latest_admits = [(member, now), *latest[:1]]
 
     def end(self, rid: int, now: float) -> Held | None:
         """The request's stream closed: None if it was in flight, its Held if it was held."""
@@ -139,6 +152,13 @@ class RequestBook:
             deadline, rid = heapq.heappop(heap)
             if self._is_current(deadline, rid):
                 yield rid, self._take(rid)
+
+    def _admitted_elsewhere(self, member: str) -> float:
+        """When a member other than ``member`` was last admitted a request (-inf: never)."""
+        for other, when in self._latest_admits:
+            if other != member:
+                return when
+        return -math.inf
 
     def _take(self, rid: int) -> Held:
         held = self.held.pop(rid)

@@ -224,6 +224,21 @@ def test_an_incumbent_without_returning_clients_gives_the_slot_up_at_once() -> N
     assert admitted_at(d, first) == 0 and admitted_at(d, cross) == 2 + SWAP
 
 
+def test_a_client_alternating_between_members_earns_no_linger() -> None:
+    # Fast swaps (0.1 s unload, 0.1 s load): a client that asks a, then b once a answered,
+    # then a again once b answered. Its next request for a member always comes after the
+    # other member served it, so lingering for it would only delay the swap it waits for.
+    cluster = Cluster(("a", "b"), load_delay=0.1, unload_delay=0.1)
+    d = make(cluster=cluster, warm="a", swap_budget=20, limits=limits(drain_linger=0.5))
+    for member, at in (("a", 0), ("b", 0.06), ("a", 0.32), ("b", 0.58)):
+        d.request(member, at=at, duration=0.05)
+    d.run()
+    # each swap starts as its request arrives: the incumbent's last request had ended
+    assert [(round(t, 2), c) for t, c in scales(d) if c.replicas == 0] == [
+        (0.06, Scale("a", 0)), (0.32, Scale("b", 0)), (0.58, Scale("a", 0))]
+    assert d.machine.requests.linger("a", 0.6, 0.5) == 0.0
+
+
 def test_the_linger_follows_the_gaps_and_never_exceeds_its_cap() -> None:
     d = make(warm="a", swap_budget=200, fairness_window=30,
              limits=limits(drain_linger=0.5))
