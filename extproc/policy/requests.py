@@ -24,6 +24,9 @@ RETURNS_KEPT = 8
 # The drain linger is twice the longest recent gap: a returning client's pauses jitter (its
 # own work, a loaded machine), and missing it costs two swaps where waiting costs milliseconds.
 LINGER_FACTOR = 2.0
+# ... and at least this share of the cap: a loaded machine adds tens of milliseconds to every
+# gap whatever its size (scheduling, the proxy's own work), which a factor alone never covers.
+LINGER_FLOOR_SHARE = 0.1
 # Returns older than this many drain-linger caps (10 s at the default 0.5 s) are forgotten:
 # the clients that made them are likely gone.
 LINGER_MEMORY = 20.0
@@ -76,13 +79,16 @@ class RequestBook:
         """How long ``member`` should keep the slot after its last request, at most ``cap``.
 
         Only clients seen coming back (a request arriving within ``cap`` after one ended, in
-        the last LINGER_MEMORY caps) earn a linger, and only LINGER_FACTOR times their longest
-        recent gap: an incumbent without returning clients gives the slot up at once.
+        the last LINGER_MEMORY caps) earn a linger: LINGER_FACTOR times their longest recent
+        gap, at least LINGER_FLOOR_SHARE of ``cap``. An incumbent without returning clients
+        gives the slot up at once.
         """
         since = now - LINGER_MEMORY * cap
         gap = max((gap for when, gap in self._returns.get(member, ()) if when >= since),
-                  default=0.0)
-        return min(cap, LINGER_FACTOR * gap)
+                  default=None)
+        if gap is None:
+            return 0.0
+        return min(cap, max(LINGER_FLOOR_SHARE * cap, LINGER_FACTOR * gap))
 
     def held_for(self, member: str) -> Iterator[tuple[int, Held]]:
         """The requests held for ``member``, oldest first (a snapshot: safe to change the book)."""

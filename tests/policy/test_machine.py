@@ -253,6 +253,19 @@ def test_the_linger_follows_the_gaps_and_never_exceeds_its_cap() -> None:
     assert book.linger("a", 4.6 + 20 * 0.5 + 0.1, 0.5) == 0.0  # forgotten after 20 caps
 
 
+def test_a_returning_client_earns_at_least_a_tenth_of_the_cap() -> None:
+    # A client back 1 ms after each answer: twice its gap (2 ms) would not cover the tens of
+    # milliseconds a loaded machine adds to any gap, so its incumbent keeps the slot 50 ms.
+    d = make(warm="a", swap_budget=200, fairness_window=30, limits=limits(drain_linger=0.5))
+    first = d.request("a", at=0, duration=2)
+    d.request("a", at=2.001, duration=2)
+    cross = d.request("b", at=3)
+    d.run()
+    assert d.machine.requests.linger("a", 4.1, 0.5) == pytest.approx(0.05)
+    assert (4.051, Scale("a", 0)) in [(round(t, 3), c) for t, c in scales(d)]
+    assert admitted_at(d, first) == 0 and admitted_at(d, cross) == pytest.approx(4.051 + SWAP)
+
+
 # ---- failures ------------------------------------------------------------------------------
 
 
