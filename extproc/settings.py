@@ -329,7 +329,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         if f.name in _DURATION_FIELDS:
             default = format_duration(default)
         shown = "" if default in ("", []) else f" (default: {default})"
-        help_text = f"{f.metadata['help']}{shown} [env {env}]"
+        # argparse formats help with %: a literal one in a text (say "10 %") must be doubled
+        help_text = f"{f.metadata['help']}{shown} [env {env}]".replace("%", "%%")
         if f.type in (bool, "bool"):
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
                                default=None, help=help_text)
