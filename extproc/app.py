@@ -25,7 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from . import metrics
 from .logs import get_logger
 from .platform.contract import Platform
-from .platform.static import StaticPlatform, load_specs
+from .platform.static import StaticPlatform, load_endpoints, load_specs
 from .protocol.service import SERVICE, ExtProcService
 from .runtime.hub import Hub
 from .settings import Settings
@@ -223,7 +223,8 @@ class Service:
 async def build_platform(settings: Settings) -> Platform:
     """The static platform for a pools file, else the Kubernetes one (raises ConfigError)."""
     if settings.pools_file:
-        return StaticPlatform(load_specs(settings.pools_file, settings))
+        specs = load_specs(settings.pools_file, settings)
+        return StaticPlatform(specs, load_endpoints(settings.pools_file, specs, settings))
     from .platform.kube.platform import KubePlatform  # only needed in cluster mode
 
     return await KubePlatform.create(settings)
