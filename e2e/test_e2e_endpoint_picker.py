@@ -1,0 +1,45 @@
+"""The swap scenarios behind an endpoint picker: the service as an InferencePool's EPP.
+
+The same tests as test_e2e_swaps.py (cold start, a held cross-model request, coalescing, SSE
+drain) and test_e2e_faults.py's budget 503 + Retry-After, in both actuation modes, on a stack
+whose members' pods share one port on addresses of their own (127.0.0.2, 127.0.0.3, ...) and
+whose Envoy connects to the pod the picker names, with request and response bodies in
+FULL_DUPLEX_STREAMED mode (devstack/picker_envoy.py). A member's server listens on its pod's
+address only, so a reply from the right member shows the picker named the right pod.
+"""
+
+from __future__ import annotations
+
+import aiohttp
+
+import test_e2e_faults as faults
+import test_e2e_swaps as swaps
+from devstack.stack import LocalStack
+from e2e_support import chat, pools, timeline, wait_resident
+from extproc.protocol.picker import DESTINATION
+from test_e2e_faults import test_budget_exceeded_answers_503_and_the_swap_still_completes  # noqa: F401
+from test_e2e_swaps import (  # noqa: F401  (collected here, on this module's stack)
+    test_concurrent_requests_for_one_member_share_one_swap,
+    test_cold_pool_warms_the_default_and_serves_it,
+    test_cross_model_request_is_held_through_an_ordered_swap,
+    test_swap_waits_for_an_sse_stream_on_the_incumbent)
+
+BOTH_MODES = True
+STACK_OPTIONS = {"endpoint_picker": True}
+STACK_DOCS = swaps.STACK_DOCS + [
+    d for d in faults.STACK_DOCS if d["metadata"]["name"].startswith("budget")] + \
+    [d for d in pools(("spoof", ["spoof-a", "spoof-b"], {"default": "spoof-a"}))
+     if d["kind"] != "Namespace"]
+
+
+async def test_a_spoofed_destination_from_the_client_is_ignored(
+        stack: LocalStack, http: aiohttp.ClientSession) -> None:
+    await wait_resident(stack, "spoof", "spoof-a")
+    spoofed = {DESTINATION: stack.member_address("spoof-b")}
+    reply = await chat(http, stack, "spoof-a", headers=spoofed)
+    assert (reply.status, reply.served_by) == (200, "spoof-a"), reply.body
+    assert timeline(stack, "spoof-b", "pod_created") == []  # nothing woke the other member
+    # and for the other member, the picker's answer, not the client's, is where it goes
+    reply = await chat(http, stack, "spoof-b", headers={DESTINATION: stack.member_address(
+        "spoof-a")})
+    assert (reply.status, reply.served_by) == (200, "spoof-b"), reply.body
