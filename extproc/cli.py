@@ -70,6 +70,7 @@ examples:
   modelpool-extproc render-routes deploy/examples/shared-gpu.yaml > httproute.yaml
   modelpool-extproc render-routes pool.yaml --format helm-values > pools-values.yaml
   modelpool-extproc render-routes pool.yaml --format envoy-clusters
+  modelpool-extproc render-routes pool.yaml --format inferencepool  # any InferencePool gateway
 """
 
 
