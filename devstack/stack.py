@@ -74,6 +74,8 @@ class LocalStack:
             raise ValueError(f"actuation must be one of {', '.join(ACTUATIONS)}: {actuation!r}")
         if replicas < 1:
             raise ValueError(f"replicas must be at least 1: {replicas}")
+        if endpoint_picker and replicas > 1:
+            raise ValueError("behind an endpoint picker the stack runs one ext_proc replica")
         self.actuation = actuation
         # LLMKube's reconciler stand-in: always in llmkube mode; in own mode only to show what
         # happens when both run (the conflict the service must detect)
