@@ -5,8 +5,10 @@ What a gateway builds for an InferencePool backend, written out by hand: one ext
 on the pool's route (its body mode chosen per test: BUFFERED, STREAMED or
 FULL_DUPLEX_STREAMED) and an ORIGINAL_DST cluster that connects to the address in the
 ``x-gateway-destination-endpoint`` header, which is how the inference extension's own
-reference Envoy configuration consumes the picker's answer. Envoy Gateway's own translation
-(tests/gateway) is the other check of the same answers.
+reference Envoy configuration consumes the picker's answer. In FULL_DUPLEX_STREAMED mode it is
+what Envoy AI Gateway (the extension through which Envoy Gateway serves InferencePools; Envoy
+Gateway alone does not) renders for a pool's picker: headers, bodies and trailers both ways,
+bodies full duplex, a 5 s message timeout, no failure mode allow.
 """
 
 from __future__ import annotations
@@ -17,12 +19,19 @@ from devstack.procs import LOCALHOST
 from extproc.protocol.picker import DESTINATION, SUBSET_KEY, SUBSET_NAMESPACE
 
 EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+# What Envoy AI Gateway (the InferencePool extension of Envoy Gateway) renders for a pool's
+# picker: a 5 s message timeout and no max_message_timeout. In FULL_DUPLEX_STREAMED mode Envoy
+# does not time a held request out by it (tested: e2e/test_e2e_endpoint_picker.py); in
+# BUFFERED mode it answers 504 after 5 s (measured), so a gateway choosing that mode needs a
+# message timeout above the pools' swapBudget.
+GATEWAY_MESSAGE_TIMEOUT = "5s"
 HCM = ("type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3."
        "HttpConnectionManager")
 
 
 def picker_config(listen_port: int, admin_port: int, access_log: str, extproc_port: int,
-                  body_mode: str, subset: list[str] | None = None) -> dict[str, Any]:
+                  body_mode: str, subset: list[str] | None = None,
+                  message_timeout: str = GATEWAY_MESSAGE_TIMEOUT) -> dict[str, Any]:
     """The bootstrap: listener -> ext_proc (``body_mode`` both ways) -> the picked pod.
 
     ``subset``: the proxy's subset hint, set as request metadata before the ext_proc filter
@@ -32,8 +41,7 @@ def picker_config(listen_port: int, admin_port: int, access_log: str, extproc_po
     ext_proc = {
         "grpc_service": {"envoy_grpc": {"cluster_name": "picker"}, "timeout": "600s"},
         "failure_mode_allow": False,
-        "message_timeout": "600s",
-        "max_message_timeout": "900s",
+        "message_timeout": message_timeout,
         "processing_mode": {
             "request_header_mode": "SEND", "request_body_mode": body_mode,
             "request_trailer_mode": "SEND" if duplex else "SKIP",

@@ -17,6 +17,7 @@ import test_e2e_swaps as swaps
 from devstack.stack import LocalStack
 from e2e_support import chat, pools, timeline, wait_resident
 from extproc.protocol.picker import DESTINATION
+from extproc.settings import parse_duration
 from test_e2e_faults import test_budget_exceeded_answers_503_and_the_swap_still_completes  # noqa: F401
 from test_e2e_swaps import (  # noqa: F401  (collected here, on this module's stack)
     test_concurrent_requests_for_one_member_share_one_swap,
@@ -25,10 +26,13 @@ from test_e2e_swaps import (  # noqa: F401  (collected here, on this module's st
     test_swap_waits_for_an_sse_stream_on_the_incumbent)
 
 BOTH_MODES = True
+LONG_LOAD = "7s"  # above the gateway's 5 s message timeout (GATEWAY_MESSAGE_TIMEOUT)
 STACK_OPTIONS = {"endpoint_picker": True}
 STACK_DOCS = swaps.STACK_DOCS + [
     d for d in faults.STACK_DOCS if d["metadata"]["name"].startswith("budget")] + \
-    [d for d in pools(("spoof", ["spoof-a", "spoof-b"], {"default": "spoof-a"}))
+    [d for d in pools(("spoof", ["spoof-a", "spoof-b"], {"default": "spoof-a"}),
+                      ("long", ["long-a", "long-b"], {"default": "long-a", "member_annotations": {
+                          "long-b": {"sim.llmkube.dev/load-delay": LONG_LOAD}}}))
      if d["kind"] != "Namespace"]
 
 
@@ -43,3 +47,13 @@ async def test_a_spoofed_destination_from_the_client_is_ignored(
     reply = await chat(http, stack, "spoof-b", headers={DESTINATION: stack.member_address(
         "spoof-a")})
     assert (reply.status, reply.served_by) == (200, "spoof-b"), reply.body
+
+
+async def test_a_hold_outlasts_the_gateways_message_timeout(
+        stack: LocalStack, http: aiohttp.ClientSession) -> None:
+    # Full duplex: Envoy holds the request headers for our answer without timing them out
+    # by the filter's 5 s message timeout, so a swap longer than that still ends in a 200.
+    await wait_resident(stack, "long", "long-a")
+    reply = await chat(http, stack, "long-b")
+    assert (reply.status, reply.served_by) == (200, "long-b"), reply.body
+    assert reply.took >= parse_duration(LONG_LOAD)
