@@ -52,3 +52,23 @@ def test_render_routes_prints_what_the_overlay_ships(render, capsys) -> None:
                for m in yaml.safe_load(Path(EXAMPLE).read_text())["spec"]["members"]]
     for member in members:
         assert f"patch inferenceservice {member} --type merge" in printed
+
+
+def test_chart_renders_what_the_overlay_ships(render) -> None:
+    from helm import render_chart  # noqa: PLC0415 - skips without helm, like the chart tests
+
+    chart = render_chart("inferencepool-values")
+    shipped = render(OVERLAY)
+    for kind in ("InferencePool", "HTTPRoute"):
+        (ours,) = [o for o in chart if o["kind"] == kind]
+        (theirs,) = [o for o in shipped if o["kind"] == kind]
+        assert ours["spec"] == theirs["spec"], kind
+    env = _env(chart)
+    assert {k: env[k] for k in ("MODELPOOL_ENDPOINT_PICKER", "MODELPOOL_ENDPOINT_PORT",
+                                "MODELPOOL_PARK_TIMEOUT_OVERRIDE")} == \
+        {k: _env(shipped)[k] for k in ("MODELPOOL_ENDPOINT_PICKER", "MODELPOOL_ENDPOINT_PORT",
+                                       "MODELPOOL_PARK_TIMEOUT_OVERRIDE")}
+    assert not [o for o in chart if o["kind"] == "EnvoyExtensionPolicy"]
+    rules = [r for o in chart if o["kind"] == "Role" for r in o["rules"]]
+    assert {"apiGroups": ["inference.networking.k8s.io"], "resources": ["inferencepools"],
+            "verbs": ["list"]} in rules  # the route check's InferencePool half
