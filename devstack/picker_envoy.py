@@ -37,29 +37,15 @@ def picker_config(listen_port: int, admin_port: int, access_log: str, extproc_po
     ``subset``: the proxy's subset hint, set as request metadata before the ext_proc filter
     (the set_metadata filter), as a gateway that subsets the pool would send it.
     """
-    duplex = body_mode == "FULL_DUPLEX_STREAMED"
-    ext_proc = {
-        "grpc_service": {"envoy_grpc": {"cluster_name": "picker"}, "timeout": "600s"},
-        "failure_mode_allow": False,
-        "message_timeout": message_timeout,
-        "processing_mode": {
-            "request_header_mode": "SEND", "request_body_mode": body_mode,
-            "request_trailer_mode": "SEND" if duplex else "SKIP",
-            "response_header_mode": "SEND", "response_body_mode": body_mode,
-            "response_trailer_mode": "SEND" if duplex else "SKIP"},
-        "metadata_options": {"forwarding_namespaces": {"untyped": ["envoy.lb.subset_hint"]}},
-    }
-    route = {"match": {"prefix": "/"},
-             "route": {"cluster": "pool", "timeout": "0s", "idle_timeout": "600s"}}
     hcm = {"@type": HCM, "stat_prefix": "picker",
            "access_log": [{"name": "envoy.access_loggers.file", "typed_config": {
                "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
                "path": access_log}}],
            "route_config": {"virtual_hosts": [{"name": "pool", "domains": ["*"],
-                                               "routes": [route]}]},
+                                               "routes": [{"match": {"prefix": "/"},
+                                                           "route": POOL_ROUTE}]}]},
            "http_filters": ([] if subset is None else [_subset_filter(subset)]) + [
-               {"name": "envoy.filters.http.ext_proc", "typed_config": {"@type": EXT_PROC,
-                                                                       **ext_proc}},
+               ext_proc_filter(body_mode, message_timeout),
                {"name": "envoy.filters.http.router", "typed_config": {
                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}
     return {
@@ -69,21 +55,46 @@ def picker_config(listen_port: int, admin_port: int, access_log: str, extproc_po
                            "filter_chains": [{"filters": [{
                                "name": "envoy.filters.network.http_connection_manager",
                                "typed_config": hcm}]}]}],
-            "clusters": [
-                {"name": "picker", "type": "STATIC", "connect_timeout": "1s",
-                 "typed_extension_protocol_options": {
-                     "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                         "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3."
-                                  "HttpProtocolOptions",
-                         "explicit_http_config": {"http2_protocol_options": {}}}},
-                 "load_assignment": {"cluster_name": "picker", "endpoints": [{"lb_endpoints": [
-                     {"endpoint": {"address": _address(extproc_port)}}]}]}},
-                {"name": "pool", "type": "ORIGINAL_DST", "lb_policy": "CLUSTER_PROVIDED",
-                 "connect_timeout": "2s",
-                 "original_dst_lb_config": {"use_http_header": True,
-                                            "http_header_name": DESTINATION}},
-            ]},
+            "clusters": pool_clusters(extproc_port)},
     }
+
+
+#: The route action to the pool: whichever pod the picker named; no route timeout.
+POOL_ROUTE = {"cluster": "pool", "timeout": "0s", "idle_timeout": "600s"}
+
+
+def ext_proc_filter(body_mode: str,
+                    message_timeout: str = GATEWAY_MESSAGE_TIMEOUT) -> dict[str, Any]:
+    """The pool's ext_proc filter: every phase sent, bodies in ``body_mode`` both ways."""
+    duplex = body_mode == "FULL_DUPLEX_STREAMED"
+    return {"name": "envoy.filters.http.ext_proc", "typed_config": {
+        "@type": EXT_PROC,
+        "grpc_service": {"envoy_grpc": {"cluster_name": "picker"}, "timeout": "600s"},
+        "failure_mode_allow": False,
+        "message_timeout": message_timeout,
+        "processing_mode": {
+            "request_header_mode": "SEND", "request_body_mode": body_mode,
+            "request_trailer_mode": "SEND" if duplex else "SKIP",
+            "response_header_mode": "SEND", "response_body_mode": body_mode,
+            "response_trailer_mode": "SEND" if duplex else "SKIP"},
+        "metadata_options": {"forwarding_namespaces": {"untyped": [SUBSET_NAMESPACE]}}}}
+
+
+def pool_clusters(extproc_port: int) -> list[dict[str, Any]]:
+    """The picker (HTTP/2 to the ext_proc) and the pool (the address the picker named)."""
+    return [
+        {"name": "picker", "type": "STATIC", "connect_timeout": "1s",
+         "typed_extension_protocol_options": {
+             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                 "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3."
+                          "HttpProtocolOptions",
+                 "explicit_http_config": {"http2_protocol_options": {}}}},
+         "load_assignment": {"cluster_name": "picker", "endpoints": [{"lb_endpoints": [
+             {"endpoint": {"address": _address(extproc_port)}}]}]}},
+        {"name": "pool", "type": "ORIGINAL_DST", "lb_policy": "CLUSTER_PROVIDED",
+         "connect_timeout": "2s",
+         "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION}},
+    ]
 
 
 def _subset_filter(subset: list[str]) -> dict[str, Any]:

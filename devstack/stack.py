@@ -37,7 +37,7 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import yaml
 
@@ -69,7 +69,8 @@ class LocalStack:
                  load_delay: float = 3.0, unload_delay: float = 1.0,
                  extproc_args: Iterable[str] = (), actuation: str = "own",
                  reconciler: bool | None = None, replicas: int = 1, api_proxies: bool = False,
-                 lease_namespace: str | None = None, endpoint_picker: bool = False) -> None:
+                 lease_namespace: str | None = None, endpoint_picker: bool = False,
+                 gateway: Callable[[LocalStack], EnvoyProcess] | None = None) -> None:
         if actuation not in ACTUATIONS:
             raise ValueError(f"actuation must be one of {', '.join(ACTUATIONS)}: {actuation!r}")
         if replicas < 1:
@@ -99,6 +100,8 @@ class LocalStack:
         # on addresses of their own, 127.0.0.2, 127.0.0.3, ... as pods in a cluster do; Envoy
         # goes to the pod the picker names (devstack/picker_envoy.py).
         self.endpoint_picker = endpoint_picker
+        # the Envoy in front of a picker stack (default: devstack/picker_envoy.py's)
+        self._gateway = gateway or LocalStack._picker_envoy
         self.pod_hosts = {m: f"127.0.0.{2 + i}" for i, (_, m) in enumerate(self.members)} \
             if endpoint_picker else {}
         if endpoint_picker:
@@ -143,7 +146,7 @@ class LocalStack:
             if self.reconciler:
                 self._start_reconciler(timeout)
             self.start_extproc(timeout)
-            self.envoy = self._picker_envoy() if self.endpoint_picker else EnvoyProcess(
+            self.envoy = self._gateway(self) if self.endpoint_picker else EnvoyProcess(
                 [r.grpc_port for r in self.replicas],
                 {f"{m}.{ns}": self.ports.members[m] for ns, m in self.members},
                 workdir=self.workdir / "envoy", listen_port=self.ports.envoy,
