@@ -19,7 +19,7 @@ import yaml
 
 from devstack import procs
 from devstack.picker_envoy import picker_config
-from devstack.testkit import finish_within
+from devstack.testkit import stop_front_to_back
 from devstack.upstream import SERVED_BY, UpstreamHandle, start_upstream
 from extproc.app import Service
 from extproc.protocol.picker import DESTINATION
@@ -72,12 +72,8 @@ async def _start(tmp_path: Path, body_mode: str,
             workdir=tmp_path / "envoy").start()
         yield stack
     finally:
-        if stack.envoy is not None:
-            stack.envoy.stop()
-        await finish_within(service.stop(), service.settings.shutdown_grace + 15,
-                            "the ext_proc to stop")
-        for pod in pods.values():
-            await finish_within(pod.stop(), 15, f"fake pod {pod.name} to stop")
+        await stop_front_to_back(stack.envoy, service.stop(), service.settings.shutdown_grace,
+                                 pods.values())
 
 
 @pytest.fixture(params=MODES)
