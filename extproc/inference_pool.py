@@ -70,3 +70,14 @@ def render(pools: list[tuple[str, str, tuple[str, ...]]], gateway: str,
                  f"--endpoint-port {target_port} (env MODELPOOL_ENDPOINT_PICKER=true).")
     return "\n".join(lines) + "\n" + yaml.safe_dump_all(documents, sort_keys=False)
 
+
+
+def unpooled(pools: list[tuple[str, str]], rendered: list[dict[str, Any]]) -> list[str]:
+    """``check-config --routes`` behind a picker: a warning per pool ((namespace, name)) that
+    the rendered manifests give no InferencePool selecting its pool label."""
+    selected = {((d.get("metadata") or {}).get("namespace", ""),
+                 ((d.get("spec") or {}).get("selector") or {}).get("matchLabels", {})
+                 .get(POOL_LABEL)) for d in rendered if d.get("kind") == "InferencePool"}
+    return [f"pool {ns}/{name} has no InferencePool selecting {POOL_LABEL}: {name} in the "
+            "rendered manifests; print one with: modelpool-extproc render-routes POOL.yaml "
+            "--format inferencepool" for ns, name in pools if (ns, name) not in selected]

@@ -72,3 +72,15 @@ def test_chart_renders_what_the_overlay_ships(render) -> None:
     rules = [r for o in chart if o["kind"] == "Role" for r in o["rules"]]
     assert {"apiGroups": ["inference.networking.k8s.io"], "resources": ["inferencepools"],
             "verbs": ["list"]} in rules  # the route check's InferencePool half
+
+
+def test_check_config_says_which_pool_lacks_its_inference_pool(render, tmp_path: Path,
+                                                              capsys) -> None:
+    for overlay, warned in ((OVERLAY, False), ("deploy/overlays/envoy-gateway", True)):
+        rendered = tmp_path / "rendered.yaml"
+        rendered.write_text(yaml.safe_dump_all(render(overlay)))
+        assert main(["check-config", "--endpoint-picker", "--modelpool", str(EXAMPLE),
+                     "--routes", str(rendered)]) == 0
+        err = capsys.readouterr().err
+        assert ("no InferencePool selecting" in err) is warned, (overlay, err)
+        assert "has no route" not in err  # member routes are not what a picker needs
