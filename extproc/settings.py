@@ -390,6 +390,9 @@ def validate(settings: Settings) -> str:
         return f"bad actuation {settings.actuation!r}: use own, llmkube or auto"
     if settings.actuation == "llmkube" and settings.pools_file:
         return "--actuation llmkube needs Kubernetes (LLMKube's reconciler), not --pools-file"
+    if settings.endpoint_picker and settings.passthrough_unknown:
+        return ("--endpoint-picker and --passthrough-unknown exclude each other: a request the "
+                "picker does not route has no pod to go to")
     if not 0 < settings.endpoint_port < 65536:
         return f"bad endpoint_port {settings.endpoint_port}: use a port 1-65535"
     if settings.watch_timeout < 1:

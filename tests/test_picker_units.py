@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy_data_plane.envoy.service.ext_proc.v3 import ProcessingResponse
 from hypothesis import given
 from hypothesis import strategies as st
 
+from extproc.platform.static import load_endpoints, load_specs
 from extproc.protocol import picker
+from extproc.settings import ConfigError, Settings, from_sources
 
 ENDPOINTS = st.lists(st.sampled_from([f"10.0.0.{i}:8080" for i in range(1, 7)]), unique=True)
 
@@ -59,8 +62,8 @@ def test_the_pick_goes_in_the_header_and_the_metadata_alike() -> None:
     headers = ProcessingResponse.parse(picker.route_headers("10.0.0.2:8080"))
     assert _header_and_metadata(headers.request_headers.response, headers) == \
         ("10.0.0.2:8080",) * 2
-    # unpicked (passed through, or before the body): a client's own value is removed
-    stripped = ProcessingResponse.parse(picker.route_headers(None))
+    # the headers answer before the body's decision: a client's own value is removed
+    stripped = ProcessingResponse.parse(picker.STRIP_HEADERS)
     assert stripped.request_headers.response.header_mutation.remove_headers == \
         [picker.DESTINATION]
 
@@ -75,3 +78,26 @@ def test_full_duplex_bodies_are_handed_back_whole() -> None:
     assert picker.follow_up(ep.ProcessingRequest(observability_mode=True,
                                                  response_headers=ep.HttpHeaders()),
                             False) is None
+
+
+@pytest.mark.parametrize("environ, complaint", [
+    ({"MODELPOOL_ENDPOINT_PICKER": "true", "MODELPOOL_PASSTHROUGH_UNKNOWN": "true"},
+     "exclude each other"),
+    ({"MODELPOOL_ENDPOINT_PORT": "70000"}, "bad endpoint_port 70000")])
+def test_unusable_picker_settings_are_one_line(environ, complaint) -> None:
+    with pytest.raises(ConfigError, match=complaint):
+        from_sources(environ=environ)
+
+
+def test_a_pools_file_behind_the_picker_names_every_members_pods(tmp_path) -> None:
+    pools = tmp_path / "pools.yaml"
+    pools.write_text("pools:\n  - {name: p, members: [a, b], endpoints: {a: [127.0.0.2:80]}}\n")
+    picking = Settings(endpoint_picker=True, pools_file=str(pools))
+    specs = load_specs(pools, picking)
+    with pytest.raises(ConfigError, match=r"needs endpoints for \['b'\]"):
+        load_endpoints(pools, specs, picking)
+    assert load_endpoints(pools, specs, Settings())[specs[0].key] == \
+        {"a": ("127.0.0.2:80",), "b": ()}
+    pools.write_text("pools:\n  - {name: p, members: [a], endpoints: {a: [judge:80]}}\n")
+    with pytest.raises(ConfigError, match="'judge:80' is not ip:port"):
+        load_endpoints(pools, load_specs(pools, picking), picking)

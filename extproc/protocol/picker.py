@@ -107,10 +107,8 @@ def route_body(endpoint: str) -> bytes:
         request_body=ep.BodyResponse(response=_destination(endpoint))), endpoint)
 
 
-def route_headers(endpoint: str | None) -> bytes:
-    """Full duplex: the held headers' answer, with the decision (None: pass, stripped)."""
-    if endpoint is None:
-        return STRIP_HEADERS
+def route_headers(endpoint: str) -> bytes:
+    """Full duplex: the held headers' answer, with the decision."""
     return _with_metadata(ep.ProcessingResponse(
         request_headers=ep.HeadersResponse(response=_destination(endpoint))), endpoint)
 

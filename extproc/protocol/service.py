@@ -116,7 +116,7 @@ class ExtProcService:
             del body
             route = self._hub.resolve(model)
             if route is None:
-                for message in self._unrouted(head, model, kept):
+                for message in self._unrouted(head, model):
                     await context.write(message)
                 return await self._until_closed(context, head)
             ticket = route.driver.arrive(route.member, patience)
@@ -291,17 +291,17 @@ class ExtProcService:
         return self._forward(head, endpoint, kept)
 
     @staticmethod
-    def _forward(head: RequestHead, endpoint: str | None, kept: bytes) -> list[bytes]:
-        """Endpoint picker: the answers that let the request go on (None: unpicked)."""
+    def _forward(head: RequestHead, endpoint: str, kept: bytes) -> list[bytes]:
+        """Endpoint picker: the answers that send the request on to ``endpoint``."""
         if head.duplex_request:
             messages = [picker.route_headers(endpoint), picker.streamed_body(kept, True)]
         else:
-            messages = [answers.CONTINUE_BODY if endpoint is None else picker.route_body(endpoint)]
+            messages = [picker.route_body(endpoint)]
         if head.trailers:
             messages.append(picker.CONTINUE_REQUEST_TRAILERS)
         return messages
 
-    def _unrouted(self, head: RequestHead, model: str, kept: bytes) -> list[bytes]:
+    def _unrouted(self, head: RequestHead, model: str) -> list[bytes]:
         pools = self._hub.ambiguity(model)
         if pools:
             return [self._refuse(head, BadRequest(
@@ -309,7 +309,7 @@ class ExtProcService:
                 f"({', '.join(pools)}); ask the operator for a unique alias", "model"))]
         if self._settings.passthrough_unknown:
             self._count("", "", "passthrough")
-            return self._forward(head, None, kept) if self._picker else [answers.CONTINUE_BODY]
+            return [answers.CONTINUE_BODY]  # (never with the picker: settings refuse both)
         available = sorted({entry.id for entry in self._hub.models})
         return [self._refuse(head, BadRequest(
             404, "model_not_found", f"model {model!r} does not exist; available models: "
