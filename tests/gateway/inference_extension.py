@@ -49,8 +49,16 @@ def pool_routes(config_dump: dict[str, Any]) -> list[dict[str, Any]]:
             .get("resources", [])]
 
 
-def with_extension(bootstrap: dict[str, Any], extproc_port: int) -> dict[str, Any]:
-    """The extension's part on a static bootstrap of the translation (changed in place)."""
+#: How the extension dials a pool's picker: TLS, its certificate not verified.
+PICKER_TLS = {"name": "envoy.transport_sockets.tls", "typed_config": {
+    "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+    "common_tls_context": {"validation_context": {}}}}
+
+
+def with_extension(bootstrap: dict[str, Any], extproc_port: int,
+                   tls: bool = False) -> dict[str, Any]:
+    """The extension's part on a static bootstrap of the translation (changed in place);
+    ``tls``: dial the picker as the extension does (the ext_proc must serve TLS)."""
     for listener in bootstrap["staticResources"]["listeners"]:
         for hcm in connection_managers(listener):
             filters = hcm["httpFilters"]
@@ -62,16 +70,19 @@ def with_extension(bootstrap: dict[str, Any], extproc_port: int) -> dict[str, An
                             route["name"].startswith("httproute/"):
                         del route["directResponse"]  # the unresolved InferencePool backend
                         route["route"] = dict(POOL_ROUTE)
-    bootstrap["staticResources"]["clusters"] += pool_clusters(extproc_port)
+    clusters = pool_clusters(extproc_port)
+    if tls:
+        clusters[0]["transport_socket"] = PICKER_TLS  # the picker's
+    bootstrap["staticResources"]["clusters"] += clusters
     return bootstrap
 
 
-def inference_gateway(stack: Any) -> EnvoyProcess:
+def inference_gateway(stack: Any, tls: bool = False) -> EnvoyProcess:
     """For LocalStack(gateway=...): the completed translation on the stack's Envoy ports."""
     (dump,) = translated(stack.workdir.parent / "egctl-inference-pool").xds.values()
     grpc = stack.replicas[0].grpc_port
     return EnvoyProcess.from_config(
         lambda listen, admin, log: with_extension(
-            static_bootstrap(dump, GATEWAY_LISTENER, listen, admin, str(log), {}), grpc),
+            static_bootstrap(dump, GATEWAY_LISTENER, listen, admin, str(log), {}), grpc, tls),
         workdir=stack.workdir / "envoy", listen_port=stack.ports.envoy,
         admin_port=stack.ports.envoy_admin)

@@ -6,6 +6,7 @@ translation completed as its InferencePool extension completes it (inference_ext
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from pathlib import Path
 from typing import Iterator
@@ -22,6 +23,7 @@ from extproc.protocol.picker import DESTINATION
 from tests.deploy.conftest import render_path
 from tests.gateway.conftest import require_egctl
 from tests.gateway.egctl import EXAMPLE_POOL, ExamplePool, translate, translation_input
+from tests.reliability import certs
 from tests.gateway.inference_extension import (OVERLAY, inference_gateway, pool_routes,
                                                translated)
 
@@ -50,13 +52,19 @@ def test_alone_envoy_gateway_leaves_the_backend_unresolved(pool: ExamplePool,
 
 @pytest.fixture
 def stack(pool: ExamplePool, tmp_path: Path) -> Iterator[LocalStack]:
-    """The example pool on the local stack behind the completed translation, members cold."""
+    """The example pool on the local stack behind the completed translation, members cold;
+    the ext_proc serves TLS, which the extension dials without verifying it."""
+    if not certs.available():
+        pytest.skip("the openssl CLI is not installed (the picker's TLS certificate)")
+    ca = certs.make_ca(tmp_path, "ca")
+    leaf = certs.make_leaf(tmp_path, "picker", ca, "serverAuth")
     docs = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": pool.namespace}}]
     docs += [member(name, pool.namespace) for name in pool.members]
     docs.append(yaml.safe_load(EXAMPLE_POOL.read_text(encoding="utf-8")))
     started = start_stack(tmp_path / "stack", docs, endpoint_picker=True,
-                          gateway=inference_gateway,
-                          extproc_args=["--no-park-timeout-override"])
+                          gateway=functools.partial(inference_gateway, tls=True),
+                          extproc_args=["--no-park-timeout-override", "--tls-cert",
+                                        str(leaf.cert), "--tls-key", str(leaf.key)])
     try:
         yield started
     finally:
