@@ -85,8 +85,8 @@ async def stack(request: pytest.FixtureRequest, envoy_bin: Path,
 
 
 async def _chat(url: str, model: str, headers: dict[str, str] | None = None,
-                stream: bool = False) -> tuple[int, Mapping[str, str], str]:
-    body = {"model": model, "stream": stream, "messages": [{"role": "user", "content": "hi"}]}
+                stream: bool = False, prompt: str = "hi") -> tuple[int, Mapping[str, str], str]:
+    body = {"model": model, "stream": stream, "messages": [{"role": "user", "content": prompt}]}
     async with aiohttp.ClientSession() as http:
         async with http.post(f"{url}/v1/chat/completions", json=body, headers=headers or {},
                              timeout=aiohttp.ClientTimeout(total=30)) as resp:
@@ -122,6 +122,15 @@ async def test_an_event_stream_arrives_whole(stack: PickerStack) -> None:
     events = [line[len("data: "):] for line in text.splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]" and len(events) > 2
     assert all(json.loads(e)["model"] == "coder" for e in events[:-1])
+
+
+async def test_a_body_of_many_chunks_reaches_the_member_whole(stack: PickerStack) -> None:
+    assert stack.envoy is not None
+    words = 100_000  # ~600 KB: Envoy hands it over in many chunks (streamed, full duplex)
+    status, headers, text = await _chat(stack.envoy.url, "coder",
+                                        prompt=" ".join(f"w{i}" for i in range(words)))
+    assert (status, headers[SERVED_BY]) == (200, "coder"), text[:300]
+    assert json.loads(text)["usage"]["prompt_tokens"] == words  # every word arrived
 
 
 async def test_models_are_listed_by_the_picker(stack: PickerStack) -> None:
