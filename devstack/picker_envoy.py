@@ -25,6 +25,8 @@ EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.Extern
 # BUFFERED mode it answers 504 after 5 s (measured), so a gateway choosing that mode needs a
 # message timeout above the pools' swapBudget.
 GATEWAY_MESSAGE_TIMEOUT = "5s"
+FILE_LOG = "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog"
+ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 HCM = ("type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3."
        "HttpConnectionManager")
 
@@ -39,15 +41,13 @@ def picker_config(listen_port: int, admin_port: int, access_log: str, extproc_po
     """
     hcm = {"@type": HCM, "stat_prefix": "picker",
            "access_log": [{"name": "envoy.access_loggers.file", "typed_config": {
-               "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
-               "path": access_log}}],
+               "@type": FILE_LOG, "path": access_log}}],
            "route_config": {"virtual_hosts": [{"name": "pool", "domains": ["*"],
                                                "routes": [{"match": {"prefix": "/"},
                                                            "route": POOL_ROUTE}]}]},
            "http_filters": ([] if subset is None else [_subset_filter(subset)]) + [
                ext_proc_filter(body_mode, message_timeout),
-               {"name": "envoy.filters.http.router", "typed_config": {
-                   "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}
+               {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER}}]}
     return {
         "admin": {"address": _address(admin_port)},
         "static_resources": {

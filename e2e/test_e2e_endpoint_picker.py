@@ -1,8 +1,8 @@
 """The swap scenarios behind an endpoint picker: the service as an InferencePool's EPP.
 
 The same tests as test_e2e_swaps.py (a held cross-model request, coalescing, SSE drain) and
-test_e2e_faults.py's budget 503 + Retry-After, a cold start of our own, in both actuation modes, on a stack
-whose members' pods share one port on addresses of their own (127.0.0.2, 127.0.0.3, ...) and
+test_e2e_faults.py's budget 503 + Retry-After, a cold start of our own, in both actuation
+modes, on a stack whose members' pods share one port on addresses of their own (127.0.0.2, 127.0.0.3, ...) and
 whose Envoy runs Envoy Gateway's translation of deploy/overlays/inference-pool (an HTTPRoute
 whose backend is the InferencePool) completed as its InferencePool extension completes it
 (tests/gateway/inference_extension.py): request and response bodies FULL_DUPLEX_STREAMED, a
@@ -21,7 +21,8 @@ from e2e_support import chat, pools, timeline, wait_resident
 from extproc.protocol.picker import DESTINATION
 from extproc.settings import parse_duration
 from tests.gateway.inference_extension import inference_gateway
-from test_e2e_faults import test_budget_exceeded_answers_503_and_the_swap_still_completes  # noqa: F401
+from test_e2e_faults import (  # noqa: F401  (collected here, on this module's stack)
+    test_budget_exceeded_answers_503_and_the_swap_still_completes)
 from test_e2e_swaps import (  # noqa: F401  (collected here, on this module's stack)
     test_concurrent_requests_for_one_member_share_one_swap,
     test_cross_model_request_is_held_through_an_ordered_swap,
