@@ -14,8 +14,13 @@ from pathlib import Path
 from typing import AsyncIterator, Mapping
 
 import aiohttp
+import grpc
 import pytest
 import yaml
+
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from devstack import procs
 from devstack.picker_envoy import picker_config
@@ -23,7 +28,9 @@ from devstack.testkit import stop_front_to_back
 from devstack.upstream import SERVED_BY, UpstreamHandle, start_upstream
 from extproc.app import Service
 from extproc.protocol.picker import DESTINATION
+from extproc.protocol.service import SERVICE
 from extproc.settings import Settings
+from tests.reliability.grpcprobe import headers_message, open_process
 
 pytestmark = pytest.mark.envoy
 
@@ -155,3 +162,35 @@ async def test_the_proxys_subset_hint_is_honoured(body_mode: str, envoy_bin: Pat
         status, headers, text = await _chat(stack.envoy.url, "judge")
         assert (status, headers[SERVED_BY]) == (200, "judge"), text
         assert stack.served() == {"judge": 1, "coder": 0}
+
+
+async def test_the_protocols_health_services_answer(stack: PickerStack) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{stack.service.grpc_port}") as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for name in ("liveness", "readiness", SERVICE):
+            answer = await health.Check(health_pb2.HealthCheckRequest(service=name))
+            assert answer.status == health_pb2.HealthCheckResponse.SERVING, name
+
+
+async def test_full_duplex_request_trailers_are_answered_after_the_decision(
+        stack: PickerStack) -> None:
+    # What a gateway's full-duplex filter sends for a request with trailers (an HTTP/2 or
+    # gRPC client's), spoken directly: headers, a body chunk that does not end the stream,
+    # then the trailers, which end it.
+    head = ep.ProcessingRequest.FromString(headers_message())
+    head.protocol_config.request_body_mode = pm.ProcessingMode.FULL_DUPLEX_STREAMED
+    body = b'{"model": "judge", "messages": []}'
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{stack.service.grpc_port}") as channel:
+        call = open_process(channel)
+        for message in (head, ep.ProcessingRequest(request_body=ep.HttpBody(body=body)),
+                        ep.ProcessingRequest(request_trailers=ep.HttpTrailers())):
+            await call.write(message.SerializeToString())
+        replies = [await call.read() for _ in range(3)]
+        await call.done_writing()
+    routed, forwarded, trailers = replies
+    (option,) = routed.request_headers.response.header_mutation.set_headers
+    assert (option.header.key, option.header.raw_value) == \
+        (DESTINATION, stack.endpoint("judge").encode())
+    streamed = forwarded.request_body.response.body_mutation.streamed_response
+    assert (streamed.body, streamed.end_of_stream) == (body, True)
+    assert trailers.HasField("request_trailers")

@@ -204,7 +204,8 @@ class ExtProcService:
         """The whole request body (None if the stream ended first); 413 over the limit.
 
         ``first`` is the chunk that came with the head in one-message mode, ``ended`` whether
-        it was the last. Trailers end the body too (``head.trailers``: answered later).
+        it was the last. Behind a picker, trailers end the body too (``head.trailers``:
+        answered after the decision).
         """
         chunks: list[bytes] = [] if first is None else [first]
         size, limit = len(first or b""), self._settings.max_body_bytes
@@ -213,7 +214,8 @@ class ExtProcService:
             msg = await context.read()
             if msg is grpc.aio.EOF:
                 return None
-            if msg.HasField("request_trailers"):
+            if msg.HasField("request_trailers") and self._picker is not None:
+                # a gateway's picker filter sends trailers (none of our own configs do)
                 head.trailers = ended = True
                 continue
             if not msg.HasField("request_body"):
@@ -260,8 +262,7 @@ class ExtProcService:
                          member=route.member, request_id=head.request_id,
                          held_s=round(decision.held_for, 3))
             if self._picker is None:
-                routed = answers.route(self._header, self._route_value(key, route.member))
-                return [routed, picker.CONTINUE_REQUEST_TRAILERS] if head.trailers else [routed]
+                return [answers.route(self._header, self._route_value(key, route.member))]
             return await self._pick(route, head, kept)
         assert isinstance(decision, Reject)
         self._count(key.namespace, key.name, decision.code)
