@@ -116,8 +116,7 @@ class ExtProcService:
             del body
             route = self._hub.resolve(model)
             if route is None:
-                for message in self._unrouted(head, model):
-                    await context.write(message)
+                await context.write(self._unrouted(head, model))
                 return await self._until_closed(context, head)
             ticket = route.driver.arrive(route.member, patience)
             if ticket.waiter is not None:
@@ -302,19 +301,19 @@ class ExtProcService:
             messages.append(picker.CONTINUE_REQUEST_TRAILERS)
         return messages
 
-    def _unrouted(self, head: RequestHead, model: str) -> list[bytes]:
+    def _unrouted(self, head: RequestHead, model: str) -> bytes:
         pools = self._hub.ambiguity(model)
         if pools:
-            return [self._refuse(head, BadRequest(
+            return self._refuse(head, BadRequest(
                 400, "model_ambiguous", f"model {model!r} is served by several pools "
-                f"({', '.join(pools)}); ask the operator for a unique alias", "model"))]
-        if self._settings.passthrough_unknown:
+                f"({', '.join(pools)}); ask the operator for a unique alias", "model"))
+        if self._settings.passthrough_unknown:  # (never with the picker: settings refuse it)
             self._count("", "", "passthrough")
-            return [answers.CONTINUE_BODY]  # (never with the picker: settings refuse both)
+            return answers.CONTINUE_BODY
         available = sorted({entry.id for entry in self._hub.models})
-        return [self._refuse(head, BadRequest(
+        return self._refuse(head, BadRequest(
             404, "model_not_found", f"model {model!r} does not exist; available models: "
-            f"{', '.join(available) or '(none)'}", "model"))]
+            f"{', '.join(available) or '(none)'}", "model"))
 
     def _refuse(self, head: RequestHead, exc: BadRequest) -> bytes:
         # The path without its query: query strings can carry API keys.
