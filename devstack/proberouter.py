@@ -61,13 +61,14 @@ async def _proxied_slots(request: web.Request) -> web.Response:
 
 
 async def _forward(request: web.Request, key: str) -> web.Response:
-    port = request.app[_MEMBERS].get(key)
+    port = request.app[_MEMBERS].get(key)  # a port on 127.0.0.1, or "host:port"
     if port is None:
         return web.Response(status=404, text=f"no member {key}\n")
     asked = request.app[_ASKED]
     asked[key] = asked.get(key, 0) + 1
     try:
-        async with request.app[_SESSION].get(f"http://{LOCALHOST}:{port}/slots",
+        address = port if isinstance(port, str) else f"{LOCALHOST}:{port}"
+        async with request.app[_SESSION].get(f"http://{address}/slots",
                                              timeout=aiohttp.ClientTimeout(total=2)) as resp:
             return web.Response(status=resp.status, body=await resp.read(),
                                 content_type=resp.content_type)
@@ -78,7 +79,7 @@ async def _forward(request: web.Request, key: str) -> web.Response:
 class ProbeRouter:
     """The router in this process (tests): ``await start()``, ``await stop()``."""
 
-    def __init__(self, port: int, members: dict[str, int]) -> None:
+    def __init__(self, port: int, members: dict[str, int | str]) -> None:
         self.port = port
         self.app = web.Application()
         self.app[_MEMBERS] = members
@@ -116,7 +117,7 @@ class ProbeRouter:
             await self.app[_SESSION].close()
 
 
-async def serve(port: int, members: dict[str, int]) -> None:
+async def serve(port: int, members: dict[str, int | str]) -> None:
     """Serve until SIGTERM or SIGINT."""
     router = ProbeRouter(port, members)
     await router.start()
@@ -127,13 +128,14 @@ async def serve(port: int, members: dict[str, int]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Command line: --port P --member NAMESPACE/MEMBER=PORT ..."""
+    """Command line: --port P --member NAMESPACE/MEMBER=PORT (or =HOST:PORT) ..."""
     parser = argparse.ArgumentParser(prog="python -m devstack.proberouter", description=__doc__)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--member", action="append", default=[], metavar="NS/MEMBER=PORT",
                         type=lambda text: tuple(text.split("=", 1)))
     args = parser.parse_args(argv)
-    asyncio.run(serve(args.port, {key: int(port) for key, port in args.member}))
+    asyncio.run(serve(args.port, {key: int(port) if port.isdigit() else port
+                                  for key, port in args.member}))
 
 
 async def _asked(request: web.Request) -> web.Response:

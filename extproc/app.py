@@ -25,7 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from . import metrics
 from .logs import get_logger
 from .platform.contract import Platform
-from .platform.static import StaticPlatform, load_specs
+from .platform.static import StaticPlatform, load_endpoints, load_specs
 from .protocol.service import SERVICE, ExtProcService
 from .runtime.hub import Hub
 from .settings import Settings
@@ -60,6 +60,8 @@ class Service:
     async def start(self) -> None:
         """Bind the listeners and start serving."""
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        # the protocol's "liveness": the process answers gRPC, whatever it serves yet
+        await self._health.set("liveness", health_pb2.HealthCheckResponse.SERVING)
         metrics.configure(self.settings.router_name)
         loop = asyncio.get_running_loop()
         metrics.EVENT_LOOP_TASKS.set_function(lambda: len(asyncio.all_tasks(loop)))
@@ -169,7 +171,8 @@ class Service:
             await asyncio.sleep(min(0.25, left) if left > 0 else 0.25)
 
     async def _set_health(self, status: int) -> None:
-        for name in ("", SERVICE):
+        # "readiness" too: the name the Endpoint Picker Protocol gives this same answer
+        for name in ("", SERVICE, "readiness"):
             await self._health.set(name, status)
         metrics.set_serving(status == health_pb2.HealthCheckResponse.SERVING)
 
@@ -223,7 +226,8 @@ class Service:
 async def build_platform(settings: Settings) -> Platform:
     """The static platform for a pools file, else the Kubernetes one (raises ConfigError)."""
     if settings.pools_file:
-        return StaticPlatform(load_specs(settings.pools_file, settings))
+        specs = load_specs(settings.pools_file, settings)
+        return StaticPlatform(specs, load_endpoints(settings.pools_file, specs, settings))
     from .platform.kube.platform import KubePlatform  # only needed in cluster mode
 
     return await KubePlatform.create(settings)

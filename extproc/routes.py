@@ -27,7 +27,7 @@ PORTS_ANNOTATION = "modelpool.inference.llmkube.dev/member-ports"
 DEFAULT_PORT = 8080
 #: The catch-all's direct 503 (an Envoy Gateway HTTPRouteFilter in the pool's namespace).
 UNAVAILABLE_FILTER = "modelpool-router-unavailable"
-FORMATS = ("httproute", "helm-values", "envoy-clusters", "envoy-routes")
+FORMATS = ("httproute", "helm-values", "envoy-clusters", "envoy-routes", "inferencepool")
 # Held requests are released to the new member together; Envoy's default of 1,024 pending or
 # active requests per cluster would turn a large release into 503s.
 _BREAKER = {"priority": "DEFAULT", "max_connections": 100000, "max_pending_requests": 100000,
@@ -154,6 +154,11 @@ def render(pools: list[dict[str, Any]], settings: Settings, fmt: str, *,
     if fmt == "envoy-clusters":
         return yaml.safe_dump([c for r in per_pool for c in envoy_clusters(r)],
                               sort_keys=False)
+    if fmt == "inferencepool":  # behind an InferencePool gateway (inference_pool.py)
+        from .inference_pool import render as render_pools
+
+        return render_pools([(r[0].namespace, r[0].pool, tuple(m.member for m in r))
+                             for r in per_pool], gateway, default_port)
     if fmt == "envoy-routes":
         return yaml.safe_dump([c for r in per_pool for c in envoy_routes(r, settings)],
                               sort_keys=False)

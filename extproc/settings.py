@@ -132,6 +132,14 @@ class Settings:
                                        "about members no HTTPRoute in the pool's namespace "
                                        "routes; 0 = off (needs RBAC: list httproutes)",
                                        group="routing", metavar="DURATION")
+    endpoint_picker: bool = _opt(False, "answer as an InferencePool's endpoint picker (Gateway "
+                                 "API inference extension): name a Ready pod of the member "
+                                 "(x-gateway-destination-endpoint header and envoy.lb metadata) "
+                                 "instead of the routing header; any body mode",
+                                 group="routing")
+    endpoint_port: int = _opt(8080, "with --endpoint-picker: the member pods' port, the "
+                              "InferencePool's targetPorts (LLMKube's model servers: 8080)",
+                              group="routing", metavar="PORT")
     max_body_bytes: int = _opt(25 * 1024 * 1024, "largest request body accepted (413 above); "
                                "keep Envoy's buffer limit above it", group="routing",
                                metavar="BYTES")
@@ -383,6 +391,11 @@ def validate(settings: Settings) -> str:
         return f"bad actuation {settings.actuation!r}: use own, llmkube or auto"
     if settings.actuation == "llmkube" and settings.pools_file:
         return "--actuation llmkube needs Kubernetes (LLMKube's reconciler), not --pools-file"
+    if settings.endpoint_picker and settings.passthrough_unknown:
+        return ("--endpoint-picker and --passthrough-unknown exclude each other: a request the "
+                "picker does not route has no pod to go to")
+    if not 0 < settings.endpoint_port < 65536:
+        return f"bad endpoint_port {settings.endpoint_port}: use a port 1-65535"
     if settings.watch_timeout < 1:
         return "--watch-timeout must be at least 1s"
     return _lease_problem(settings)

@@ -61,6 +61,9 @@ class PoolListener(Protocol):
     def member_changed(self, key: PoolKey, obs: MemberObservation) -> None:
         """A member's observation changed (also sent once per member after pool_changed)."""
 
+    def endpoints_changed(self, key: PoolKey, member: str, endpoints: tuple[str, ...]) -> None:
+        """The member's Ready pods as ``ip:port`` changed (read by --endpoint-picker only)."""
+
     def status_changed(self, key: PoolKey, status: PoolStatus) -> None:
         """The pool's ``.status`` changed (also sent once right after pool_changed)."""
 

@@ -36,7 +36,8 @@ _ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error",
                 415: "invalid_request_error", 503: "service_unavailable"}
 
 
-def _header(key: str, value: str) -> base_pb2.HeaderValueOption:
+def header_option(key: str, value: str) -> base_pb2.HeaderValueOption:
+    """One header to set, overwriting a value the client sent."""
     return base_pb2.HeaderValueOption(
         header=base_pb2.HeaderValue(key=key, raw_value=value.encode("latin-1")),
         append_action=_OVERWRITE)
@@ -45,9 +46,8 @@ def _header(key: str, value: str) -> base_pb2.HeaderValueOption:
 @lru_cache(maxsize=4096)
 def route(header: str, value: str) -> bytes:
     """Body-phase answer: set the routing header and make Envoy pick the route again."""
-    common = ep.CommonResponse(header_mutation=ep.HeaderMutation(set_headers=[_header(header,
-                                                                                      value)]),
-                               clear_route_cache=True)
+    common = ep.CommonResponse(header_mutation=ep.HeaderMutation(
+        set_headers=[header_option(header, value)]), clear_route_cache=True)
     response = ep.ProcessingResponse(request_body=ep.BodyResponse(response=common))
     response.dynamic_metadata.update({METADATA_NAMESPACE: {METADATA_KEY: value}})
     return response.SerializeToString()
@@ -70,8 +70,8 @@ def error_body(status: int, code: str, message: str, param: str | None = None) -
 def immediate(status: int, body: bytes, details: str,
               headers: tuple[tuple[str, str], ...] = ()) -> bytes:
     """Answer the client directly with a JSON body; Envoy does not route the request."""
-    mutation = ep.HeaderMutation(set_headers=[_header("content-type", "application/json"),
-                                              *(_header(k, v) for k, v in headers)])
+    mutation = ep.HeaderMutation(set_headers=[header_option("content-type", "application/json"),
+                                              *(header_option(k, v) for k, v in headers)])
     return ep.ProcessingResponse(immediate_response=ep.ImmediateResponse(
         status=http_status_pb2.HttpStatus(code=status), headers=mutation, body=body,
         details=details)).SerializeToString()

@@ -41,6 +41,12 @@ class RequestHead:
     content_encoding: str = ""
     request_id: str = ""
     max_wait: str = ""  # the raw x-modelpool-max-wait value ("" when absent)
+    # --endpoint-picker: the proxy's subset hint (None: any endpoint), whether request and
+    # response bodies run full duplex, whether the request ended with trailers to answer
+    allowed: tuple[str, ...] | None = None
+    duplex_request: bool = False
+    duplex_response: bool = False
+    trailers: bool = False
 
 
 def read_head(header_map: object) -> RequestHead:

@@ -21,7 +21,8 @@ from tools import tool_binary
 from k8s_schema import (BUILTIN_GROUPS, OUR_CRDS, PROJECT_ROOT, builtin_errors, errors, llmkube_crd,
                         load_crds, upstream_schemas)
 
-OVERLAYS = ["deploy/overlays/envoy-gateway", "deploy/overlays/standalone-envoy"]
+OVERLAYS = ["deploy/overlays/envoy-gateway", "deploy/overlays/standalone-envoy",
+            "deploy/overlays/inference-pool"]
 RENDERINGS = OVERLAYS + ["deploy/base"]
 DEFAULTS = Settings()
 POOL = yaml.safe_load((PROJECT_ROOT / "deploy/examples/shared-gpu.yaml").read_text())

@@ -15,7 +15,7 @@ from typing import AsyncIterator
 import pytest
 
 from devstack import procs
-from devstack.testkit import finish_within
+from devstack.testkit import stop_front_to_back
 from devstack.upstream import UpstreamHandle, start_upstream
 from extproc.app import Service
 from extproc.settings import Settings
@@ -142,9 +142,5 @@ async def gateway(gateway_run: GatewayRun, pool: ExamplePool, envoy_bin: Path,
                                      tmp_path / "envoy")
         yield stack
     finally:
-        if stack.envoy is not None:
-            stack.envoy.stop()
-        await finish_within(stack.stop_extproc(), service.settings.shutdown_grace + 15,
-                            "the ext_proc to drain and stop")
-        for handle in stack.members.values():
-            await finish_within(handle.stop(), 15, f"fake member {handle.name} to stop")
+        await stop_front_to_back(stack.envoy, stack.stop_extproc(),
+                                 service.settings.shutdown_grace, stack.members.values())

@@ -37,6 +37,7 @@ from extproc.logs import get_logger
 from extproc.platform.contract import PoolListener
 from extproc.platform.kube._calls import POOLS, SERVICES, counted, custom_path
 from extproc.platform.kube.idle import IdleProbe
+from extproc.platform.kube.endpoints import PodEndpoints, ready_ip
 from extproc.platform.kube.objects import (object_key, pod_member, pool_spec, pool_status,
                                             service_probe, service_state)
 from extproc.platform.kube.rest import KubeClient
@@ -88,6 +89,7 @@ class ClusterWatcher:
         self._pod_counts: Counter[tuple[str, str]] = Counter()  # (namespace, member) -> pods
         self._pools_of: dict[tuple[str, str], set[PoolKey]] = {}  # (namespace, member) -> pools
         self._delivered: dict[PoolKey, dict[str, MemberObservation]] = {}
+        self._endpoints = PodEndpoints(settings.endpoint_port)
 
     # --- read accessors -----------------------------------------------------------------------
 
@@ -243,6 +245,8 @@ class ClusterWatcher:
         else:
             old = self._pods.pop(key, "")
             new = "" if deleted else pod_member(obj)
+            for member in self._endpoints.apply(*key, new, "" if deleted else ready_ip(obj)):
+                self._report_endpoints(key[0], member)
             if not deleted:
                 self._pods[key] = new
             if old != new:
@@ -310,6 +314,15 @@ class ClusterWatcher:
         for member in pool.spec.members:
             obs = delivered[member] = self._observe(key.namespace, member)
             self._call("member_changed", key, obs)
+            self._call("endpoints_changed", key, member, self._endpoints.of(key.namespace, member))
+
+    def _report_endpoints(self, namespace: str, member: str) -> None:
+        """Report the member's Ready pods to every pool it belongs to (after sync only)."""
+        if not self.synced.is_set():
+            return
+        endpoints = self._endpoints.of(namespace, member)
+        for key in sorted(self._pools_of.get((namespace, member), ()), key=str):
+            self._call("endpoints_changed", key, member, endpoints)
 
     def _report_status(self, pool: _Pool, *, changed: bool) -> None:
         """Report the pool's status if what routing reads of it changed (after sync only).
