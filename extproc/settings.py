@@ -201,6 +201,11 @@ class Settings:
                                   "write (doubling for each new spell, up to 16x); at once "
                                   "with the annotation modelpool.inference.llmkube.dev/resume",
                                   group="swap", metavar="DURATION")
+    paced_release: bool = _opt(False, "release a member's held requests up to its capacity (its "
+                               "annotation modelpool.inference.llmkube.dev/capacity, else the "
+                               "slot count llama.cpp's /slots reports), the rest as earlier "
+                               "ones end; the same limit in steady state (off: all at once)",
+                               group="swap")
     park_margin: float = _opt(5.0, "extra time asked of Envoy (override_message_timeout) beyond "
                               "a held request's budget, so our own 503 arrives before Envoy's",
                               group="swap", metavar="DURATION")

@@ -57,7 +57,7 @@ import math
 from dataclasses import replace
 from operator import attrgetter
 
-from . import admission, deadlines, fairness, modes, replicas, snapshot, watchdog
+from . import admission, deadlines, fairness, modes, pacing, replicas, snapshot, watchdog
 from .events import (ActuationChanged, AdmissionLease, Admit, Close, Command, DrainAnnounced,
                      Dropped, Event, Hold, IdleProbed, LeadershipChanged, MemberObserved,
                      Notice, PeersObserved, Reject, RequestArrived, RequestEnded, Scale,
@@ -150,7 +150,7 @@ class PoolMachine:
             case RequestArrived(rid, member) if member in self.spec.members \
                     and not self.requests.knows(rid):
                 self.now = now
-                if not self.routable(member):
+                if not self.routable(member) or not pacing.admits(self, member):
                     return None
                 self.owner_picked = True
                 self.requests.arrived(member, now, self.limits.drain_linger)
@@ -244,7 +244,8 @@ class PoolMachine:
         self.owner_picked = True
         # A return within the drain linger's cap is what makes an adaptive linger worth it.
         self.requests.arrived(member, now, self.limits.drain_linger)
-        if self.routable(member) and not fairness.holds(self, member, now):
+        if self.routable(member) and not fairness.holds(self, member, now) \
+                and pacing.admits(self, member):
             self.admit(rid, member, 0.0, out)
             return
         refusal = admission.refusal(self, self.hands, rid, member, max_wait)

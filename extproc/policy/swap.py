@@ -70,7 +70,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
-from . import steps
+from . import pacing, steps
 from . import steps_llmkube as llm
 from .events import Command
 from .model import Actuation
@@ -145,6 +145,8 @@ TRANSITIONS: tuple[Edge, ...] = (
     *(Edge(s, steps.target_left, _I, steps.cancel, _A, ANY) for s in _SWAPPING),
     # own mode: a member scaled up behind our back that serves nothing goes back to 0 at once
     *(Edge(s, steps.intruder_up, s, steps.scale_down_intruders, _H, OWN) for s in (_D, _P, _U)),
+    # paced release: held requests pass as a paced member's requests end (Idle: the next edge)
+    *(Edge(s, pacing.room_freed, s, pacing.release_freed, _S, ANY) for s in _SWAPPING),
     # Idle
     Edge(_I, steps.held_for_serving, _I, steps.release_serving, _S, ANY),
     Edge(_I, steps.adoptable, _I, steps.adopt, _H, ROUTING),

@@ -7,7 +7,8 @@ it has seen. It checks two things:
 
 * Safety, at every step: no scale-up while another member holds the GPU as the machine sees
   it (nor while a scale-up of ours is still in flight), no scale-down of a member with a
-  stream on it, no admission to a member the machine does not see Ready, no trigger but of a
+  stream on it, no admission to a member the machine does not see Ready (nor, paced, beyond
+  its capacity), no trigger but of a
   member seen at 0 replicas, no request held past its deadline, no ``PolicyError``, and every 503 that says
   "the swap continues" has a swap that is moving.
 * No wedge, at every state, taken as the moment the environment goes quiet (no more faults or
@@ -326,6 +327,10 @@ class Search:
                 obs = m.obs.get(member)
                 if obs is None or not obs.ready:
                     raise fail(f"request {rid} admitted to {member}, which it does not see Ready")
+                if obs.capacity and m.limits.paced_release and \
+                        sum(on == member for _, on in env.admitted) >= obs.capacity:
+                    raise fail(f"request {rid} admitted to {member}, already at its capacity "
+                               f"of {obs.capacity} (paced release)")
                 if m.actuation is Actuation.FOLLOW and m.drain[1] not in ("", member):
                     raise fail(f"request {rid} admitted to {member} after the leader's "
                                f"announcement for {m.drain[1]}")

@@ -72,6 +72,7 @@ class Env:
     arrivals: int = 2
     faults: int = 1
     fails: frozenset[str] = frozenset()  # members whose load ends Failed (the scenario's)
+    capacity: int = 0  # what every member takes at once under paced release (0: unpaced)
 
     def member(self, name: str) -> Member:
         """The member called ``name``."""
@@ -98,7 +99,7 @@ class Env:
     def observe(self, name: str) -> MemberObservation:
         """What a watch event for ``name`` carries."""
         m = self.member(name)
-        return MemberObservation(name, True, m.phase, m.replicas, m.pods)
+        return MemberObservation(name, True, m.phase, m.replicas, m.pods, self.capacity)
 
     def pool_status(self) -> PoolStatus:
         """What a watch event for the ModelPool's status carries."""

@@ -19,6 +19,7 @@ from cluster_model import Cluster, IdleGate
 from extproc.policy.events import (Admit, Command, Event, Hold, IdleProbed, MemberObserved,
                                    Notice, ProbeIdle, Reject, RequestArrived, RequestEnded,
                                    Scale, StatusObserved, Tick)
+from extproc.policy import pacing
 from extproc.policy.machine import Limits, PoolMachine
 from extproc.policy.model import (Actuation, MemberObservation, PoolKey, PoolSpec, PoolStatus,
                                   StartHints)
@@ -259,6 +260,14 @@ class Driver:
         late = [r.wire for r in self.requests.values() if r.state == "held"
                 and r.deadline <= self.now]
         assert not late, f"requests {late} still held at {self.now}, past their deadline"
+        # Paced release: never more in flight than a member takes, and never a held request
+        # left waiting while its serving member has room for it (work-conserving).
+        m = self.machine
+        for name in m.spec.members:
+            cap = pacing.capacity(m, name)
+            assert not cap or m.requests.busy(name) <= cap, \
+                f"{m.requests.busy(name)} in flight on {name}, capacity {cap}"
+        assert not pacing.room_freed(m, self.now), f"held with room free: {m.held}"
 
     def _req(self, wire: int) -> Request:
         return self.requests[self._live[wire]]

@@ -38,7 +38,7 @@ from extproc.platform.contract import PoolListener
 from extproc.platform.kube._calls import POOLS, SERVICES, counted, custom_path
 from extproc.platform.kube.idle import IdleProbe
 from extproc.platform.kube.objects import (object_key, pod_member, pool_spec, pool_status,
-                                            service_probe, service_state)
+                                            service_capacity, service_probe, service_state)
 from extproc.platform.kube.rest import KubeClient
 from extproc.platform.kube.watchloop import CollectionWatch
 from extproc.policy.model import MemberObservation, PoolKey, PoolSpec, PoolStatus, StartHints
@@ -82,6 +82,7 @@ class ClusterWatcher:
         self._listed: set[tuple[str, str]] = set()
         self._pools: dict[PoolKey, _Pool] = {}
         self._services: dict[tuple[str, str], tuple[str, int]] = {}
+        self._capacities: dict[tuple[str, str], int] = {}  # pacing.py's annotation
         self._service_versions: dict[tuple[str, str], str] = {}  # for trigger preconditions
         self._probes: dict[tuple[str, str], IdleProbe | None] = {}  # (namespace, member)
         self._pods: dict[tuple[str, str], str] = {}  # (namespace, pod) -> member ("" = none)
@@ -232,10 +233,16 @@ class ClusterWatcher:
         elif kind == SERVICES:
             if deleted:
                 self._services.pop(key, None)
+                self._capacities.pop(key, None)
                 self._service_versions.pop(key, None)
                 self._probes.pop(key, None)
             else:
                 self._services[key] = service_state(obj)
+                capacity, problem = service_capacity(obj)
+                if problem and self._capacities.get(key, -1) != 0:
+                    log.warning("member annotation ignored", namespace=key[0], member=key[1],
+                                problem=problem)
+                self._capacities[key] = capacity
                 self._service_versions[key] = (obj.get("metadata") or {}).get(
                     "resourceVersion") or ""
                 self._probes[key] = service_probe(obj)
@@ -342,7 +349,8 @@ class ClusterWatcher:
         if state is None:
             return MemberObservation(member, exists=False, phase="", replicas=0, pods=pods)
         phase, replicas = state
-        return MemberObservation(member, exists=True, phase=phase, replicas=replicas, pods=pods)
+        return MemberObservation(member, exists=True, phase=phase, replicas=replicas, pods=pods,
+                                 capacity=self._capacities.get((namespace, member), 0))
 
     def _call(self, method: str, *args: Any) -> None:
         """Call the listener; a listener bug is logged, never allowed to stop the watch."""
