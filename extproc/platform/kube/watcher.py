@@ -38,7 +38,8 @@ from extproc.platform.contract import PoolListener
 from extproc.platform.kube._calls import POOLS, SERVICES, counted, custom_path
 from extproc.platform.kube.idle import IdleProbe
 from extproc.platform.kube.objects import (object_key, pod_member, pool_spec, pool_status,
-                                            service_capacity, service_probe, service_state)
+                                            service_capacity, service_carry, service_probe,
+                                            service_state)
 from extproc.platform.kube.rest import KubeClient
 from extproc.platform.kube.watchloop import CollectionWatch
 from extproc.policy.model import MemberObservation, PoolKey, PoolSpec, PoolStatus, StartHints
@@ -83,6 +84,7 @@ class ClusterWatcher:
         self._pools: dict[PoolKey, _Pool] = {}
         self._services: dict[tuple[str, str], tuple[str, int]] = {}
         self._capacities: dict[tuple[str, str], int] = {}  # pacing.py's annotation
+        self._carried: dict[tuple[str, str], str] = {}  # carry.py's annotation: the model
         self._service_versions: dict[tuple[str, str], str] = {}  # for trigger preconditions
         self._probes: dict[tuple[str, str], IdleProbe | None] = {}  # (namespace, member)
         self._pods: dict[tuple[str, str], str] = {}  # (namespace, pod) -> member ("" = none)
@@ -107,6 +109,10 @@ class ClusterWatcher:
     def idle_probe(self, key: PoolKey, member: str) -> IdleProbe | None:
         """How to ask ``member`` whether it is idle (None: no probe applies, or unknown)."""
         return self._probes.get((key.namespace, member))
+
+    def carried_model(self, key: PoolKey, member: str) -> str:
+        """The model whose prompt cache ``member`` carries over swaps ("" : none)."""
+        return self._carried.get((key.namespace, member), "")
 
     def member_replicas(self, key: PoolKey, member: str) -> tuple[int, str]:
         """(spec.replicas, resourceVersion) of ``member`` as last seen ((0, "") if unknown)."""
@@ -234,6 +240,7 @@ class ClusterWatcher:
             if deleted:
                 self._services.pop(key, None)
                 self._capacities.pop(key, None)
+                self._carried.pop(key, None)
                 self._service_versions.pop(key, None)
                 self._probes.pop(key, None)
             else:
@@ -243,6 +250,7 @@ class ClusterWatcher:
                     log.warning("member annotation ignored", namespace=key[0], member=key[1],
                                 problem=problem)
                 self._capacities[key] = capacity
+                self._carried[key] = service_carry(obj)
                 self._service_versions[key] = (obj.get("metadata") or {}).get(
                     "resourceVersion") or ""
                 self._probes[key] = service_probe(obj)
@@ -350,7 +358,8 @@ class ClusterWatcher:
             return MemberObservation(member, exists=False, phase="", replicas=0, pods=pods)
         phase, replicas = state
         return MemberObservation(member, exists=True, phase=phase, replicas=replicas, pods=pods,
-                                 capacity=self._capacities.get((namespace, member), 0))
+                                 capacity=self._capacities.get((namespace, member), 0),
+                                 carry=bool(self._carried.get((namespace, member))))
 
     def _call(self, method: str, *args: Any) -> None:
         """Call the listener; a listener bug is logged, never allowed to stop the watch."""
