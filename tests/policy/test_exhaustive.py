@@ -61,7 +61,10 @@ SCENARIOS = {
     "llmkube-cold": (lambda: root(Actuation.LLMKUBE, ""), 5),
     "follower-warm": (lambda: root(Actuation.FOLLOW, "a"), 6),
     # paced release, one request at a time: the second request waits for the first
-    "own-warm-paced": (lambda: root(Actuation.OWN, "a", capacity=1), 5),
+    "own-warm-paced": (lambda: root(Actuation.OWN, "a", capacity=1), 4),
+    # prompt-cache carry-over: saves before unloads, restores before releases
+    "own-warm-carry": (lambda: root(Actuation.OWN, "a", carry=True), 5),
+    "llmkube-warm-carry": (lambda: root(Actuation.LLMKUBE, "a", carry=True), 4),
 }
 
 
