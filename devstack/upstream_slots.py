@@ -99,6 +99,7 @@ class Slots:
         self.save_path = save_path
         self.restore_effect = restore_effect
         self._free = asyncio.Condition()
+        self._spare: list[int] = [0] if not self.bounded else []  # unbounded: idle slot ids
 
     @classmethod
     def from_env(cls, n_slots: int | None) -> "Slots":
@@ -138,16 +139,26 @@ class Slots:
         slot = self.slots[slot_id]
         async with self._free:
             slot.busy, slot.cache, slot.last_used = False, list(cache), time.monotonic()
+            if not self.bounded:
+                self._spare.append(slot_id)
             self._free.notify_all()
 
     def _pick(self, prompt: list[str], wanted: int | None) -> Slot | None:
         if wanted is not None and 0 <= wanted < len(self.slots):
             slot = self.slots[wanted]
-            return None if slot.busy else slot
+            if slot.busy:
+                return None
+            if wanted in self._spare:
+                self._spare.remove(wanted)
+            return slot
+        if not self.bounded:
+            # one slot per request at once, found in O(1): a burst of thousands (the release
+            # tests) must not cost a prefix search over every slot per request
+            if not self._spare:
+                self.slots.append(Slot(len(self.slots)))
+                return self.slots[-1]
+            return self.slots[self._spare.pop()]
         idle = [s for s in self.slots if not s.busy]
-        if not idle and not self.bounded:
-            self.slots.append(Slot(len(self.slots)))
-            return self.slots[-1]
         if not idle:
             return None
         # the longest shared prefix wins; among none, the least recently used slot
