@@ -81,9 +81,11 @@ def carrying(m: PoolReader, member: str) -> bool:
     (a request landing on it would keep its slot busy, and a drained incumbent must stay so
     until it is unloaded)."""
     swap = m.swap
-    return swap is not None and m.carry.swap_started == swap.started \
-        and ((member, RESTORE) in m.carry.waiting or (member, SAVE) in m.carry.waiting
-             or (member, SAVE) in m.carry.finished)
+    if swap is None or m.carry.swap_started != swap.started:
+        return False
+    book = m.carry
+    return (member, RESTORE) in book.waiting or (member, SAVE) in book.waiting \
+        or (member, SAVE) in book.finished
 
 
 def save_due(ready: Guard) -> Guard:
@@ -103,7 +105,7 @@ def restore_due(ready: Guard) -> Guard:
 def unless_carrying(guard: Guard) -> Guard:
     """``guard``, once no step of this swap is still waited for (answered or timed out)."""
     def wrapped(m: PoolReader, now: float) -> bool:
-        return guard(m, now) and not m.carry.of(_started(m)).waiting
+        return guard(m, now) and not m.carry.waiting_in(_started(m))
     return wrapped
 
 
@@ -140,14 +142,12 @@ def _ask(m: PoolWriter, member: str, step: str, now: float, needed: float, out: 
 
 def overdue(m: PoolReader, now: float) -> bool:
     """Guard: a step of this swap was not answered in time."""
-    book = m.carry.of(_started(m))
-    return any(until <= now for until in book.waiting.values())
+    return any(until <= now for until in m.carry.waiting_in(_started(m)).values())
 
 
 def give_up(m: PoolWriter, now: float, out: Out) -> None:
     """The swap goes on without the late steps (their answers are ignored when they come)."""
-    book = m.carry.of(_started(m))
-    for (member, step), until in list(book.waiting.items()):
+    for (member, step), until in list(m.carry.waiting_in(_started(m)).items()):
         if until <= now:
             m.carry.finish(member, step)
             out.append(_failed(m, member, step, f"no answer within "
@@ -156,7 +156,7 @@ def give_up(m: PoolWriter, now: float, out: Out) -> None:
 
 def answered(m: PoolWriter, event: CarryAnswered, out: Out) -> None:
     """The runtime's answer: the waiting stage may go on; a failure is said."""
-    if m.swap is None or m.carry.of(m.swap.started) is not m.carry \
+    if m.swap is None or m.carry.swap_started != m.swap.started \
             or not m.carry.finish(event.member, event.step):
         return  # late (given up, or the swap ended): it changes nothing now
     if event.ok:
@@ -171,8 +171,7 @@ def answered(m: PoolWriter, event: CarryAnswered, out: Out) -> None:
 
 def deadlines(m: PoolReader) -> list[float]:
     """When waited-for steps time out (for the machine's timer)."""
-    return list(m.carry.waiting.values()) if m.swap is not None \
-        and m.carry.swap_started == m.swap.started else []
+    return list(m.carry.waiting_in(m.swap.started).values()) if m.swap is not None else []
 
 
 def _failed(m: PoolReader, member: str, step: str, why: str) -> Notice:

@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+_NONE: dict[tuple[str, str], float] = {}  # (read only: what a swap without steps waits for)
+
+
 @dataclass(slots=True)
 class CarryBook:
     """Steps asked in the swap under way: (member, step) -> until when the swap waits."""
@@ -24,6 +27,10 @@ class CarryBook:
         """This record if it belongs to the swap started at ``started``, else one with no
         steps (read only: the next ``ask`` starts the new swap's record)."""
         return self if self.swap_started == started else CarryBook(started, saved=self.saved)
+
+    def waiting_in(self, started: float) -> dict[tuple[str, str], float]:
+        """The steps the swap started at ``started`` waits for (none if it is not this one's)."""
+        return self.waiting if self.swap_started == started else _NONE
 
     def ask(self, started: float, member: str, step: str, until: float) -> None:
         """The swap started at ``started`` waits for ``member``'s ``step`` until ``until``."""

@@ -78,10 +78,11 @@ def release(m: PoolWriter, member: str, now: float, out: list[Command]) -> int:
 
 def _paced_waiting(m: PoolReader, now: float) -> list[str]:
     """Paced members with held requests that may pass now (a swap under way elsewhere may
-    still hold its incumbent's for fairness)."""
-    members = dict.fromkeys(h.member for h in m.requests.held.values())
-    return [name for name in members if capacity(m, name)
-            and not fairness.holds(m, name, now) and releasable(m, name)]
+    still hold its incumbent's for fairness). O(members): it runs after every event."""
+    if not m.limits.paced_release:
+        return []
+    return [name for name in m.requests.held_by if capacity(m, name) and m.routable(name)
+            and room(m, name) > 0 and not fairness.holds(m, name, now)]
 
 
 def room_freed(m: PoolReader, now: float) -> bool:

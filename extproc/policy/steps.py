@@ -51,7 +51,7 @@ def held_for_serving(m: PoolReader, now: float) -> bool:
     # Normally none: a swap's completion releases its own. They appear when a spec change
     # cancels a swap while requests for the incumbent were held by fairness.
     # (A paced member's beyond its room wait for pacing.py's edge.)
-    return any(pacing.releasable(m, name) for name in set(m.requests.held_by))
+    return any(m.routable(name) and pacing.room(m, name) > 0 for name in m.requests.held_by)
 
 
 def release_serving(m: PoolWriter, now: float, out: Out) -> None:
