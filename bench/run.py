@@ -6,8 +6,8 @@ on this machine, 4 of them part 5. Part 2 runs the same swaps in both actuation 
 llmkube; part 5 runs 3 ext_proc replicas side by side with 1. ``python -m bench.run --only
 llmkube`` runs just part 2's llmkube half, ``--only ha`` just part 5, and merges it into the
 last run's bench/results.json (the other parts keep their figures). Part 6 (hand-offs per
-request for each way of running the service) runs only alone, ``--only handoffs``; a full run
-keeps its last figures.
+request for each way of running the service) runs only alone, ``--only handoffs``, and so does
+part 7 (warm swaps, ``--only warm``); a full run keeps their last figures.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import ha, handoffs, held, hotpath, machine, overhead, report, swap, tools
+from . import ha, handoffs, held, hotpath, machine, overhead, report, swap, tools, warm
 
 # Part 1: seconds per wrk run, after a warm-up of its own.
 WRK_SECONDS, WRK_WARMUP = 10, 3
@@ -70,10 +70,12 @@ def _finish(results: dict, work: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Run everything (or ``--only llmkube|ha``) in a scratch directory (kept on failure)."""
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
-    parser.add_argument("--only", choices=("llmkube", "ha", "handoffs"),
+    parser.add_argument("--only", choices=("llmkube", "ha", "handoffs", "warm"),
                         help="run only this part and merge it into bench/results.json "
                         "(handoffs: part 6, context switches and CPU per request for each "
-                        "way of running the service, about 5 minutes; not in the full run)")
+                        "way of running the service, about 5 minutes; not in the full run; "
+                        "warm: part 7, prompt-cache carry-over and paced release, about 2 "
+                        "minutes, not in the full run)")
     only = parser.parse_args(argv).only
     began = time.monotonic()
     versions = tools.ensure_tools()
@@ -81,7 +83,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"bench: working in {work}", flush=True)
     if only is not None:
         results = json.loads(report.RESULTS.read_text(encoding="utf-8"))
-        if only == "handoffs":
+        if only == "warm":
+            print("bench: 7 warm swaps, carry-over and paced release", flush=True)
+            results["warm"] = _stamped(warm.run(work / "warm"), began, versions)
+        elif only == "handoffs":
             print("bench: 6 hand-offs per request, variants side by side", flush=True)
             results["handoffs"] = _stamped(handoffs.run(work / "handoffs"), began, versions)
         elif only == "llmkube":
@@ -114,9 +119,10 @@ def main(argv: list[str] | None = None) -> None:
     results["elapsed_s"] = round(time.monotonic() - began, 1)
     if report.RESULTS.exists():
         # part 6 runs only alone: a full run keeps its last figures
-        last = json.loads(report.RESULTS.read_text(encoding="utf-8")).get("handoffs")
-        if last is not None:
-            results["handoffs"] = last
+        last = json.loads(report.RESULTS.read_text(encoding="utf-8"))
+        for part in ("handoffs", "warm"):
+            if last.get(part) is not None:
+                results[part] = last[part]
     _finish(results, work)
 
 

@@ -8,8 +8,9 @@ the local stack can never answer and a lost replica's requests would only be set
 member's own server (``devstack.upstream``, which serves llama.cpp's ``/slots``) and passing
 its answer through unchanged; a member it cannot reach is answered 502 (the probe then says
 "cannot tell" and the swap waits, as on a cluster). ``GET /asked`` counts the probes per
-member. Point the service at it with
-``--idle-probe-url http://127.0.0.1:<port>/{namespace}/{member}/slots``.
+member. ``POST /{namespace}/{member}/slots/{id}?action=save|restore|erase`` passes llama.cpp's
+slot save and restore through the same way (prompt-cache carry-over). Point the service at it
+with ``--idle-probe-url http://127.0.0.1:<port>/{namespace}/{member}/slots``.
 
 It is also an HTTP proxy for the one name LLMKube's reconciler dials,
 ``http://<member>.<namespace>.svc.cluster.local:<port>/slots`` (the LLMKube stand-in's
@@ -46,6 +47,23 @@ CLUSTER_DOMAIN = ".svc.cluster.local"
 async def _slots(request: web.Request) -> web.Response:
     key = f"{request.match_info['namespace']}/{request.match_info['member']}"
     return await _forward(request, key)
+
+
+async def _slot_action(request: web.Request) -> web.Response:
+    """``POST /{namespace}/{member}/slots/{id}?action=...``: llama.cpp's slot save/restore."""
+    key = f"{request.match_info['namespace']}/{request.match_info['member']}"
+    port = request.app[_MEMBERS].get(key)
+    if port is None:
+        return web.Response(status=404, text=f"no member {key}\n")
+    url = f"http://{LOCALHOST}:{port}/slots/{request.match_info['slot']}?{request.query_string}"
+    try:
+        async with request.app[_SESSION].post(url, data=await request.read(),
+                                              headers={"content-type": "application/json"},
+                                              timeout=aiohttp.ClientTimeout(total=30)) as resp:
+            return web.Response(status=resp.status, body=await resp.read(),
+                                content_type=resp.content_type)
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        return web.Response(status=502, text=f"{key}: {exc!r}\n")
 
 
 async def _proxied_slots(request: web.Request) -> web.Response:
@@ -86,6 +104,7 @@ class ProbeRouter:
         self.app[_ASKED] = {}
         self.app[_HOSTS] = {}
         self.app.router.add_get("/{namespace}/{member}/slots", _slots)
+        self.app.router.add_post("/{namespace}/{member}/slots/{slot}", _slot_action)
         self.app.router.add_get("/slots", _proxied_slots)
         self.app.router.add_get("/asked", _asked)
         self.app.router.add_get("/asked-hosts", _asked_hosts)

@@ -10,6 +10,7 @@ still a process of its own (fault tests SIGKILL it); the next standby is started
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import aiohttp
 
 from devstack.procs import LOCALHOST, PROJECT_ROOT, ManagedProcess, port_is_free
+from devstack.upstream_slots import SLOT_SAVE_PATH_ENV
 
 START_TIMEOUT = 15.0
 STOP_GRACE = 2.0
@@ -27,10 +29,16 @@ def _command(member: str, port: int, standby: bool, host: str) -> list[str]:
             "--port", str(port), *(["--standby"] if standby else [])]
 
 
+def _env(log_dir: Path) -> dict[str, str]:
+    """The members' environment: llama.cpp's ``--slot-save-path`` on a directory that outlives
+    every pod (the stack's), unless the caller's environment names one."""
+    return {SLOT_SAVE_PATH_ENV: str(log_dir / "slot-save"), **os.environ}
+
+
 def start_standby(member: str, port: int, log_dir: Path, host: str = LOCALHOST) -> ManagedProcess:
     """A member's next server process, started now, serving only once ``UpstreamServer`` says."""
     return ManagedProcess(_command(member, port, True, host), log_dir / f"upstream-{member}.log",
-                          cwd=PROJECT_ROOT, stdin_pipe=True).start()
+                          env=_env(log_dir), cwd=PROJECT_ROOT, stdin_pipe=True).start()
 
 
 class UpstreamServer:
@@ -43,7 +51,7 @@ class UpstreamServer:
         self._standby = standby is not None and standby.running
         self.process = standby if standby is not None and self._standby else ManagedProcess(
             _command(member, port, False, host), log_dir / f"upstream-{member}.log",
-            cwd=PROJECT_ROOT)
+            env=_env(log_dir), cwd=PROJECT_ROOT)
 
     @property
     def url(self) -> str:

@@ -209,6 +209,17 @@ class Settings:
                                   "write (doubling for each new spell, up to 16x); at once "
                                   "with the annotation modelpool.inference.llmkube.dev/resume",
                                   group="swap", metavar="DURATION")
+    paced_release: bool = _opt(False, "release a member's held requests up to its capacity (its "
+                               "annotation modelpool.inference.llmkube.dev/capacity, else the "
+                               "slot count llama.cpp's /slots reports), the rest as earlier "
+                               "ones end; the same limit in steady state (off: all at once)",
+                               group="swap")
+    carry_timeout: float = _opt(10.0, "a swap waits this long at most for a member's slot save "
+                                "(before it unloads) or restore (before its held requests "
+                                "pass) under prompt-cache carry-over (annotation "
+                                "modelpool.inference.llmkube.dev/carry-prompt-cache); past "
+                                "it the swap goes on without it", group="swap",
+                                metavar="DURATION")
     park_margin: float = _opt(5.0, "extra time asked of Envoy (override_message_timeout) beyond "
                               "a held request's budget, so our own 503 arrives before Envoy's",
                               group="swap", metavar="DURATION")
@@ -288,7 +299,7 @@ class Settings:
 
 
 
-_DURATION_FIELDS = {"shutdown_grace", "swap_budget", "fairness_window", "drain_linger",
+_DURATION_FIELDS = {"shutdown_grace", "carry_timeout", "swap_budget", "fairness_window", "drain_linger",
                     "swap_timeout", "failure_backoff", "idle_probe_timeout", "probe_retry",
                     "park_margin", "stall_after", "activation_grace", "hands_off_quiet", "idle_report", "watch_timeout",
                     "api_retry_initial", "api_retry_max", "route_check_interval",

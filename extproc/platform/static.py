@@ -28,7 +28,7 @@ import yaml
 from ..policy.events import Notice
 from ..policy.model import MemberObservation, PoolKey, PoolSpec, PoolView, StartHints
 from ..settings import ConfigError, Settings, parse_duration
-from .contract import PoolListener
+from .contract import CarryResult, PoolListener
 
 
 #: Each member's pods as ``ip:port``, per pool (what a pools file's ``endpoints`` say).
@@ -159,6 +159,10 @@ class StaticPlatform:
     async def probe_idle(self, key: PoolKey, member: str) -> bool | None:
         """Static members are never asked; report idle."""
         return True
+
+    async def carry_slots(self, key: PoolKey, member: str, step: str) -> CarryResult:
+        """Static members have no slot API this service knows of: nothing is carried."""
+        return CarryResult(False, "a pools file's members carry no prompt cache")
 
     def publish(self, view: PoolView) -> None:
         """No status to keep: /debug/pools reads the drivers' views."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from . import modes, replicas
+from . import modes, pacing, replicas
 from .events import Reject
 from .model import Actuation
 from .pool import PoolReader
@@ -107,6 +107,9 @@ def budget_exceeded(m: PoolReader, rid: int, held: Held) -> Reject:
 def _swap_state(m: PoolReader, member: str) -> str:
     """What a request refused at its budget is told of the swap: only what is true."""
     swap = m.swap
+    if pacing.capacity(m, member) and m.routable(member):
+        return (f"it serves, at its capacity of {pacing.capacity(m, member)} requests at once "
+                "(paced release); retry after Retry-After")
     if swap is None:
         return "no swap is under way for it now; retry after Retry-After"
     if swap.stalled:

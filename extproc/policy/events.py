@@ -103,6 +103,17 @@ class DrainAnnounced:
 
 
 @dataclass(frozen=True, slots=True)
+class CarryAnswered:
+    """The runtime carried out ``CarrySlots`` for ``member``: ``step`` ("save" or "restore")
+    took effect (``ok``), or it failed, with what it found (``detail``)."""
+
+    member: str
+    step: str
+    ok: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """Time passed; deadlines up to now are due."""
 
@@ -121,7 +132,7 @@ class Close:
 
 Event = (RequestArrived | RequestEnded | MemberObserved | SpecChanged | IdleProbed | StatusObserved
          | ActuationChanged | AdmissionLease | LeadershipChanged | PeersObserved | DrainAnnounced
-         | Tick | Close)
+         | CarryAnswered | Tick | Close)
 
 # ---- commands ---------------------------------------------------------------------------
 
@@ -190,12 +201,21 @@ class ProbeIdle:
 
 
 @dataclass(frozen=True, slots=True)
+class CarrySlots:
+    """Save (``step`` "save") or restore (``step`` "restore") the prompt cache of
+    ``member``'s llama.cpp slots (policy/carry.py); answer with ``CarryAnswered``."""
+
+    member: str
+    step: str
+
+
+@dataclass(frozen=True, slots=True)
 class Notice:
     """Something operators should hear about (an Event, a log line, a metric).
 
     kind is one of SwapStarted, SwapCompleted, SwapFailed, SwapDeferred, MemberLost,
     ActuationChanged, SwapCancelled, Reclaimed, UnsupportedSwapPolicy, SwapStalled,
-    SwapResumed, ActivationLost.
+    SwapResumed, ActivationLost, PromptCacheCarried, PromptCacheCarryFailed.
     """
 
     kind: str
@@ -206,11 +226,11 @@ class Notice:
     released: int = 0
 
 
-Command = Admit | Hold | Reject | Dropped | Scale | Trigger | ProbeIdle | Notice
+Command = Admit | Hold | Reject | Dropped | Scale | Trigger | ProbeIdle | CarrySlots | Notice
 
 # Notice kinds that mean something is wrong for the pool's users: Warning Events and logs.
 WARNING_NOTICES = ("SwapFailed", "MemberLost", "SwapStalled", "UnsupportedSwapPolicy",
-                   "ActivationLost")
+                   "ActivationLost", "PromptCacheCarryFailed")
 
 
 def is_warning(notice: Notice) -> bool:

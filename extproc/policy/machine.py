@@ -57,11 +57,11 @@ import math
 from dataclasses import replace
 from operator import attrgetter
 
-from . import admission, deadlines, fairness, modes, replicas, snapshot, watchdog
-from .events import (ActuationChanged, AdmissionLease, Admit, Close, Command, DrainAnnounced,
-                     Dropped, Event, Hold, IdleProbed, LeadershipChanged, MemberObserved,
-                     Notice, PeersObserved, Reject, RequestArrived, RequestEnded, Scale,
-                     SpecChanged, StatusObserved, Tick)
+from . import admission, carry, deadlines, fairness, modes, pacing, replicas, snapshot, watchdog
+from .events import (ActuationChanged, AdmissionLease, Admit, CarryAnswered, Close, Command,
+                     DrainAnnounced, Dropped, Event, Hold, IdleProbed, LeadershipChanged,
+                     MemberObserved, Notice, PeersObserved, Reject, RequestArrived,
+                     RequestEnded, Scale, SpecChanged, StatusObserved, Tick)
 from .forecast import SwapHistory
 from .model import Actuation, MemberObservation, PoolSpec, PoolStatus, PoolView, StartHints
 from .reclaim import PolicyMemory, report_policy, track_idle
@@ -89,6 +89,7 @@ class PoolMachine:
         self.policy_memory = PolicyMemory(resident_since=now)
         self.requests = RequestBook()
         self.history = SwapHistory(limits.retry_after_default, limits.retry_after_max)
+        self.carry = carry.CarryBook()  # (carry.py: the slot saves and restores waited for)
         self.status = PoolStatus()  # the pool's .status as last observed (the rest: only here)
         self.obs: dict[str, MemberObservation] = {}
         self.resident = ""
@@ -150,7 +151,7 @@ class PoolMachine:
             case RequestArrived(rid, member) if member in self.spec.members \
                     and not self.requests.knows(rid):
                 self.now = now
-                if not self.routable(member):
+                if not self.routable(member) or not pacing.admits(self, member):
                     return None
                 self.owner_picked = True
                 self.requests.arrived(member, now, self.limits.drain_linger)
@@ -216,6 +217,8 @@ class PoolMachine:
                     self.requests.unhold(rid)
                     out.append(Reject(rid, 503, code, message, self.retry_after(),
                                       now - held.arrived))
+            case CarryAnswered():
+                carry.answered(self, event, out)
             case Tick():
                 pass
             case _:
@@ -244,7 +247,8 @@ class PoolMachine:
         self.owner_picked = True
         # A return within the drain linger's cap is what makes an adaptive linger worth it.
         self.requests.arrived(member, now, self.limits.drain_linger)
-        if self.routable(member) and not fairness.holds(self, member, now):
+        if self.routable(member) and not fairness.holds(self, member, now) \
+                and pacing.admits(self, member):
             self.admit(rid, member, 0.0, out)
             return
         refusal = admission.refusal(self, self.hands, rid, member, max_wait)
@@ -382,7 +386,8 @@ class PoolMachine:
         obs = self.obs.get(member)  # (llmkube mode: the status may name it before it is seen)
         if self.actuation is Actuation.HANDS_OFF:
             return obs is not None and obs.ready  # not ours to decide: the cluster's word
-        if not member or member != self.resident or obs is None or not obs.ready:
+        if not member or member != self.resident or obs is None or not obs.ready \
+                or carry.carrying(self, member):
             return False
         if self.actuation is Actuation.FOLLOW:
             return replicas.follower_admits(self, member)

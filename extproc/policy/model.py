@@ -131,6 +131,10 @@ class MemberObservation:
     phase: str = ""
     replicas: int = 0
     pods: int = 0  # pods that exist, terminating ones included: they still hold GPU memory
+    # requests it takes at once under paced release (pacing.py; 0: not known, unpaced)
+    capacity: int = 0
+    # its llama.cpp slots are saved before it unloads and restored when it loads (carry.py)
+    carry: bool = False
 
     @property
     def ready(self) -> bool:

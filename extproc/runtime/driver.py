@@ -24,9 +24,9 @@ from typing import Any
 from .. import metrics
 from ..logs import get_logger
 from ..platform.contract import Platform
-from ..platform.contract import PoolLoad
-from ..policy.events import (WARNING_NOTICES, AdmissionLease, Admit, Close, Command,
-                             DrainAnnounced, Dropped, Event, Hold, IdleProbed,
+from ..platform.contract import CarryResult, PoolLoad
+from ..policy.events import (WARNING_NOTICES, AdmissionLease, Admit, CarryAnswered, CarrySlots,
+                             Close, Command, DrainAnnounced, Dropped, Event, Hold, IdleProbed,
                              LeadershipChanged, MemberObserved, Notice, PeersObserved,
                              ProbeIdle, Reject, RequestArrived, RequestEnded, Scale,
                              SpecChanged, StatusObserved, Tick, Trigger)
@@ -222,6 +222,8 @@ class PoolDriver:
                 self._scaler.trigger(member)
             case ProbeIdle(member):
                 self._spawn(self._probe(member))
+            case CarrySlots(member, step):
+                self._spawn(self._carry(member, step))
             case Notice():
                 self._on_notice(cmd)
 
@@ -362,3 +364,22 @@ class PoolDriver:
                         member=member, error=f"{type(exc).__name__}: {exc}")
             idle = None
         self._feed(IdleProbed(member, idle))
+
+    async def _carry(self, member: str, step: str) -> None:
+        """Save or restore ``member``'s slots, within the time the swap waits for it."""
+        where = dict(namespace=self.key.namespace, pool=self.key.name, member=member)
+        timeout = self._machine.limits.carry_timeout
+        try:
+            result = await asyncio.wait_for(
+                self._platform.carry_slots(self.key, member, step), timeout)
+        except asyncio.CancelledError:
+            raise
+        except asyncio.TimeoutError:
+            result = CarryResult(False, f"no answer within {timeout:g}s")
+        except Exception as exc:
+            result = CarryResult(False, f"{type(exc).__name__}: {exc}")
+        metrics.prompt_cache_carried(*self._labels, member, step, result.ok, result.tokens)
+        (log.info if result.ok else log.warning)(
+            f"prompt cache {step} {'done' if result.ok else 'failed'}", **where, step=step,
+            detail=result.detail, tokens=result.tokens, slots=result.slots)
+        self._feed(CarryAnswered(member, step, result.ok, result.detail))

@@ -59,7 +59,8 @@ def limits_from(settings: Settings) -> Limits:
                   idle_report=settings.idle_report, lost_replica_wait=settings.lost_replica_wait,
                   activation_grace=settings.activation_grace,
                   activation_retries=settings.activation_retries,
-                  hands_off_quiet=settings.hands_off_quiet)
+                  hands_off_quiet=settings.hands_off_quiet,
+                  paced_release=settings.paced_release, carry_timeout=settings.carry_timeout)
 
 
 class Hub:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from extproc.platform.kube.objects import pod_member, pool_spec, service_state
+from extproc.platform.kube.objects import (pod_member, pool_spec, service_capacity,
+                                           service_state)
 from extproc.policy.model import PoolKey
 from extproc.settings import Settings
 
@@ -86,6 +87,17 @@ def test_service_state_defaults_replicas_to_one() -> None:
     assert service_state({"spec": {}}) == ("", 1)
     assert service_state({"spec": {"replicas": 0}, "status": {"phase": "Stopped"}}) == (
         "Stopped", 0)
+
+
+def test_service_capacity_from_its_annotation() -> None:
+    def isvc(value: str) -> dict:
+        return {"metadata": {"annotations": {
+            "modelpool.inference.llmkube.dev/capacity": value}}}
+    assert service_capacity({}) == (0, "")
+    assert service_capacity(isvc(" 4 ")) == (4, "")
+    for bad in ("0", "-2", "four"):
+        value, problem = service_capacity(isvc(bad))
+        assert value == 0 and "is not a count" in problem and repr(bad) in problem
 
 
 def test_reclaim_policy_and_reclaim_after_are_read() -> None:

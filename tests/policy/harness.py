@@ -16,9 +16,10 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from cluster_model import Cluster, IdleGate
-from extproc.policy.events import (Admit, Command, Event, Hold, IdleProbed, MemberObserved,
-                                   Notice, ProbeIdle, Reject, RequestArrived, RequestEnded,
-                                   Scale, StatusObserved, Tick)
+from extproc.policy.events import (Admit, CarryAnswered, CarrySlots, Command, Event, Hold,
+                                   IdleProbed, MemberObserved, Notice, ProbeIdle, Reject,
+                                   RequestArrived, RequestEnded, Scale, StatusObserved, Tick)
+from extproc.policy import pacing
 from extproc.policy.machine import Limits, PoolMachine
 from extproc.policy.model import (Actuation, MemberObservation, PoolKey, PoolSpec, PoolStatus,
                                   StartHints)
@@ -95,6 +96,9 @@ class Driver:
     pending_hint: str = ""
     reuse_rids: bool = False  # hand the machine the smallest free id, as a runtime may
     watch_latency: float = 0.0  # the watch reports each cluster change this much later
+    # the slot saves and restores (carry.py): answered this much later, ok or not (None: never)
+    carry_delay: float = 0.0
+    carry_ok: bool | None = True
     machine: PoolMachine = field(init=False)
     requests: dict[int, Request] = field(default_factory=dict)
     log: list[tuple[float, Command]] = field(default_factory=list)
@@ -233,6 +237,13 @@ class Driver:
                 answer = self.gate.answer(member)
                 self.at(self.now + self.gate.delay,
                         lambda: self.feed(IdleProbed(member, answer)))
+            case CarrySlots(member, step):
+                # the member's runtime must still be up: saved before its Scale(0), restored
+                # once Ready
+                assert self.machine.obs[member].ready, (command, self.machine.obs[member])
+                if self.carry_ok is not None:
+                    answer = CarryAnswered(member, step, self.carry_ok, "by the test")
+                    self.at(self.now + self.carry_delay, lambda: self.feed(answer))
             case Notice():
                 pass
 
@@ -259,6 +270,14 @@ class Driver:
         late = [r.wire for r in self.requests.values() if r.state == "held"
                 and r.deadline <= self.now]
         assert not late, f"requests {late} still held at {self.now}, past their deadline"
+        # Paced release: never more in flight than a member takes, and never a held request
+        # left waiting while its serving member has room for it (work-conserving).
+        m = self.machine
+        for name in m.spec.members:
+            cap = pacing.capacity(m, name)
+            assert not cap or m.requests.busy(name) <= cap, \
+                f"{m.requests.busy(name)} in flight on {name}, capacity {cap}"
+        assert not pacing.room_freed(m, self.now), f"held with room free: {m.held}"
 
     def _req(self, wire: int) -> Request:
         return self.requests[self._live[wire]]

@@ -10,6 +10,8 @@ from typing import Any
 from extproc.platform.kube.idle import IdleProbe, choose_probe
 from extproc.policy.model import PoolKey, PoolSpec, PoolStatus
 from extproc.policy.modes import RESUME_ANNOTATION  # a new value ends a hands-off spell
+from extproc.policy.carry import CARRY_ANNOTATION
+from extproc.policy.pacing import CAPACITY_ANNOTATION
 from extproc.settings import Settings, parse_duration
 
 SERVICE_LABEL = "inference.llmkube.dev/service"
@@ -76,6 +78,32 @@ def service_state(isvc: dict[str, Any]) -> tuple[str, int]:
     replicas = (isvc.get("spec") or {}).get("replicas")
     phase = (isvc.get("status") or {}).get("phase") or ""
     return phase, 1 if replicas is None else int(replicas)
+
+
+def service_capacity(isvc: dict[str, Any]) -> tuple[int, str]:
+    """(capacity, problem) from the paced-release annotation: 0 when absent or invalid."""
+    raw = ((isvc.get("metadata") or {}).get("annotations") or {}).get(CAPACITY_ANNOTATION)
+    if raw is None or not str(raw).strip():
+        return 0, ""
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        value = 0
+    if value < 1:
+        return 0, f"{CAPACITY_ANNOTATION} {raw!r} is not a count (1 or more); ignored"
+    return value, ""
+
+
+def service_carry(isvc: dict[str, Any]) -> str:
+    """The model whose prompt cache the member carries over swaps ("" : it carries none):
+    its ``spec.modelRef``, else its own name, when the carry annotation says "true"."""
+    meta = isvc.get("metadata") or {}
+    if str((meta.get("annotations") or {}).get(CARRY_ANNOTATION, "")).strip().lower() != "true":
+        return ""
+    model = (isvc.get("spec") or {}).get("modelRef")
+    if isinstance(model, dict):  # (a reference object in some LLMKube versions)
+        model = model.get("name")
+    return str(model or meta.get("name") or "member")
 
 
 def service_probe(isvc: dict[str, Any]) -> IdleProbe | None:
