@@ -381,3 +381,8 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    # Stopped, its connections closed: the interpreter's own teardown (~0.1 s, 8 ms without)
+    # would only lengthen every simulated unload past its configured delay.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from cluster_model import FAILS, LOADS, Cluster
 from extproc.policy.events import (Admit, CarryAnswered, CarrySlots, Hold, MemberObserved,
-                                   Notice, Reject, RequestArrived, RequestEnded, Scale,
+                                   Notice, RequestArrived, RequestEnded, Scale,
                                    StatusObserved, Tick, Trigger)
 from extproc.policy.machine import PoolMachine
 from extproc.policy.model import Actuation, MemberObservation, PoolSpec, PoolStatus
