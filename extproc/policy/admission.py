@@ -4,6 +4,8 @@ A request that is not admitted at once is held, unless it is answered 503 + Retr
 this replica may not admit (its admission Lease ran out), its member failed to load or cannot
 be loaded (a blocked llmkube pool), the pool is Degraded, closing or hands-off, the client's
 own deadline is shorter than the expected wait, or the pool holds as many requests as it may.
+An IfIdle request that would displace a busy incumbent is answered too, or sent to its
+member's fallback (``ifidle.py``).
 A request refused for its deadline still leaves a *wish* for its member (``Refusal.wish``;
 ``PoolMachine.wishes``), so the swap starts and the retry is served warm; one refused by the
 bound does not (the bound sheds load, it must not add swaps). A held request whose swap
@@ -19,8 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from . import modes, replicas
-from .events import Reject
+from . import ifidle, modes, replicas
+from .events import Divert, Reject
 from .model import Actuation
 from .pool import PoolReader
 from .requests import Held
@@ -31,7 +33,7 @@ from .steps_llmkube import blocked_reject, blocker
 class Refusal:
     """A request answered at once, and whether its member is wished for all the same."""
 
-    reject: Reject
+    answer: Reject | Divert
     wish: bool = False  # the swap starts anyway: the retry finds it warm
 
 
@@ -54,7 +56,7 @@ def held_bound(m: PoolReader) -> int:
 
 
 def refusal(m: PoolReader, hands: modes.Hands, rid: int, member: str,
-            max_wait: float) -> Refusal | None:
+            max_wait: float, activation: str = "") -> Refusal | None:
     """The answer for a request that is not admitted at once, if it must not be held."""
     now = m.now
     if now >= m.admit_until:
@@ -76,6 +78,9 @@ def refusal(m: PoolReader, hands: modes.Hands, rid: int, member: str,
         return Refusal(Reject(rid, 503, *m.closing, m.retry_after()))
     if m.actuation is Actuation.HANDS_OFF:
         return Refusal(modes.conflict_reject(m, hands, rid, 0.0))
+    busy = ifidle.refusal(m, rid, member, activation, m.history.clamp(expected_wait(m, member)))
+    if busy is not None:
+        return Refusal(busy)
     return _cannot_wait(m, rid, member, max_wait)
 
 

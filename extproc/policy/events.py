@@ -23,6 +23,7 @@ class RequestArrived:
     rid: int
     member: str
     max_wait: float = math.inf  # the client's own deadline (header x-modelpool-max-wait)
+    activation: str = ""  # Wait or IfIdle (header x-modelpool-activation); "": the pool's
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +159,17 @@ class Reject:
 
 
 @dataclass(frozen=True, slots=True)
+class Divert:
+    """Send request ``rid`` for ``member`` to the pool's fallback ``to`` (a routing value)
+    instead: it is decided, and not counted in flight on any member."""
+
+    rid: int
+    member: str
+    to: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Dropped:
     """A held request's client left before it was decided; it is forgotten (count it)."""
 
@@ -206,7 +218,7 @@ class Notice:
     released: int = 0
 
 
-Command = Admit | Hold | Reject | Dropped | Scale | Trigger | ProbeIdle | Notice
+Command = Admit | Hold | Reject | Divert | Dropped | Scale | Trigger | ProbeIdle | Notice
 
 # Notice kinds that mean something is wrong for the pool's users: Warning Events and logs.
 WARNING_NOTICES = ("SwapFailed", "MemberLost", "SwapStalled", "UnsupportedSwapPolicy",

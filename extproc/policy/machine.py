@@ -185,8 +185,8 @@ class PoolMachine:
         for member in [w for w in self.wishes if self.routable(w)]:
             del self.wishes[member]  # served already (adopted, or a swap a request drove)
         match event:
-            case RequestArrived(rid, member, max_wait):
-                self._arrive(rid, member, max_wait, now, out)
+            case RequestArrived(rid, member, max_wait, activation):
+                self._arrive(rid, member, max_wait, activation, now, out)
             case RequestEnded(rid):
                 held = self.requests.end(rid, now)
                 if held is not None:
@@ -235,7 +235,7 @@ class PoolMachine:
         report_policy(self.policy_memory, self, out)
         return out
 
-    def _arrive(self, rid: int, member: str, max_wait: float, now: float,
+    def _arrive(self, rid: int, member: str, max_wait: float, activation: str, now: float,
                 out: list[Command]) -> None:
         if member not in self.spec.members:
             raise PolicyError(f"{member!r} is not a member of pool {self.spec.key}")
@@ -247,11 +247,11 @@ class PoolMachine:
         if self.routable(member) and not fairness.holds(self, member, now):
             self.admit(rid, member, 0.0, out)
             return
-        refusal = admission.refusal(self, self.hands, rid, member, max_wait)
+        refusal = admission.refusal(self, self.hands, rid, member, max_wait, activation)
         if refusal is not None:
             if refusal.wish:
                 self.wishes[member] = None
-            out.append(refusal.reject)
+            out.append(refusal.answer)
             return
         coalesced = self.swap is not None and self.swap.target == member
         deadline = now + self.spec.swap_budget

@@ -63,6 +63,12 @@ class PoolSpec:
     max_held: int | None = None
     # annotation modelpool.inference.llmkube.dev/resume: a new value ends a hands-off spell now
     resume: str = ""
+    # annotation modelpool.inference.llmkube.dev/activation: Wait (hold, swap) or IfIdle
+    # (never swap behind a busy incumbent; ifidle.py), for requests that name neither
+    activation: str = "Wait"
+    # annotation modelpool.inference.llmkube.dev/fallbacks: member -> the routing value of
+    # the backend an IfIdle request for it goes to when the incumbent is busy
+    fallbacks: dict[str, str] = field(default_factory=dict)
 
 
 class Actuation(str, Enum):

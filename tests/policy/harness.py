@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from cluster_model import Cluster, IdleGate
-from extproc.policy.events import (Admit, Command, Event, Hold, IdleProbed, MemberObserved,
+from extproc.policy.events import (Admit, Command, Divert, Event, Hold, IdleProbed, MemberObserved,
                                    Notice, ProbeIdle, Reject, RequestArrived, RequestEnded,
                                    Scale, StatusObserved, Tick)
 from extproc.policy.machine import Limits, PoolMachine
@@ -67,7 +67,8 @@ class Request:
     duration: float
     abandon_at: float = math.inf
     max_wait: float = math.inf  # the client's own deadline (x-modelpool-max-wait)
-    state: str = "new"  # new | held | admitted | rejected | abandoned | done
+    activation: str = ""  # Wait | IfIdle (x-modelpool-activation); "": the pool's
+    state: str = "new"  # new | held | admitted | rejected | diverted | abandoned | done
     deadline: float = math.inf
     held: bool = False
     coalesced: bool = False
@@ -122,11 +123,12 @@ class Driver:
         heapq.heappush(self._queue, (when, next(self._seq), action))
 
     def request(self, member: str, at: float | None = None, duration: float = 2.0,
-                abandon_after: float = math.inf, max_wait: float = math.inf) -> int:
+                abandon_after: float = math.inf, max_wait: float = math.inf,
+                activation: str = "") -> int:
         """Schedule a request for ``member``; returns its rid."""
         when = self.now if at is None else at
         rid = next(self._rids)
-        req = Request(rid, member, when, duration, when + abandon_after, max_wait)
+        req = Request(rid, member, when, duration, when + abandon_after, max_wait, activation)
         self.requests[rid] = req
         self.at(when, lambda: self._arrive(req))
         if abandon_after != math.inf:
@@ -226,6 +228,12 @@ class Driver:
                     else command.retry_after >= 1
                 req.state, req.ended, req.reject = "rejected", self.now, command
                 del self._live[wire]
+            case Divert(wire, member, to):
+                req = self._req(wire)
+                assert req.state == "new" and member == req.member, (command, req)
+                assert to == self.machine.spec.fallbacks[member], command
+                req.state, req.ended = "diverted", self.now
+                del self._live[wire]
             case Scale(member, replicas):
                 self._check_scale(member, replicas)
                 self.cluster.scale(member, replicas, self.now)
@@ -269,7 +277,7 @@ class Driver:
             wire = next(i for i in itertools.count(1) if i not in self._live)
         req.wire = wire
         self._live[wire] = req.rid
-        self.feed(RequestArrived(wire, req.member, req.max_wait))
+        self.feed(RequestArrived(wire, req.member, req.max_wait, req.activation))
 
     def _ended(self, req: Request) -> None:
         if req.state == "admitted":

@@ -84,10 +84,13 @@ def scenarios(draw: st.DrawFn, faults: bool) -> Scenario:
     max_duration = draw(st.floats(1, 20))
     requests = st.tuples(times, some_member, st.floats(0.1, max_duration),
                          st.none() | st.floats(0, 100) if faults else st.none(),
-                         st.just(math.inf) | st.floats(0, 60) if faults else st.just(math.inf))
-    for at, member, duration, abandon, max_wait in draw(st.lists(requests, max_size=40)):
+                         st.just(math.inf) | st.floats(0, 60) if faults else st.just(math.inf),
+                         st.sampled_from(["", "", "IfIdle"]) if faults else st.just(""))
+    for at, member, duration, abandon, max_wait, activation in draw(st.lists(requests,
+                                                                             max_size=40)):
         d.request(member, at=at, duration=duration,
-                  abandon_after=math.inf if abandon is None else abandon, max_wait=max_wait)
+                  abandon_after=math.inf if abandon is None else abandon, max_wait=max_wait,
+                  activation=activation)
     # Busy clients: back-to-back overlapping requests keep a member in flight for a while,
     # which is what the fairness window exists for.
     for member, start, length in draw(st.lists(st.tuples(some_member, times,
