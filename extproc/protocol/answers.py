@@ -23,6 +23,9 @@ _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 #: Dynamic metadata namespace and key of the routing decision (Envoy's
 #: ``metadata_options.receiving_namespaces`` and its member routes name the same).
 METADATA_NAMESPACE, METADATA_KEY = "modelpool", "member"
+#: The metadata key that says a request went to its member's fallback (IfIdle, incumbent
+#: busy): the standalone Envoy copies it into the response header ``FALLBACK_HEADER``.
+FALLBACK_KEY, FALLBACK_HEADER = "fallback", "x-modelpool-fallback"
 
 #: Let the request headers pass unchanged (the decision comes with the body).
 CONTINUE_HEADERS = ep.ProcessingResponse(
@@ -43,14 +46,23 @@ def _header(key: str, value: str) -> base_pb2.HeaderValueOption:
 
 
 @lru_cache(maxsize=4096)
-def route(header: str, value: str) -> bytes:
-    """Body-phase answer: set the routing header and make Envoy pick the route again."""
+def route(header: str, value: str, fallback: bool = False) -> bytes:
+    """Body-phase answer: set the routing header and make Envoy pick the route again
+    (``fallback``: ``value`` is a member's fallback, standing in for a busy incumbent)."""
     common = ep.CommonResponse(header_mutation=ep.HeaderMutation(set_headers=[_header(header,
                                                                                       value)]),
                                clear_route_cache=True)
     response = ep.ProcessingResponse(request_body=ep.BodyResponse(response=common))
-    response.dynamic_metadata.update({METADATA_NAMESPACE: {METADATA_KEY: value}})
+    metadata = {METADATA_KEY: value}
+    if fallback:
+        metadata[FALLBACK_KEY] = fallback_note(value)
+    response.dynamic_metadata.update({METADATA_NAMESPACE: metadata})
     return response.SerializeToString()
+
+
+def fallback_note(value: str) -> str:
+    """The ``FALLBACK_HEADER`` a response from fallback ``value`` carries (both Envoys)."""
+    return f"{value}; reason=pool_incumbent_busy"
 
 
 def override_timeout(seconds: float) -> bytes:

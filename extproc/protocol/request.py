@@ -10,12 +10,15 @@ import json
 import math
 from dataclasses import dataclass
 
+from ..policy.ifidle import parse as parse_activation
 from ..settings import parse_duration
 
 # Longest model name accepted; OpenAI and Kubernetes names are far shorter.
 MAX_MODEL_LENGTH = 256
 # The client's own deadline: how long it is willing to wait for its member (e.g. "20s").
 MAX_WAIT_HEADER = "x-modelpool-max-wait"
+# Whether the request may start a swap behind a busy incumbent: Wait (yes) or IfIdle (no).
+ACTIVATION_HEADER = "x-modelpool-activation"
 
 
 class BadRequest(Exception):
@@ -41,6 +44,7 @@ class RequestHead:
     content_encoding: str = ""
     request_id: str = ""
     max_wait: str = ""  # the raw x-modelpool-max-wait value ("" when absent)
+    activation: str = ""  # the raw x-modelpool-activation value ("" when absent)
 
 
 def read_head(header_map: object) -> RequestHead:
@@ -60,6 +64,8 @@ def read_head(header_map: object) -> RequestHead:
             head.request_id = h.raw_value.decode("latin-1")
         elif key == MAX_WAIT_HEADER:
             head.max_wait = h.raw_value.decode("latin-1")
+        elif key == ACTIVATION_HEADER:
+            head.activation = h.raw_value.decode("latin-1")
     return head
 
 
@@ -74,6 +80,7 @@ ATTRIBUTES: dict[str, str] = {
     "request.headers['content-type']": "content_type",
     "request.headers['content-encoding']": "content_encoding",
     f"request.headers['{MAX_WAIT_HEADER}']": "max_wait",
+    f"request.headers['{ACTIVATION_HEADER}']": "activation",
 }
 #: The key Envoy files the request attributes under in ProcessingRequest.attributes.
 ATTRIBUTES_KEY = "envoy.filters.http.ext_proc"
@@ -103,6 +110,17 @@ def max_wait(head: RequestHead) -> float:
         raise BadRequest(400, "invalid_max_wait", f"header {MAX_WAIT_HEADER} "
                          f"{head.max_wait[:64]!r} is not a duration (use e.g. 20s, 1m30s, "
                          "500ms)", MAX_WAIT_HEADER) from None
+
+
+def activation(head: RequestHead) -> str:
+    """The activation the client asks for ("" without the header: the pool's), or BadRequest."""
+    if not head.activation:
+        return ""
+    try:
+        return parse_activation(head.activation)
+    except ValueError as exc:
+        raise BadRequest(400, "invalid_activation", f"header {ACTIVATION_HEADER} {exc}",
+                         ACTIVATION_HEADER) from None
 
 
 def model_from_body(head: RequestHead, body: bytes, max_bytes: int) -> str:

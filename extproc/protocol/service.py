@@ -30,13 +30,13 @@ from google.protobuf.message import DecodeError
 
 from .. import metrics
 from ..logs import get_logger
-from ..policy.events import Admit, Reject
+from ..policy.events import Admit, Divert, Reject
 from ..runtime.driver import Ticket
 from ..runtime.hub import Hub, Route
 from ..settings import Settings
 from . import answers
-from .request import (ATTRIBUTES_KEY, BadRequest, RequestHead, max_wait, model_from_body,
-                      read_attributes, read_head)
+from .request import (ATTRIBUTES_KEY, BadRequest, RequestHead, activation, max_wait,
+                      model_from_body, read_attributes, read_head)
 
 log = get_logger(__name__)
 
@@ -99,6 +99,7 @@ class ExtProcService:
             try:
                 model = model_from_body(head, body, self._settings.max_body_bytes)
                 patience = max_wait(head)
+                asks = activation(head)
             except BadRequest as exc:
                 await context.write(self._refuse(head, exc))
                 return await self._until_closed(context)
@@ -107,7 +108,7 @@ class ExtProcService:
             if route is None:
                 await context.write(self._unrouted(head, model))
                 return await self._until_closed(context)
-            ticket = route.driver.arrive(route.member, patience)
+            ticket = route.driver.arrive(route.member, patience, asks)
             if ticket.waiter is not None:
                 if not await self._park(context, ticket, route, head):
                     return  # the client left while held
@@ -237,6 +238,12 @@ class ExtProcService:
                          member=route.member, request_id=head.request_id,
                          held_s=round(decision.held_for, 3))
             return answers.route(self._header, self._route_value(key, route.member))
+        if isinstance(decision, Divert):
+            self._count(key.namespace, key.name, "fallback")
+            log.info("request sent to its fallback", namespace=key.namespace, pool=key.name,
+                     member=route.member, request_id=head.request_id, fallback=decision.to,
+                     reason=decision.reason)
+            return answers.route(self._header, decision.to, fallback=True)
         assert isinstance(decision, Reject)
         self._count(key.namespace, key.name, decision.code)
         log.info("request refused", namespace=key.namespace, pool=key.name,

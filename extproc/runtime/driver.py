@@ -26,7 +26,7 @@ from ..logs import get_logger
 from ..platform.contract import Platform
 from ..platform.contract import PoolLoad
 from ..policy.events import (WARNING_NOTICES, AdmissionLease, Admit, Close, Command,
-                             DrainAnnounced, Dropped, Event, Hold, IdleProbed,
+                             Divert, DrainAnnounced, Dropped, Event, Hold, IdleProbed,
                              LeadershipChanged, MemberObserved, Notice, PeersObserved,
                              ProbeIdle, Reject, RequestArrived, RequestEnded, Scale,
                              SpecChanged, StatusObserved, Tick, Trigger)
@@ -38,7 +38,7 @@ from .scaling import Retry, Scaler
 
 log = get_logger(__name__)
 _request_ids = itertools.count(1)
-Decision = Admit | Reject
+Decision = Admit | Reject | Divert
 
 
 @dataclass(slots=True)
@@ -100,15 +100,16 @@ class PoolDriver:
 
     # ---- requests --------------------------------------------------------------------------
 
-    def arrive(self, member: str, max_wait: float = math.inf) -> Ticket:
+    def arrive(self, member: str, max_wait: float = math.inf, activation: str = "") -> Ticket:
         """Register a request for ``member`` that waits at most ``max_wait`` seconds (the
-        client's x-modelpool-max-wait); the ticket is decided now or holds a future."""
+        client's x-modelpool-max-wait) with its ``activation`` (x-modelpool-activation); the
+        ticket is decided now or holds a future."""
         ticket = Ticket(next(_request_ids), member)
         if self._broken or self._closed:
             ticket.decision = self._unavailable(ticket.rid, 0.0)
             return ticket
         self._tickets[ticket.rid] = ticket
-        self._feed(RequestArrived(ticket.rid, member, max_wait))
+        self._feed(RequestArrived(ticket.rid, member, max_wait, activation))
         return ticket
 
     def end(self, ticket: Ticket) -> None:
@@ -206,8 +207,9 @@ class PoolDriver:
         match cmd:
             case Admit(rid):
                 self._decide(self._tickets.get(rid), cmd, "admitted")
-            case Reject(rid):
-                self._decide(self._tickets.pop(rid, None), cmd, cmd.code)
+            case Reject(rid) | Divert(rid):
+                self._decide(self._tickets.pop(rid, None), cmd, cmd.code
+                             if isinstance(cmd, Reject) else "fallback")
             case Hold(rid=rid, member=member, deadline=deadline, coalesced=coalesced):
                 ticket = self._tickets[rid]
                 ticket.deadline = deadline

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from extproc.platform.kube import activation
 from extproc.platform.kube.idle import IdleProbe, choose_probe
 from extproc.policy.model import PoolKey, PoolSpec, PoolStatus
 from extproc.policy.modes import RESUME_ANNOTATION  # a new value ends a hands-off spell
@@ -124,11 +125,15 @@ def pool_spec(pool: dict[str, Any], settings: Settings) -> tuple[PoolSpec, tuple
                       f"annotation {MAX_HELD_ANNOTATION}", problems)
 
     key = PoolKey(meta.get("namespace", ""), meta.get("name", ""))
+    fallbacks = {m: activation.fallback_value(service, key.namespace) for m, (service, _)
+                 in activation.fallback_backends(annotations, members, problems).items()}
     return PoolSpec(key=key, members=tuple(members), default=default, swap_budget=swap_budget,
                     fairness_window=fairness, generation=int(meta.get("generation") or 0),
                     aliases=aliases, swap_policy=swap_policy,
                     reclaim_after=reclaim_after, max_held=max_held,
-                    resume=str(annotations.get(RESUME_ANNOTATION) or "")), tuple(problems)
+                    resume=str(annotations.get(RESUME_ANNOTATION) or ""),
+                    activation=activation.activation(annotations, problems),
+                    fallbacks=fallbacks), tuple(problems)
 
 
 def _swap_policy(raw: Any, problems: list[str]) -> str:
