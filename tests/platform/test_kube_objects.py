@@ -133,3 +133,21 @@ def test_max_held_annotation_is_read_and_a_bad_one_falls_back_to_the_setting() -
         spec, problems = pool_spec(pool({"members": members("a")}, {annotation: raw}), SETTINGS)
         assert spec.max_held is None
         assert len(problems) == 1 and annotation in problems[0] and repr(raw) in problems[0]
+
+
+def test_activation_and_fallback_annotations_are_read_and_bad_ones_reported() -> None:
+    activation = "modelpool.inference.llmkube.dev/activation"
+    fallbacks = "modelpool.inference.llmkube.dev/fallbacks"
+    obj = pool({"members": members("a", "b")},
+               {activation: "if-idle", fallbacks: "a=a-small, b=b-cloud:443"})
+    spec, problems = pool_spec(obj, SETTINGS)
+    assert problems == () and spec.activation == "IfIdle"
+    ns = spec.key.namespace
+    assert spec.fallbacks == {"a": f"fallback.a-small.{ns}", "b": f"fallback.b-cloud.{ns}"}
+    assert pool_spec(pool({"members": members("a")}), SETTINGS)[0].activation == "Wait"
+    spec, problems = pool_spec(pool({"members": members("a")}, {
+        activation: "eventually", fallbacks: "nobody=x,a=y:port,a"}), SETTINGS)
+    assert spec.activation == "Wait" and spec.fallbacks == {}
+    assert len(problems) == 4
+    assert sum(fallbacks in p for p in problems) == 3
+    assert sum(activation in p and "'eventually'" in p for p in problems) == 1
