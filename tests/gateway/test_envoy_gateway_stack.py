@@ -17,8 +17,10 @@ import aiohttp
 import pytest
 import yaml
 
+from devstack import testkit
 from devstack.stack import LocalStack
 from devstack.stack_manifests import member
+from devstack.upstream import start_upstream
 from e2e.e2e_support import SWAP_BOUND, notices, start_stack, timeline
 from tests.gateway.conftest import GatewayRun, run_translated
 from tests.gateway.egctl import EXAMPLE_POOL, ExamplePool
@@ -78,3 +80,31 @@ async def test_cross_model_request_is_parked_through_a_real_load(
     assert len(timeline(stack, target, "ready")) == 1
     assert gone["t"] < created["t"] < answered
     await _resident(stack, pool, target)
+
+
+async def test_an_if_idle_request_goes_to_its_fallback_and_the_answer_says_so(
+        stack: LocalStack, gateway_run: GatewayRun, pool: ExamplePool, tmp_path: Path) -> None:
+    # The example pool names coder's fallback (coder-small); a real upstream plays it.
+    (fallback,) = pool.fallbacks
+    spare = await start_upstream(fallback, token_delay_ms=1)
+    envoy = run_translated(gateway_run, stack.ports.extproc,
+                           stack.ports.members | {fallback: spare.port}, tmp_path / "gw")
+    try:
+        await _resident(stack, pool, pool.default)
+        url = f"{envoy.url}/v1/chat/completions"
+        async with aiohttp.ClientSession() as http:
+            stream = asyncio.create_task(testkit.chat(
+                http, envoy.url, pool.default, stream=True, tokens=20, token_delay_ms=100))
+            await asyncio.sleep(0.6)  # the incumbent streams
+            body = {"model": "coder", "messages": [{"role": "user", "content": "hi"}]}
+            async with http.post(url, json=body, headers={"x-modelpool-activation": "if-idle"},
+                                 timeout=aiohttp.ClientTimeout(total=30)) as resp:
+                text = await resp.text()
+                assert resp.status == 200, text
+                assert resp.headers["x-served-by"] == fallback
+                assert "pool_incumbent_busy" in resp.headers["x-modelpool-fallback"]
+            assert (await stream).status == 200
+    finally:
+        envoy.stop()
+        await spare.stop()
+    assert not [n for n in notices(stack, pool.name, "SwapStarted") if n["target"] == "coder"]
