@@ -134,6 +134,7 @@ class Admit:
     rid: int
     member: str
     held_for: float = 0.0  # seconds it was held; 0 when admitted at once
+    swap: str = ""  # the swap that released it, "incumbent->target" ("": none, or not known)
 
 
 @dataclass(frozen=True, slots=True)

@@ -350,10 +350,11 @@ class PoolMachine:
         """``member`` loaded: its failure backoff ends now."""
         self.failed_until.pop(member, None)
 
-    def admit(self, rid: int, member: str, held_for: float, out: list[Command]) -> None:
+    def admit(self, rid: int, member: str, held_for: float, out: list[Command],
+              swap: str = "") -> None:
         """Let ``rid`` through to ``member`` and count it in flight."""
         self.requests.admit(rid, member)
-        out.append(Admit(rid, member, held_for))
+        out.append(Admit(rid, member, held_for, swap))
 
     def scale(self, member: str, replicas: int, out: list[Command]) -> None:
         """Ask for ``member`` at ``replicas`` (own mode's only way to change replicas)."""

@@ -329,9 +329,10 @@ def complete(m: PoolWriter, now: float, out: Out) -> None:
     # Only if the target may be routed to now: a replica past its admission Lease, or one
     # following a leader (or LLMKube) that already announced the next swap, keeps them held;
     # Idle's release edge lets them go once it may.
+    via = f"{swap.incumbent or '(none)'}->{swap.target}"  # (the answer's x-modelpool-swap)
     for rid, held in m.requests.held_for(swap.target) if m.routable(swap.target) else ():
         m.requests.unhold(rid)
-        m.admit(rid, held.member, now - held.arrived, out)
+        m.admit(rid, held.member, now - held.arrived, out, via)
         released += 1
     out.append(Notice("SwapCompleted", f"swap {swap.incumbent or '(none)'} -> "
                       f"{swap.target} completed in {duration:.1f}s, {released} released",

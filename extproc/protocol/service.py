@@ -233,11 +233,13 @@ class ExtProcService:
         if isinstance(decision, Admit):
             self._count(key.namespace, key.name, "held_admitted" if decision.held_for
                         else "admitted")
+            value = self._route_value(key, route.member)
             if decision.held_for:
                 log.debug("held request released", namespace=key.namespace, pool=key.name,
                          member=route.member, request_id=head.request_id,
-                         held_s=round(decision.held_for, 3))
-            return answers.route(self._header, self._route_value(key, route.member))
+                         held_s=round(decision.held_for, 3), swap=decision.swap)
+                return answers.released(self._header, value, decision.held_for, decision.swap)
+            return answers.route(self._header, value)
         if isinstance(decision, Divert):
             self._count(key.namespace, key.name, "fallback")
             log.info("request sent to its fallback", namespace=key.namespace, pool=key.name,
@@ -249,9 +251,12 @@ class ExtProcService:
         log.info("request refused", namespace=key.namespace, pool=key.name,
                  member=route.member, request_id=head.request_id, status=decision.status,
                  code=decision.code)
+        said = ((answers.PREDICTED_WAIT_HEADER,
+                 f"{route.driver.predicted_wait(route.member):.1f}"),) \
+            if decision.status == 503 else ()
         return self._error(head, decision.status, decision.code, decision.message, "model",
-                           (("retry-after", str(decision.retry_after)),)
-                           if decision.retry_after else ())
+                           ((("retry-after", str(decision.retry_after)),)
+                            if decision.retry_after else ()) + said)
 
     def _unrouted(self, head: RequestHead, model: str) -> bytes:
         pools = self._hub.ambiguity(model)

@@ -30,7 +30,9 @@ from ..policy.events import (WARNING_NOTICES, AdmissionLease, Admit, Close, Comm
                              LeadershipChanged, MemberObserved, Notice, PeersObserved,
                              ProbeIdle, Reject, RequestArrived, RequestEnded, Scale,
                              SpecChanged, StatusObserved, Tick, Trigger)
+from ..policy.admission import expected_wait
 from ..policy.machine import Limits, PolicyError, PoolMachine
+from ..policy.queues import PoolQueue, queue
 from ..policy.model import (Actuation, MemberObservation, PeerState, PoolSpec, PoolStatus,
                             PoolView, StartHints)
 from ..policy.replicas import announcement
@@ -97,6 +99,14 @@ class PoolDriver:
     def view(self) -> PoolView:
         """The machine's current snapshot."""
         return self._machine.view()
+
+    def queue(self) -> PoolQueue:
+        """The pool's queue per member, as of the last event (GET /pools/...)."""
+        return queue(self._machine)
+
+    def predicted_wait(self, member: str) -> float:
+        """Seconds until ``member`` should serve (our 503s' x-modelpool-predicted-wait)."""
+        return expected_wait(self._machine, member)
 
     # ---- requests --------------------------------------------------------------------------
 

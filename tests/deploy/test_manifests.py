@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from extproc.cli import build_parser
-from extproc.protocol.answers import FALLBACK_HEADER, FALLBACK_KEY, METADATA_NAMESPACE
+from extproc.protocol.answers import (FALLBACK_HEADER, FALLBACK_KEY, HELD_HEADER, HELD_KEY,
+                                      METADATA_NAMESPACE, SWAP_HEADER, SWAP_KEY)
 from extproc.protocol.request import ATTRIBUTES
 from extproc.settings import Settings, from_sources, parse_duration
 from downward import POD_NAME, as_flags, downward_env, pod_env
@@ -434,9 +435,12 @@ def test_standalone_envoy_follows_the_field_notes(envoy_config) -> None:
     assert [r["route"]["cluster"] for r in by_metadata] == [_route_value(m) for m in MEMBERS] \
         + ["fallback.coder-small.llm"]  # coder's IfIdle fallback
     # an answer from a fallback says so, from the service's metadata
-    (said,) = hcm["route_config"]["virtual_hosts"][0]["response_headers_to_add"]
-    assert said["header"] == {"key": FALLBACK_HEADER,
-                              "value": f"%DYNAMIC_METADATA({METADATA_NAMESPACE}:{FALLBACK_KEY})%"}
+    # answers say why, from the service's metadata: a fallback, a hold and its swap
+    said = {h["header"]["key"]: h["header"]["value"]
+            for h in hcm["route_config"]["virtual_hosts"][0]["response_headers_to_add"]}
+    assert said == {header: f"%DYNAMIC_METADATA({METADATA_NAMESPACE}:{key})%" for header, key in
+                    ((FALLBACK_HEADER, FALLBACK_KEY), (HELD_HEADER, HELD_KEY),
+                     (SWAP_HEADER, SWAP_KEY))}
     assert ext["request_attributes"] == list(ATTRIBUTES)
     assert ext["metadata_options"]["receiving_namespaces"]["untyped"] == [METADATA_NAMESPACE]
     mode = one_message["typed_per_filter_config"]["envoy.filters.http.ext_proc"]["overrides"][
