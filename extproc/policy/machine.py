@@ -321,6 +321,7 @@ class PoolMachine:
         self.resident = member
         if since is not None:
             self.policy_memory.took_slot(member, since)
+            self.requests.took_slot(member, self.spec.min_residency)
 
     def pick_owner(self) -> None:
         """An owner was picked: a cold pool no longer warms spec.default."""

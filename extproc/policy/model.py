@@ -69,6 +69,9 @@ class PoolSpec:
     # annotation modelpool.inference.llmkube.dev/fallbacks: member -> the routing value of
     # the backend an IfIdle request for it goes to when the incumbent is busy
     fallbacks: dict[str, str] = field(default_factory=dict)
+    # annotation modelpool.inference.llmkube.dev/min-residency: requests a new resident serves
+    # before it gives the slot up between two of them (residency.py; 0: off)
+    min_residency: int = 0
 
 
 class Actuation(str, Enum):

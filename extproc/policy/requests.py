@@ -54,6 +54,9 @@ class RequestBook:
         # (deadline, rid) of held requests; entries of requests no longer held are skipped
         # lazily, so every event costs O(log n) even with thousands of requests parked.
         self._deadlines: list[tuple[float, int]] = []
+        # The member that last took the slot by a swap, the requests admitted to it since,
+        # counted up to its minimum residency only (residency.py): a bounded count.
+        self._slot: tuple[str, int, int] = ("", 0, 0)  # (member, served, cap)
 
     # ---- what the machine asks ------------------------------------------------------------
 
@@ -80,6 +83,11 @@ class RequestBook:
         gap = max((gap for when, gap in self._returns.get(member, ()) if when >= since),
                   default=0.0)
         return min(cap, LINGER_FACTOR * gap)
+
+    def served_in_slot(self, member: str) -> int:
+        """Requests admitted to ``member`` since it took the slot (counted up to the cap)."""
+        name, served, _ = self._slot
+        return served if name == member else 0
 
     def held_for(self, member: str) -> Iterator[tuple[int, Held]]:
         """The requests held for ``member``, oldest first (a snapshot: safe to change the book)."""
@@ -118,6 +126,13 @@ class RequestBook:
         """Count ``rid`` in flight on ``member``."""
         self.in_flight[rid] = member
         self._busy[member] = self._busy.get(member, 0) + 1
+        name, served, cap = self._slot
+        if name == member and served < cap:
+            self._slot = (name, served + 1, cap)
+
+    def took_slot(self, member: str, cap: int) -> None:
+        """``member`` took the slot by a swap: count its next ``cap`` admissions."""
+        self._slot = (member, 0, cap)
 
     def end(self, rid: int, now: float) -> Held | None:
         """The request's stream closed: None if it was in flight, its Held if it was held."""

@@ -151,3 +151,12 @@ def test_activation_and_fallback_annotations_are_read_and_bad_ones_reported() ->
     assert len(problems) == 4
     assert sum(fallbacks in p for p in problems) == 3
     assert sum(activation in p and "'eventually'" in p for p in problems) == 1
+
+
+def test_min_residency_annotation_is_read_and_a_bad_one_is_off() -> None:
+    annotation = "modelpool.inference.llmkube.dev/min-residency"
+    spec, problems = pool_spec(pool({"members": members("a")}, {annotation: "4"}), SETTINGS)
+    assert (spec.min_residency, problems) == (4, ())
+    assert pool_spec(pool({"members": members("a")}), SETTINGS)[0].min_residency == 0
+    spec, problems = pool_spec(pool({"members": members("a")}, {annotation: "many"}), SETTINGS)
+    assert spec.min_residency == 0 and "0 (off)" in problems[0]

@@ -57,7 +57,8 @@ def scenarios(draw: st.DrawFn, faults: bool) -> Scenario:
                 if faults else draw(st.floats(1, 60)),
                 swap_policy=draw(st.sampled_from(("sticky", "reclaim", "priority"))),
                 reclaim_after=draw(st.floats(1, 100)),
-                max_held=draw(st.none() | st.integers(1, 5)) if faults else None)
+                max_held=draw(st.none() | st.integers(1, 5)) if faults else None,
+                min_residency=draw(st.sampled_from([0, 0, 2, 5])))
     outcomes = st.sampled_from([LOADS, LOADS, LOADS, FAILS, STUCK]) if faults \
         else st.just(LOADS)
     cluster = Cluster(members, load_delay=draw(st.floats(0.5, 40)),
