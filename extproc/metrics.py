@@ -85,6 +85,11 @@ SWAP_STALLED = Gauge(
 SWAP_DEFERRED = Counter(
     "modelpool_extproc_swap_deferred_total", "Times a swap step was deferred, by reason",
     ["namespace", "pool", "reason"], registry=REGISTRY)
+REQUESTS_CUT = Counter(
+    "modelpool_extproc_requests_cut_total", "Requests in flight on this replica when the idle "
+    "probe was contradicted: reason StreamsCut (LLMKube unloaded the member under them) or "
+    "IdleProbeMisread (the probe answered idle under them)",
+    ["namespace", "pool", "member", "reason"], registry=REGISTRY)
 NOTICES = Counter(
     "modelpool_extproc_notices_total", "Operator notices (the pool's Events), by kind",
     ["namespace", "pool", "kind"], registry=REGISTRY)
@@ -187,6 +192,11 @@ def reclaimed(namespace: str, pool: str, source: str, target: str) -> None:
 def notice(namespace: str, pool: str, kind: str) -> None:
     """An operator notice (SwapStarted, SwapFailed, MemberLost ...) was raised."""
     NOTICES.labels(namespace, pool, kind).inc()
+
+
+def requests_cut(namespace: str, pool: str, member: str, reason: str, count: int) -> None:
+    """The idle probe of ``member`` read idle under ``count`` of our requests (probecheck)."""
+    REQUESTS_CUT.labels(namespace, pool, member, reason).inc(count)
 
 
 def conflict(namespace: str, pool: str) -> None:

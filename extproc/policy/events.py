@@ -208,7 +208,8 @@ class Notice:
 
     kind is one of SwapStarted, SwapCompleted, SwapFailed, SwapDeferred, MemberLost,
     ActuationChanged, SwapCancelled, Reclaimed, UnsupportedSwapPolicy, SwapStalled,
-    SwapResumed, ActivationLost.
+    SwapResumed, ActivationLost, StreamsCut, IdleProbeMisread (``released``: the requests
+    in flight on this replica that the probe's answer endangered).
     """
 
     kind: str
@@ -223,7 +224,7 @@ Command = Admit | Hold | Reject | Divert | Dropped | Scale | Trigger | ProbeIdle
 
 # Notice kinds that mean something is wrong for the pool's users: Warning Events and logs.
 WARNING_NOTICES = ("SwapFailed", "MemberLost", "SwapStalled", "UnsupportedSwapPolicy",
-                   "ActivationLost")
+                   "ActivationLost", "StreamsCut", "IdleProbeMisread")
 
 
 def is_warning(notice: Notice) -> bool:

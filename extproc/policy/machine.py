@@ -57,7 +57,7 @@ import math
 from dataclasses import replace
 from operator import attrgetter
 
-from . import admission, deadlines, fairness, modes, replicas, snapshot, watchdog
+from . import admission, deadlines, fairness, modes, probecheck, replicas, snapshot, watchdog
 from .events import (ActuationChanged, AdmissionLease, Admit, Close, Command, DrainAnnounced,
                      Dropped, Event, Hold, IdleProbed, LeadershipChanged, MemberObserved,
                      Notice, PeersObserved, Reject, RequestArrived, RequestEnded, Scale,
@@ -196,6 +196,7 @@ class PoolMachine:
             case SpecChanged(spec):
                 self._respec(spec, out)
             case IdleProbed(member, idle):
+                out.extend(probecheck.probed_idle(self, member, idle))
                 self._probed(member, idle)
             case StatusObserved(status):
                 before, self.status = self.status, status
@@ -268,6 +269,7 @@ class PoolMachine:
         if obs.name not in self.spec.members:
             raise PolicyError(f"{obs.name!r} is not a member of pool {self.spec.key}")
         before = self.obs.get(obs.name)
+        out.extend(probecheck.scaled_down(self, before, obs))
         self.obs[obs.name] = obs
         if before is not None and before.replicas != obs.replicas:  # (hands-off: not ours)
             modes.foreign_write(self, self.hands)

@@ -315,6 +315,8 @@ class PoolDriver:
             metrics.conflict(ns, pool)
         elif notice.kind == "Reclaimed":
             metrics.reclaimed(ns, pool, notice.source, notice.target)
+        elif notice.kind in ("StreamsCut", "IdleProbeMisread"):
+            metrics.requests_cut(ns, pool, notice.source, notice.kind, notice.released)
         if notice.kind == "ActuationChanged" and notice.target == Actuation.HANDS_OFF.value:
             self._scaler.cancel()  # hands-off writes nothing: no wish of ours may land later
             level = log.error  # someone fights over this pool: an operator must act
