@@ -17,6 +17,9 @@ from aiohttp import web
 from devstack.signals import until_signalled
 
 TOKEN_DELAY_ENV = "MODELPOOL_UPSTREAM_TOKEN_DELAY_MS"
+# Members (comma-separated names) whose /slots always reads idle: a misfitting idle probe, the
+# fault of LLMKube #1800 (e2e/test_e2e_probecheck.py).
+BLIND_SLOTS_ENV = "MODELPOOL_UPSTREAM_BLIND_SLOTS"
 DEFAULT_TOKEN_DELAY_MS = 20.0
 DEFAULT_TOKENS = 16
 MAX_TOKENS = 200  # bounds every generated answer (and so every stream's duration)
@@ -219,7 +222,8 @@ class _Fake:
         return web.json_response({"status": "ok"})
 
     async def slots(self, request: web.Request) -> web.StreamResponse:
-        busy = self.stats.in_flight
+        blind = self.name in os.environ.get(BLIND_SLOTS_ENV, "").split(",")
+        busy = 0 if blind else self.stats.in_flight
         return web.json_response(
             [{"id": i, "is_processing": i < busy} for i in range(self.n_slots)]
         )
