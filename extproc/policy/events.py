@@ -24,6 +24,8 @@ class RequestArrived:
     member: str
     max_wait: float = math.inf  # the client's own deadline (header x-modelpool-max-wait)
     activation: str = ""  # Wait or IfIdle (header x-modelpool-activation); "": the pool's
+    objective: str = ""  # header x-gateway-inference-objective (the pool maps it: priority.py)
+    priority: int | None = None  # header x-modelpool-priority: wins over the objective
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,7 +57,8 @@ import math
 from dataclasses import replace
 from operator import attrgetter
 
-from . import admission, deadlines, fairness, modes, probecheck, replicas, snapshot, watchdog
+from . import (admission, deadlines, fairness, modes, priority, probecheck, replicas, snapshot,
+               watchdog)
 from .events import (ActuationChanged, AdmissionLease, Admit, Close, Command, DrainAnnounced,
                      Dropped, Event, Hold, IdleProbed, LeadershipChanged, MemberObserved,
                      Notice, PeersObserved, Reject, RequestArrived, RequestEnded, Scale,
@@ -185,8 +186,8 @@ class PoolMachine:
         for member in [w for w in self.wishes if self.routable(w)]:
             del self.wishes[member]  # served already (adopted, or a swap a request drove)
         match event:
-            case RequestArrived(rid, member, max_wait, activation):
-                self._arrive(rid, member, max_wait, activation, now, out)
+            case RequestArrived() as arrival:
+                self._arrive(arrival, now, out)
             case RequestEnded(rid):
                 held = self.requests.end(rid, now)
                 if held is not None:
@@ -236,8 +237,8 @@ class PoolMachine:
         report_policy(self.policy_memory, self, out)
         return out
 
-    def _arrive(self, rid: int, member: str, max_wait: float, activation: str, now: float,
-                out: list[Command]) -> None:
+    def _arrive(self, arrival: RequestArrived, now: float, out: list[Command]) -> None:
+        rid, member, max_wait = arrival.rid, arrival.member, arrival.max_wait
         if member not in self.spec.members:
             raise PolicyError(f"{member!r} is not a member of pool {self.spec.key}")
         if self.requests.knows(rid):
@@ -248,7 +249,7 @@ class PoolMachine:
         if self.routable(member) and not fairness.holds(self, member, now):
             self.admit(rid, member, 0.0, out)
             return
-        refusal = admission.refusal(self, self.hands, rid, member, max_wait, activation)
+        refusal = admission.refusal(self, self.hands, rid, member, max_wait, arrival.activation)
         if refusal is not None:
             if refusal.wish:
                 self.wishes[member] = None
@@ -256,7 +257,7 @@ class PoolMachine:
             return
         coalesced = self.swap is not None and self.swap.target == member
         deadline = now + self.spec.swap_budget
-        self.requests.hold(rid, member, now, deadline)
+        self.requests.hold(rid, member, now, deadline, priority.of(self.spec, arrival))
         out.append(Hold(rid, member, deadline, coalesced))
 
     def _observe(self, obs: MemberObservation, out: list[Command]) -> None:

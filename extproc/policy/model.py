@@ -72,6 +72,9 @@ class PoolSpec:
     # annotation modelpool.inference.llmkube.dev/min-residency: requests a new resident serves
     # before it gives the slot up between two of them (residency.py; 0: off)
     min_residency: int = 0
+    # annotation modelpool.inference.llmkube.dev/priorities: objective -> priority (higher
+    # takes the slot first; priority.py); unnamed objectives are 0
+    priorities: dict[str, int] = field(default_factory=dict)
 
 
 class Actuation(str, Enum):

@@ -36,6 +36,7 @@ class Held:
     member: str
     arrived: float
     deadline: float
+    priority: int = 0  # who gets the slot next (priority.py): higher first
 
 
 class RequestBook:
@@ -112,9 +113,10 @@ class RequestBook:
                 returns = self._returns[member] = deque(maxlen=RETURNS_KEPT)
             returns.append((now, gap))
 
-    def hold(self, rid: int, member: str, now: float, deadline: float) -> None:
-        """Park ``rid`` for ``member`` until ``deadline``."""
-        self.held[rid] = Held(member, now, deadline)
+    def hold(self, rid: int, member: str, now: float, deadline: float,
+             priority: int = 0) -> None:
+        """Park ``rid`` for ``member`` until ``deadline``, at ``priority``."""
+        self.held[rid] = Held(member, now, deadline, priority)
         self.held_by[member] = self.held_by.get(member, 0) + 1
         heapq.heappush(self._deadlines, (deadline, rid))
 

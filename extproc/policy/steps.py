@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from . import fairness, replicas
+from . import fairness, priority, replicas
 from .events import Command, Notice, ProbeIdle, Reject
 from .model import PHASE_FAILED, Actuation
 from .pool import PoolReader, PoolWriter
@@ -80,7 +80,7 @@ def wanted(m: PoolReader) -> str:
     hint = m.hints.pending
     if hint in m.spec.members and not m.routable(hint):
         return hint  # resume the swap a previous process (or leader) started
-    for held in m.requests.held.values():  # oldest first: insertion order
+    for held in priority.precedence(m):  # highest priority first (aged: oldest), then oldest
         if not m.routable(held.member):
             return held.member
     for member in m.wishes:  # requests refused for their own deadline (admission.py)

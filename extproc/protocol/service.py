@@ -36,7 +36,7 @@ from ..runtime.hub import Hub, Route
 from ..settings import Settings
 from . import answers
 from .request import (ATTRIBUTES_KEY, BadRequest, RequestHead, activation, max_wait,
-                      model_from_body, read_attributes, read_head)
+                      model_from_body, priority, read_attributes, read_head)
 
 log = get_logger(__name__)
 
@@ -100,6 +100,7 @@ class ExtProcService:
                 model = model_from_body(head, body, self._settings.max_body_bytes)
                 patience = max_wait(head)
                 asks = activation(head)
+                rank = priority(head)
             except BadRequest as exc:
                 await context.write(self._refuse(head, exc))
                 return await self._until_closed(context)
@@ -108,7 +109,7 @@ class ExtProcService:
             if route is None:
                 await context.write(self._unrouted(head, model))
                 return await self._until_closed(context)
-            ticket = route.driver.arrive(route.member, patience, asks)
+            ticket = route.driver.arrive(route.member, patience, asks, head.objective, rank)
             if ticket.waiter is not None:
                 if not await self._park(context, ticket, route, head):
                     return  # the client left while held

@@ -110,16 +110,18 @@ class PoolDriver:
 
     # ---- requests --------------------------------------------------------------------------
 
-    def arrive(self, member: str, max_wait: float = math.inf, activation: str = "") -> Ticket:
+    def arrive(self, member: str, max_wait: float = math.inf, activation: str = "",
+               objective: str = "", priority: int | None = None) -> Ticket:
         """Register a request for ``member`` that waits at most ``max_wait`` seconds (the
-        client's x-modelpool-max-wait) with its ``activation`` (x-modelpool-activation); the
-        ticket is decided now or holds a future."""
+        client's x-modelpool-max-wait) with its ``activation`` (x-modelpool-activation),
+        ``objective`` and ``priority`` (priority.py); the ticket is decided now or holds a
+        future."""
         ticket = Ticket(next(_request_ids), member)
         if self._broken or self._closed:
             ticket.decision = self._unavailable(ticket.rid, 0.0)
             return ticket
         self._tickets[ticket.rid] = ticket
-        self._feed(RequestArrived(ticket.rid, member, max_wait, activation))
+        self._feed(RequestArrived(ticket.rid, member, max_wait, activation, objective, priority))
         return ticket
 
     def end(self, ticket: Ticket) -> None:

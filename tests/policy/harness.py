@@ -68,6 +68,8 @@ class Request:
     abandon_at: float = math.inf
     max_wait: float = math.inf  # the client's own deadline (x-modelpool-max-wait)
     activation: str = ""  # Wait | IfIdle (x-modelpool-activation); "": the pool's
+    priority: int | None = None  # x-modelpool-priority (None: the pool's mapping, 0)
+    objective: str = ""  # x-gateway-inference-objective
     state: str = "new"  # new | held | admitted | rejected | diverted | abandoned | done
     deadline: float = math.inf
     held: bool = False
@@ -124,11 +126,12 @@ class Driver:
 
     def request(self, member: str, at: float | None = None, duration: float = 2.0,
                 abandon_after: float = math.inf, max_wait: float = math.inf,
-                activation: str = "") -> int:
+                activation: str = "", priority: int | None = None, objective: str = "") -> int:
         """Schedule a request for ``member``; returns its rid."""
         when = self.now if at is None else at
         rid = next(self._rids)
-        req = Request(rid, member, when, duration, when + abandon_after, max_wait, activation)
+        req = Request(rid, member, when, duration, when + abandon_after, max_wait, activation,
+                      priority, objective)
         self.requests[rid] = req
         self.at(when, lambda: self._arrive(req))
         if abandon_after != math.inf:
@@ -277,7 +280,8 @@ class Driver:
             wire = next(i for i in itertools.count(1) if i not in self._live)
         req.wire = wire
         self._live[wire] = req.rid
-        self.feed(RequestArrived(wire, req.member, req.max_wait, req.activation))
+        self.feed(RequestArrived(wire, req.member, req.max_wait, req.activation,
+                                 req.objective, req.priority))
 
     def _ended(self, req: Request) -> None:
         if req.state == "admitted":

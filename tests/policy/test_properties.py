@@ -86,12 +86,13 @@ def scenarios(draw: st.DrawFn, faults: bool) -> Scenario:
     requests = st.tuples(times, some_member, st.floats(0.1, max_duration),
                          st.none() | st.floats(0, 100) if faults else st.none(),
                          st.just(math.inf) | st.floats(0, 60) if faults else st.just(math.inf),
-                         st.sampled_from(["", "", "IfIdle"]) if faults else st.just(""))
-    for at, member, duration, abandon, max_wait, activation in draw(st.lists(requests,
-                                                                             max_size=40)):
+                         st.sampled_from(["", "", "IfIdle"]) if faults else st.just(""),
+                         st.none() | st.integers(-3, 3))
+    for at, member, duration, abandon, max_wait, activation, priority in draw(
+            st.lists(requests, max_size=40)):
         d.request(member, at=at, duration=duration,
                   abandon_after=math.inf if abandon is None else abandon, max_wait=max_wait,
-                  activation=activation)
+                  activation=activation, priority=priority)
     # Busy clients: back-to-back overlapping requests keep a member in flight for a while,
     # which is what the fairness window exists for.
     for member, start, length in draw(st.lists(st.tuples(some_member, times,

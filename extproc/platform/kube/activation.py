@@ -1,4 +1,5 @@
-"""Reading a ModelPool's IfIdle annotations: its default activation and its members' fallbacks.
+"""Reading a ModelPool's scheduling annotations: its default activation, its members'
+fallbacks, and the priorities of request objectives (``priorities: "critical=10,batch=-5"``).
 
 ``modelpool.inference.llmkube.dev/activation: IfIdle`` makes IfIdle the pool's default (Wait
 otherwise; a request's ``x-modelpool-activation`` header still decides for itself).
@@ -21,6 +22,7 @@ from extproc.policy.ifidle import WAIT, parse
 ACTIVATION_ANNOTATION = "modelpool.inference.llmkube.dev/activation"
 FALLBACKS_ANNOTATION = "modelpool.inference.llmkube.dev/fallbacks"
 FALLBACK_PORT = 8080
+PRIORITIES_ANNOTATION = "modelpool.inference.llmkube.dev/priorities"
 
 
 def fallback_value(service: str, namespace: str) -> str:
@@ -57,3 +59,18 @@ def fallback_backends(annotations: dict[str, Any], members: list[str] | tuple[st
             continue
         backends[member] = (service, int(port) if colon else FALLBACK_PORT)
     return backends
+
+
+def priorities(annotations: dict[str, Any], problems: list[str]) -> dict[str, int]:
+    """objective -> priority from ``critical=10,batch=-5`` (bad entries reported, dropped)."""
+    found: dict[str, int] = {}
+    for item in str(annotations.get(PRIORITIES_ANNOTATION) or "").split(","):
+        if not item.strip():
+            continue
+        objective, sep, value = (part.strip() for part in item.partition("="))
+        if sep and objective and value.lstrip("-").isdigit():
+            found[objective] = int(value)
+        else:
+            problems.append(f"annotation {PRIORITIES_ANNOTATION}: bad entry {item.strip()!r} "
+                            "(want objective=integer); ignored")
+    return found

@@ -134,6 +134,7 @@ def pool_spec(pool: dict[str, Any], settings: Settings) -> tuple[PoolSpec, tuple
                     reclaim_after=reclaim_after, max_held=max_held,
                     resume=str(annotations.get(RESUME_ANNOTATION) or ""),
                     activation=activation.activation(annotations, problems),
+                    priorities=activation.priorities(annotations, problems),
                     min_residency=_count(annotations.get(MIN_RESIDENCY_ANNOTATION),
                                          f"annotation {MIN_RESIDENCY_ANNOTATION}", problems,
                                          "0 (off)") or 0,
