@@ -160,3 +160,13 @@ def test_min_residency_annotation_is_read_and_a_bad_one_is_off() -> None:
     assert pool_spec(pool({"members": members("a")}), SETTINGS)[0].min_residency == 0
     spec, problems = pool_spec(pool({"members": members("a")}, {annotation: "many"}), SETTINGS)
     assert spec.min_residency == 0 and "0 (off)" in problems[0]
+
+
+def test_priorities_annotation_is_read_and_bad_entries_reported() -> None:
+    annotation = "modelpool.inference.llmkube.dev/priorities"
+    spec, problems = pool_spec(pool({"members": members("a")},
+                                    {annotation: "critical=10, batch=-5"}), SETTINGS)
+    assert (spec.priorities, problems) == ({"critical": 10, "batch": -5}, ())
+    spec, problems = pool_spec(pool({"members": members("a")},
+                                    {annotation: "urgent=high,=3,x"}), SETTINGS)
+    assert spec.priorities == {} and len(problems) == 3
