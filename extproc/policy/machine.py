@@ -224,6 +224,7 @@ class PoolMachine:
                 raise PolicyError(f"unknown event {event!r}")
         watchdog.watch(self, now, out)  # (first: a budget 503 at the stall's instant says so)
         self._expire(now, out)
+        admission.shed(self, out)  # past the held bound, the lowest negative priority goes
         advance(self, now, out)
         if modes.settle_fight(self, hands, out) or modes.resume(self, hands, out):
             advance(self, now, out)
@@ -249,7 +250,7 @@ class PoolMachine:
         if self.routable(member) and not fairness.holds(self, member, now):
             self.admit(rid, member, 0.0, out)
             return
-        refusal = admission.refusal(self, self.hands, rid, member, max_wait, arrival.activation)
+        refusal = admission.refusal(self, self.hands, arrival)
         if refusal is not None:
             if refusal.wish:
                 self.wishes[member] = None

@@ -14,6 +14,11 @@ swap decision after it has waited the window, behind only the aged requests olde
 most one per other member (each served by one swap), so its wait is at most the window plus
 (members) swaps of the fairness bound. A window of 0 turns ageing off (priorities alone).
 
+Under the held bound (``--max-held``, annotation ``max-held``) a negative priority is shed
+first: a newcomer that outranks a held request of negative priority is held all the same
+(``admission.sheddable``), and after the event the lowest-priority held requests (newest among
+equals) beyond the bound are answered 503 ``too_many_held`` (``admission.shed``).
+
 Rules of this file: it owns no state and changes nothing; it reads the pool through
 ``pool.PoolReader`` (the priority of each held request is the request book's).
 """
@@ -46,3 +51,4 @@ def precedence(m: PoolReader) -> list[Held]:
         aged = window > 0 and now - h.arrived >= window
         return (not aged, 0 if aged else -h.priority, order[id(h)])
     return sorted(held, key=rank)
+

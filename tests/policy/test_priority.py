@@ -72,3 +72,37 @@ def test_precedence_orders_aged_by_age_then_priority_then_age(
             assert x.arrived <= y.arrived
         elif not x_aged and not y_aged and any(h.priority for h in order):
             assert (-x.priority, x.arrived) <= (-y.priority, y.arrived)
+
+
+def test_under_the_held_bound_a_negative_priority_is_shed_first() -> None:
+    cluster = Cluster(("a", "b"), load_delay=15, unload_delay=3)
+    cluster.warm("a")
+    d = Driver(spec(("a", "b"), default="a", max_held=2), limits(), cluster)
+    d.start()
+    low = [d.request("b", at=t, priority=-1) for t in (0, 1)]
+    plain = d.request("b", at=2)  # outranks a held -1: held, and the newest -1 is shed
+    lower = d.request("b", at=3, priority=-2)  # outranks nobody: refused at once
+    d.run()
+    shed = d.requests[low[1]]
+    assert shed.held and shed.reject.code == "too_many_held" and shed.ended == 2
+    assert "priority -1" in shed.reject.message
+    assert d.requests[lower].reject.code == "too_many_held" and not d.requests[lower].held
+    assert d.requests[low[0]].state == d.requests[plain].state == "done"
+
+
+@given(st.lists(st.tuples(st.floats(0, 17), st.integers(-3, 2)), max_size=12),
+       st.integers(1, 4))
+def test_the_held_bound_holds_and_only_negative_priorities_are_shed(
+        arrivals: list[tuple[float, int]], bound: int) -> None:
+    cluster = Cluster(("a", "b"), load_delay=15, unload_delay=3)
+    cluster.warm("a")
+    d = Driver(spec(("a", "b"), default="a", max_held=bound), limits(), cluster)
+    d.start()
+    rids = [d.request("b", at=t, priority=p) for t, p in arrivals]
+    d.run(until=14)  # while they are held (the swap completes at 18 s)
+    assert len(d.machine.held) <= bound
+    d.run()
+    for rid in rids:
+        r = d.requests[rid]
+        if r.held and r.reject is not None and r.reject.code == "too_many_held":
+            assert r.priority < 0  # shed: only a negative priority
