@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import AsyncIterator, Iterator
 
 import aiohttp
 import pytest
@@ -20,7 +20,7 @@ import yaml
 from devstack import testkit
 from devstack.stack import LocalStack
 from devstack.stack_manifests import member
-from devstack.upstream import start_upstream
+from devstack.upstream import UpstreamHandle, start_upstream
 from e2e.e2e_support import SWAP_BOUND, notices, start_stack, timeline
 from tests.gateway.conftest import GatewayRun, run_translated
 from tests.gateway.egctl import EXAMPLE_POOL, ExamplePool
@@ -41,6 +41,22 @@ def stack(pool: ExamplePool, tmp_path: Path) -> Iterator[LocalStack]:
         started.stop()
 
 
+@pytest.fixture
+async def spares(pool: ExamplePool) -> AsyncIterator[dict[str, UpstreamHandle]]:
+    """The example pool's IfIdle fallbacks (coder-small), each a real upstream."""
+    handles = {name: await start_upstream(name, token_delay_ms=1) for name in pool.fallbacks}
+    try:
+        yield handles
+    finally:
+        for handle in handles.values():
+            await handle.stop()
+
+
+def _ports(stack: LocalStack, spares: dict[str, UpstreamHandle]) -> dict[str, int]:
+    """Where the translated Envoy finds every Service: the members' and the fallbacks'."""
+    return stack.ports.members | {name: h.port for name, h in spares.items()}
+
+
 async def _resident(stack: LocalStack, pool: ExamplePool, expected: str) -> None:
     deadline = time.monotonic() + SWAP_BOUND
     while True:
@@ -53,8 +69,9 @@ async def _resident(stack: LocalStack, pool: ExamplePool, expected: str) -> None
 
 
 async def test_cross_model_request_is_parked_through_a_real_load(
-        stack: LocalStack, gateway_run: GatewayRun, pool: ExamplePool, tmp_path: Path) -> None:
-    envoy = run_translated(gateway_run, stack.ports.extproc, stack.ports.members,
+        stack: LocalStack, gateway_run: GatewayRun, pool: ExamplePool, tmp_path: Path,
+        spares: dict[str, UpstreamHandle]) -> None:
+    envoy = run_translated(gateway_run, stack.ports.extproc, _ports(stack, spares),
                            tmp_path / "gateway-envoy")
     try:
         await _resident(stack, pool, pool.default)  # the cold pool warmed its default
@@ -83,12 +100,12 @@ async def test_cross_model_request_is_parked_through_a_real_load(
 
 
 async def test_an_if_idle_request_goes_to_its_fallback_and_the_answer_says_so(
-        stack: LocalStack, gateway_run: GatewayRun, pool: ExamplePool, tmp_path: Path) -> None:
+        stack: LocalStack, gateway_run: GatewayRun, pool: ExamplePool, tmp_path: Path,
+        spares: dict[str, UpstreamHandle]) -> None:
     # The example pool names coder's fallback (coder-small); a real upstream plays it.
     (fallback,) = pool.fallbacks
-    spare = await start_upstream(fallback, token_delay_ms=1)
-    envoy = run_translated(gateway_run, stack.ports.extproc,
-                           stack.ports.members | {fallback: spare.port}, tmp_path / "gw")
+    envoy = run_translated(gateway_run, stack.ports.extproc, _ports(stack, spares),
+                           tmp_path / "gw")
     try:
         await _resident(stack, pool, pool.default)
         url = f"{envoy.url}/v1/chat/completions"
@@ -106,5 +123,4 @@ async def test_an_if_idle_request_goes_to_its_fallback_and_the_answer_says_so(
             assert (await stream).status == 200
     finally:
         envoy.stop()
-        await spare.stop()
     assert not [n for n in notices(stack, pool.name, "SwapStarted") if n["target"] == "coder"]
