@@ -70,7 +70,8 @@ class LocalStack:
                  extproc_args: Iterable[str] = (), actuation: str = "own",
                  reconciler: bool | None = None, replicas: int = 1, api_proxies: bool = False,
                  lease_namespace: str | None = None, endpoint_picker: bool = False,
-                 gateway: Callable[[LocalStack], EnvoyProcess] | None = None) -> None:
+                 gateway: Callable[[LocalStack], EnvoyProcess] | None = None,
+                 extra_clusters: dict[str, int] | None = None) -> None:
         if actuation not in ACTUATIONS:
             raise ValueError(f"actuation must be one of {', '.join(ACTUATIONS)}: {actuation!r}")
         if replicas < 1:
@@ -118,6 +119,8 @@ class LocalStack:
         # Leases live beside the pools (the demo's `kubectl get leases -n demo` shows them).
         self.lease_namespace = lease_namespace or (self.namespaces or ["default"])[0]
         self.api_proxies = api_proxies
+        # Envoy clusters beside the members' (name -> loopback port): a pool's IfIdle fallbacks
+        self.extra_clusters = dict(extra_clusters or {})
         self.replicas: list[Replica] = []
         for i in range(replicas):
             piece = "extproc" if replicas == 1 else f"extproc-replica-{i}"
@@ -148,7 +151,8 @@ class LocalStack:
             self.start_extproc(timeout)
             self.envoy = self._gateway(self) if self.endpoint_picker else EnvoyProcess(
                 [r.grpc_port for r in self.replicas],
-                {f"{m}.{ns}": self.ports.members[m] for ns, m in self.members},
+                {f"{m}.{ns}": self.ports.members[m] for ns, m in self.members}
+                | self.extra_clusters,
                 workdir=self.workdir / "envoy", listen_port=self.ports.envoy,
                 admin_port=self.ports.envoy_admin)
             self.envoy.start(timeout)

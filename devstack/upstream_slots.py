@@ -36,6 +36,9 @@ SLOTS_ENV = "MODELPOOL_UPSTREAM_SLOTS"
 PREFILL_ENV = "MODELPOOL_UPSTREAM_PREFILL_MS_PER_TOKEN"
 SLOT_SAVE_PATH_ENV = "MODELPOOL_UPSTREAM_SLOT_SAVE_PATH"
 RESTORE_EFFECT_ENV = "MODELPOOL_UPSTREAM_RESTORE_EFFECT"
+# Members (comma-separated names) whose GET /slots always reads idle: the misconfigured idle
+# probe of LLMKube #1800 / #1830, for the probe cross-check's e2e test.
+BLIND_SLOTS_ENV = "MODELPOOL_UPSTREAM_BLIND_SLOTS"
 N_CTX = 65536
 MAX_PREFILL_S = 60.0  # bounds one request's simulated prefill, whatever the cost per token
 # llama.cpp's filename check: no path separators, no leading dot, nothing empty.
@@ -91,23 +94,26 @@ class Slots:
     """The member's slots, their caches, and the slot API's handlers."""
 
     def __init__(self, n_slots: int, prefill_ms_per_token: float = 0.0,
-                 save_path: Path | None = None, restore_effect: str = "full") -> None:
+                 save_path: Path | None = None, restore_effect: str = "full",
+                 blind: bool = False) -> None:
         # 0: as many slots as requests come (no request waits; the tests' default member)
         self.bounded = n_slots > 0
         self.slots = [Slot(i) for i in range(max(1, n_slots))]
         self.prefill_ms_per_token = prefill_ms_per_token
         self.save_path = save_path
         self.restore_effect = restore_effect
+        self.blind = blind  # GET /slots reads idle whatever runs
         self._free = asyncio.Condition()
         self._spare: list[int] = [0] if not self.bounded else []  # unbounded: idle slot ids
 
     @classmethod
-    def from_env(cls, n_slots: int | None) -> "Slots":
-        """Slots as the environment configures them (the simulator sets it for its members)."""
+    def from_env(cls, n_slots: int | None, member: str = "") -> "Slots":
+        """Slots as the environment configures them for ``member`` (the simulator sets it)."""
         path = os.environ.get(SLOT_SAVE_PATH_ENV, "")
         return cls(n_slots if n_slots is not None else int(env_float(SLOTS_ENV, 0)),
                    env_float(PREFILL_ENV, 0.0), Path(path) if path else None,
-                   os.environ.get(RESTORE_EFFECT_ENV, "full") or "full")
+                   os.environ.get(RESTORE_EFFECT_ENV, "full") or "full",
+                   blind=member in os.environ.get(BLIND_SLOTS_ENV, "").split(","))
 
     def add_routes(self, app: web.Application) -> None:
         """Serve ``GET /slots`` and ``POST /slots/{id}`` on ``app``."""
@@ -168,7 +174,8 @@ class Slots:
 
     async def list_view(self, request: web.Request) -> web.Response:
         """``GET /slots``."""
-        return web.json_response([{"id": s.id, "n_ctx": N_CTX, "is_processing": s.busy}
+        return web.json_response([{"id": s.id, "n_ctx": N_CTX,
+                                   "is_processing": s.busy and not self.blind}
                                   for s in self.slots])
 
     async def action(self, request: web.Request) -> web.Response:

@@ -31,6 +31,8 @@ from .runtime.hub import Hub
 from .settings import Settings
 
 log = get_logger(__name__)
+#: The version of the /pools documents: fields are only ever added under it.
+QUEUE_API = "modelpool-extproc/v1"
 
 # The gRPC receive limit must exceed Envoy's buffer limit (32 MiB in the shipped configs):
 # a body between our own limit and Envoy's must reach us so we answer 413; a message over
@@ -199,6 +201,8 @@ class Service:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/debug/pools", self._pools)
+        app.router.add_get("/pools", self._queues)
+        app.router.add_get("/pools/{namespace}/{name}", self._queues)
         self._http = web.AppRunner(app, access_log=None)
         await self._http.setup()
         host, _, port = self.settings.metrics_listen.rpartition(":")
@@ -217,6 +221,20 @@ class Service:
         views = [d.view() for d in self.hub.drivers()] if self.hub else []
         return web.Response(text=json.dumps([asdict(v) for v in views], default=str),
                             content_type="application/json")
+
+    async def _queues(self, request: web.Request) -> web.Response:
+        """The stable, read-only queue of every pool, or of one (docs/operations.md)."""
+        wanted = (request.match_info.get("namespace"), request.match_info.get("name"))
+        docs = [{"apiVersion": QUEUE_API, "namespace": d.key.namespace, "name": d.key.name,
+                 **asdict(d.queue())} for d in (self.hub.drivers() if self.hub else [])
+                if wanted[1] is None or (d.key.namespace, d.key.name) == wanted]
+        if wanted[1] is None:
+            return web.json_response({"apiVersion": QUEUE_API, "pools": docs})
+        if not docs:
+            return web.json_response({"error": {
+                "message": f"no pool {wanted[0]}/{wanted[1]}", "type": "invalid_request_error",
+                "param": None, "code": "pool_not_found"}}, status=404)
+        return web.json_response(docs[0])
 
     @staticmethod
     def _host(address: str) -> str:

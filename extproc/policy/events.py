@@ -23,6 +23,9 @@ class RequestArrived:
     rid: int
     member: str
     max_wait: float = math.inf  # the client's own deadline (header x-modelpool-max-wait)
+    activation: str = ""  # Wait or IfIdle (header x-modelpool-activation); "": the pool's
+    objective: str = ""  # header x-gateway-inference-objective (the pool maps it: priority.py)
+    priority: int | None = None  # header x-modelpool-priority: wins over the objective
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +147,7 @@ class Admit:
     rid: int
     member: str
     held_for: float = 0.0  # seconds it was held; 0 when admitted at once
+    swap: str = ""  # the swap that released it, "incumbent->target" ("": none, or not known)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +170,17 @@ class Reject:
     message: str
     retry_after: int
     held_for: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Divert:
+    """Send request ``rid`` for ``member`` to the pool's fallback ``to`` (a routing value)
+    instead: it is decided, and not counted in flight on any member."""
+
+    rid: int
+    member: str
+    to: str
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,7 +230,9 @@ class Notice:
 
     kind is one of SwapStarted, SwapCompleted, SwapFailed, SwapDeferred, MemberLost,
     ActuationChanged, SwapCancelled, Reclaimed, UnsupportedSwapPolicy, SwapStalled,
-    SwapResumed, ActivationLost, PromptCacheCarried, PromptCacheCarryFailed.
+    SwapResumed, ActivationLost, PromptCacheCarried, PromptCacheCarryFailed, StreamsCut,
+    IdleProbeMisread (``released``: the requests in flight on this replica that the probe's
+    answer endangered).
     """
 
     kind: str
@@ -226,11 +243,12 @@ class Notice:
     released: int = 0
 
 
-Command = Admit | Hold | Reject | Dropped | Scale | Trigger | ProbeIdle | CarrySlots | Notice
+Command = (Admit | Hold | Reject | Divert | Dropped | Scale | Trigger | ProbeIdle | CarrySlots
+           | Notice)
 
 # Notice kinds that mean something is wrong for the pool's users: Warning Events and logs.
 WARNING_NOTICES = ("SwapFailed", "MemberLost", "SwapStalled", "UnsupportedSwapPolicy",
-                   "ActivationLost", "PromptCacheCarryFailed")
+                   "ActivationLost", "PromptCacheCarryFailed", "StreamsCut", "IdleProbeMisread")
 
 
 def is_warning(notice: Notice) -> bool:

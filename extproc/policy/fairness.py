@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 from .pool import PoolReader
+from .residency import linger
 from .state import Swap
 
 
@@ -37,5 +38,5 @@ def calm_at(m: PoolReader) -> float:
     if swap is None or due(m, swap, m.now):
         return -math.inf
     book, cap = m.requests, m.limits.drain_linger
-    return max((book.idle_since(name) + book.linger(name, m.now, cap) for name in m.others()),
+    return max((book.idle_since(name) + linger(m, name, cap) for name in m.others()),
                default=-math.inf)

@@ -57,7 +57,8 @@ import math
 from dataclasses import replace
 from operator import attrgetter
 
-from . import admission, carry, deadlines, fairness, modes, pacing, replicas, snapshot, watchdog
+from . import (admission, carry, deadlines, fairness, modes, pacing, priority, probecheck,
+               replicas, snapshot, watchdog)
 from .events import (ActuationChanged, AdmissionLease, Admit, CarryAnswered, Close, Command,
                      DrainAnnounced, Dropped, Event, Hold, IdleProbed, LeadershipChanged,
                      MemberObserved, Notice, PeersObserved, Reject, RequestArrived,
@@ -186,8 +187,8 @@ class PoolMachine:
         for member in [w for w in self.wishes if self.routable(w)]:
             del self.wishes[member]  # served already (adopted, or a swap a request drove)
         match event:
-            case RequestArrived(rid, member, max_wait):
-                self._arrive(rid, member, max_wait, now, out)
+            case RequestArrived() as arrival:
+                self._arrive(arrival, now, out)
             case RequestEnded(rid):
                 held = self.requests.end(rid, now)
                 if held is not None:
@@ -197,6 +198,7 @@ class PoolMachine:
             case SpecChanged(spec):
                 self._respec(spec, out)
             case IdleProbed(member, idle):
+                out.extend(probecheck.probed_idle(self, member, idle))
                 self._probed(member, idle)
             case StatusObserved(status):
                 before, self.status = self.status, status
@@ -225,6 +227,7 @@ class PoolMachine:
                 raise PolicyError(f"unknown event {event!r}")
         watchdog.watch(self, now, out)  # (first: a budget 503 at the stall's instant says so)
         self._expire(now, out)
+        admission.shed(self, out)  # past the held bound, the lowest negative priority goes
         advance(self, now, out)
         if modes.settle_fight(self, hands, out) or modes.resume(self, hands, out):
             advance(self, now, out)
@@ -238,8 +241,8 @@ class PoolMachine:
         report_policy(self.policy_memory, self, out)
         return out
 
-    def _arrive(self, rid: int, member: str, max_wait: float, now: float,
-                out: list[Command]) -> None:
+    def _arrive(self, arrival: RequestArrived, now: float, out: list[Command]) -> None:
+        rid, member, max_wait = arrival.rid, arrival.member, arrival.max_wait
         if member not in self.spec.members:
             raise PolicyError(f"{member!r} is not a member of pool {self.spec.key}")
         if self.requests.knows(rid):
@@ -251,15 +254,15 @@ class PoolMachine:
                 and pacing.admits(self, member):
             self.admit(rid, member, 0.0, out)
             return
-        refusal = admission.refusal(self, self.hands, rid, member, max_wait)
+        refusal = admission.refusal(self, self.hands, arrival)
         if refusal is not None:
             if refusal.wish:
                 self.wishes[member] = None
-            out.append(refusal.reject)
+            out.append(refusal.answer)
             return
         coalesced = self.swap is not None and self.swap.target == member
         deadline = now + self.spec.swap_budget
-        self.requests.hold(rid, member, now, deadline)
+        self.requests.hold(rid, member, now, deadline, priority.of(self.spec, arrival))
         out.append(Hold(rid, member, deadline, coalesced))
 
     def _observe(self, obs: MemberObservation, out: list[Command]) -> None:
@@ -272,6 +275,7 @@ class PoolMachine:
         if obs.name not in self.spec.members:
             raise PolicyError(f"{obs.name!r} is not a member of pool {self.spec.key}")
         before = self.obs.get(obs.name)
+        out.extend(probecheck.scaled_down(self, before, obs))
         self.obs[obs.name] = obs
         if before is not None and before.replicas != obs.replicas:  # (hands-off: not ours)
             modes.foreign_write(self, self.hands)
@@ -325,6 +329,7 @@ class PoolMachine:
         self.resident = member
         if since is not None:
             self.policy_memory.took_slot(member, since)
+            self.requests.took_slot(member, self.spec.min_residency)
 
     def pick_owner(self) -> None:
         """An owner was picked: a cold pool no longer warms spec.default."""
@@ -354,10 +359,11 @@ class PoolMachine:
         """``member`` loaded: its failure backoff ends now."""
         self.failed_until.pop(member, None)
 
-    def admit(self, rid: int, member: str, held_for: float, out: list[Command]) -> None:
+    def admit(self, rid: int, member: str, held_for: float, out: list[Command],
+              swap: str = "") -> None:
         """Let ``rid`` through to ``member`` and count it in flight."""
         self.requests.admit(rid, member, self.now)
-        out.append(Admit(rid, member, held_for))
+        out.append(Admit(rid, member, held_for, swap))
 
     def scale(self, member: str, replicas: int, out: list[Command]) -> None:
         """Ask for ``member`` at ``replicas`` (own mode's only way to change replicas)."""

@@ -63,6 +63,18 @@ class PoolSpec:
     max_held: int | None = None
     # annotation modelpool.inference.llmkube.dev/resume: a new value ends a hands-off spell now
     resume: str = ""
+    # annotation modelpool.inference.llmkube.dev/activation: Wait (hold, swap) or IfIdle
+    # (never swap behind a busy incumbent; ifidle.py), for requests that name neither
+    activation: str = "Wait"
+    # annotation modelpool.inference.llmkube.dev/fallbacks: member -> the routing value of
+    # the backend an IfIdle request for it goes to when the incumbent is busy
+    fallbacks: dict[str, str] = field(default_factory=dict)
+    # annotation modelpool.inference.llmkube.dev/min-residency: requests a new resident serves
+    # before it gives the slot up between two of them (residency.py; 0: off)
+    min_residency: int = 0
+    # annotation modelpool.inference.llmkube.dev/priorities: objective -> priority (higher
+    # takes the slot first; priority.py); unnamed objectives are 0
+    priorities: dict[str, int] = field(default_factory=dict)
 
 
 class Actuation(str, Enum):

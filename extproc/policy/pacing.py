@@ -67,12 +67,13 @@ def releasable(m: PoolReader, member: str) -> list[tuple[int, Held]]:
     return held if left == math.inf else held[:int(left)]
 
 
-def release(m: PoolWriter, member: str, now: float, out: list[Command]) -> int:
-    """Admit what ``releasable`` allows; return how many passed."""
+def release(m: PoolWriter, member: str, now: float, out: list[Command], swap: str = "") -> int:
+    """Admit what ``releasable`` allows (``swap``: the one that released them, if any); return
+    how many passed."""
     passing = releasable(m, member)
     for rid, held in passing:
         m.requests.unhold(rid)
-        m.admit(rid, member, now - held.arrived, out)
+        m.admit(rid, member, now - held.arrived, out, swap)
     return len(passing)
 
 

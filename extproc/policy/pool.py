@@ -113,8 +113,9 @@ class PoolWriter(PoolReader, Protocol):
     def clear_failure(self, member: str) -> None:
         """``member`` loaded: its failure backoff ends now."""
 
-    def admit(self, rid: int, member: str, held_for: float, out: list[Command]) -> None:
-        """Let ``rid`` through to ``member``."""
+    def admit(self, rid: int, member: str, held_for: float, out: list[Command],
+              swap: str = "") -> None:
+        """Let ``rid`` through to ``member`` (released by ``swap``, "incumbent->target")."""
 
     def scale(self, member: str, replicas: int, out: list[Command]) -> None:
         """Ask for ``member`` at ``replicas``."""

@@ -39,6 +39,7 @@ class Held:
     member: str
     arrived: float
     deadline: float
+    priority: int = 0  # who gets the slot next (priority.py): higher first
 
 
 class RequestBook:
@@ -60,6 +61,9 @@ class RequestBook:
         # (deadline, rid) of held requests; entries of requests no longer held are skipped
         # lazily, so every event costs O(log n) even with thousands of requests parked.
         self._deadlines: list[tuple[float, int]] = []
+        # The member that last took the slot by a swap, the requests admitted to it since,
+        # counted up to its minimum residency only (residency.py): a bounded count.
+        self._slot: tuple[str, int, int] = ("", 0, 0)  # (member, served, cap)
 
     # ---- what the machine asks ------------------------------------------------------------
 
@@ -90,6 +94,11 @@ class RequestBook:
             return 0.0
         return min(cap, max(LINGER_FLOOR_SHARE * cap, LINGER_FACTOR * gap))
 
+    def served_in_slot(self, member: str) -> int:
+        """Requests admitted to ``member`` since it took the slot (counted up to the cap)."""
+        name, served, _ = self._slot
+        return served if name == member else 0
+
     def held_for(self, member: str) -> Iterator[tuple[int, Held]]:
         """The requests held for ``member``, oldest first (a snapshot: safe to change the book)."""
         return iter([(rid, h) for rid, h in self.held.items() if h.member == member])
@@ -118,9 +127,10 @@ class RequestBook:
                 returns = self._returns[member] = deque(maxlen=RETURNS_KEPT)
             returns.append((now, gap))
 
-    def hold(self, rid: int, member: str, now: float, deadline: float) -> None:
-        """Park ``rid`` for ``member`` until ``deadline``."""
-        self.held[rid] = Held(member, now, deadline)
+    def hold(self, rid: int, member: str, now: float, deadline: float,
+             priority: int = 0) -> None:
+        """Park ``rid`` for ``member`` until ``deadline``, at ``priority``."""
+        self.held[rid] = Held(member, now, deadline, priority)
         self.held_by[member] = self.held_by.get(member, 0) + 1
         heapq.heappush(self._deadlines, (deadline, rid))
 
@@ -137,6 +147,13 @@ class RequestBook:
             latest[0] = (member, now)
         else:
             self._latest_admits = [(member, now), *latest[:1]]
+        name, served, cap = self._slot
+        if name == member and served < cap:
+            self._slot = (name, served + 1, cap)
+
+    def took_slot(self, member: str, cap: int) -> None:
+        """``member`` took the slot by a swap: count its next ``cap`` admissions."""
+        self._slot = (member, 0, cap)
 
     def end(self, rid: int, now: float) -> Held | None:
         """The request's stream closed: None if it was in flight, its Held if it was held."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from . import fairness, pacing, replicas
+from . import fairness, pacing, priority, replicas
 from .events import Command, Notice, ProbeIdle, Reject
 from .model import PHASE_FAILED, Actuation
 from .pool import PoolReader, PoolWriter
@@ -79,7 +79,7 @@ def wanted(m: PoolReader) -> str:
     hint = m.hints.pending
     if hint in m.spec.members and not m.routable(hint):
         return hint  # resume the swap a previous process (or leader) started
-    for held in m.requests.held.values():  # oldest first: insertion order
+    for held in priority.precedence(m):  # highest priority first (aged: oldest), then oldest
         if not m.routable(held.member):
             return held.member
     for member in m.wishes:  # requests refused for their own deadline (admission.py)
@@ -327,7 +327,8 @@ def complete(m: PoolWriter, now: float, out: Out) -> None:
     # Only if the target may be routed to now: a replica past its admission Lease, or one
     # following a leader (or LLMKube) that already announced the next swap, keeps them held;
     # Idle's release edge lets them go once it may. Paced: up to its capacity (pacing.py).
-    released = pacing.release(m, swap.target, now, out)
+    via = f"{swap.incumbent or '(none)'}->{swap.target}"  # (the answer's x-modelpool-swap)
+    released = pacing.release(m, swap.target, now, out, via)
     out.append(Notice("SwapCompleted", f"swap {swap.incumbent or '(none)'} -> "
                       f"{swap.target} completed in {duration:.1f}s, {released} released",
                       source=swap.incumbent, target=swap.target, duration=duration,

@@ -32,13 +32,13 @@ from google.protobuf.message import DecodeError
 
 from .. import metrics
 from ..logs import get_logger
-from ..policy.events import Admit, Reject
+from ..policy.events import Admit, Divert, Reject
 from ..runtime.driver import Ticket
 from ..runtime.hub import Hub, Route
 from ..settings import Settings
 from . import answers, picker
-from .request import (ATTRIBUTES_KEY, BadRequest, RequestHead, max_wait, model_from_body,
-                      read_attributes, read_head)
+from .request import (ATTRIBUTES_KEY, BadRequest, RequestHead, activation, max_wait,
+                      model_from_body, priority, read_attributes, read_head)
 
 log = get_logger(__name__)
 
@@ -107,6 +107,8 @@ class ExtProcService:
             try:
                 model = model_from_body(head, body, self._settings.max_body_bytes)
                 patience = max_wait(head)
+                asks = activation(head)
+                rank = priority(head)
             except BadRequest as exc:
                 await context.write(self._refuse(head, exc))
                 return await self._until_closed(context)
@@ -118,7 +120,7 @@ class ExtProcService:
             if route is None:
                 await context.write(self._unrouted(head, model))
                 return await self._until_closed(context, head)
-            ticket = route.driver.arrive(route.member, patience)
+            ticket = route.driver.arrive(route.member, patience, asks, head.objective, rank)
             if ticket.waiter is not None:
                 if not await self._park(context, ticket, route, head):
                     return  # the client left while held
@@ -256,21 +258,41 @@ class ExtProcService:
         if isinstance(decision, Admit):
             self._count(key.namespace, key.name, "held_admitted" if decision.held_for
                         else "admitted")
+            value = self._route_value(key, route.member)
             if decision.held_for:
                 log.debug("held request released", namespace=key.namespace, pool=key.name,
                          member=route.member, request_id=head.request_id,
-                         held_s=round(decision.held_for, 3))
-            if self._picker is None:
-                return [answers.route(self._header, self._route_value(key, route.member))]
-            return await self._pick(route, head, kept)
+                         held_s=round(decision.held_for, 3), swap=decision.swap)
+            if self._picker is not None:
+                return await self._pick(route, head, kept)
+            value = self._route_value(key, route.member)
+            if decision.held_for:
+                return [answers.released(self._header, value, decision.held_for, decision.swap)]
+            return [answers.route(self._header, value)]
+        if isinstance(decision, Divert) and self._picker is None:
+            self._count(key.namespace, key.name, "fallback")
+            log.info("request sent to its fallback", namespace=key.namespace, pool=key.name,
+                     member=route.member, request_id=head.request_id, fallback=decision.to,
+                     reason=decision.reason)
+            return [answers.route(self._header, decision.to, fallback=True)]
+        if isinstance(decision, Divert):
+            # An endpoint picker can only name pods of its InferencePool, and a fallback is
+            # none of them: the request is answered as if the pool named no fallback.
+            decision = Reject(decision.rid, 503, "pool_incumbent_busy",
+                              f"{route.member!r} is not resident and the incumbent is busy; "
+                              f"its fallback {decision.to!r} is outside the InferencePool",
+                              retry_after=1)
         assert isinstance(decision, Reject)
         self._count(key.namespace, key.name, decision.code)
         log.info("request refused", namespace=key.namespace, pool=key.name,
                  member=route.member, request_id=head.request_id, status=decision.status,
                  code=decision.code)
+        said = ((answers.PREDICTED_WAIT_HEADER,
+                 f"{route.driver.predicted_wait(route.member):.1f}"),) \
+            if decision.status == 503 else ()
         return [self._error(head, decision.status, decision.code, decision.message, "model",
-                            (("retry-after", str(decision.retry_after)),)
-                            if decision.retry_after else ())]
+                            ((("retry-after", str(decision.retry_after)),)
+                             if decision.retry_after else ()) + said)]
 
     async def _pick(self, route: Route, head: RequestHead, kept: bytes) -> list[bytes]:
         """Endpoint picker: name a Ready pod of the admitted member, or 503 when none fits."""

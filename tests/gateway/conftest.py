@@ -134,7 +134,7 @@ async def gateway(gateway_run: GatewayRun, pool: ExamplePool, envoy_bin: Path,
                                pools_file=str(pools_file), park_timeout_override=False))
     stack = GatewayStack(service)
     try:
-        for name in pool.members:
+        for name in pool.members + pool.fallbacks:  # (the fallbacks' Services too)
             stack.members[name] = await start_upstream(name, token_delay_ms=1)
         await service.start()
         stack.envoy = run_translated(gateway_run, service.grpc_port,

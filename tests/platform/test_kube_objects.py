@@ -145,3 +145,40 @@ def test_max_held_annotation_is_read_and_a_bad_one_falls_back_to_the_setting() -
         spec, problems = pool_spec(pool({"members": members("a")}, {annotation: raw}), SETTINGS)
         assert spec.max_held is None
         assert len(problems) == 1 and annotation in problems[0] and repr(raw) in problems[0]
+
+
+def test_activation_and_fallback_annotations_are_read_and_bad_ones_reported() -> None:
+    activation = "modelpool.inference.llmkube.dev/activation"
+    fallbacks = "modelpool.inference.llmkube.dev/fallbacks"
+    obj = pool({"members": members("a", "b")},
+               {activation: "if-idle", fallbacks: "a=a-small, b=b-cloud:443"})
+    spec, problems = pool_spec(obj, SETTINGS)
+    assert problems == () and spec.activation == "IfIdle"
+    ns = spec.key.namespace
+    assert spec.fallbacks == {"a": f"fallback.a-small.{ns}", "b": f"fallback.b-cloud.{ns}"}
+    assert pool_spec(pool({"members": members("a")}), SETTINGS)[0].activation == "Wait"
+    spec, problems = pool_spec(pool({"members": members("a")}, {
+        activation: "eventually", fallbacks: "nobody=x,a=y:port,a"}), SETTINGS)
+    assert spec.activation == "Wait" and spec.fallbacks == {}
+    assert len(problems) == 4
+    assert sum(fallbacks in p for p in problems) == 3
+    assert sum(activation in p and "'eventually'" in p for p in problems) == 1
+
+
+def test_min_residency_annotation_is_read_and_a_bad_one_is_off() -> None:
+    annotation = "modelpool.inference.llmkube.dev/min-residency"
+    spec, problems = pool_spec(pool({"members": members("a")}, {annotation: "4"}), SETTINGS)
+    assert (spec.min_residency, problems) == (4, ())
+    assert pool_spec(pool({"members": members("a")}), SETTINGS)[0].min_residency == 0
+    spec, problems = pool_spec(pool({"members": members("a")}, {annotation: "many"}), SETTINGS)
+    assert spec.min_residency == 0 and "0 (off)" in problems[0]
+
+
+def test_priorities_annotation_is_read_and_bad_entries_reported() -> None:
+    annotation = "modelpool.inference.llmkube.dev/priorities"
+    spec, problems = pool_spec(pool({"members": members("a")},
+                                    {annotation: "critical=10, batch=-5"}), SETTINGS)
+    assert (spec.priorities, problems) == ({"critical": 10, "batch": -5}, ())
+    spec, problems = pool_spec(pool({"members": members("a")},
+                                    {annotation: "urgent=high,=3,x"}), SETTINGS)
+    assert spec.priorities == {} and len(problems) == 3

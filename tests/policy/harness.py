@@ -16,8 +16,8 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from cluster_model import Cluster, IdleGate
-from extproc.policy.events import (Admit, CarryAnswered, CarrySlots, Command, Event, Hold,
-                                   IdleProbed, MemberObserved, Notice, ProbeIdle, Reject,
+from extproc.policy.events import (Admit, CarryAnswered, CarrySlots, Command, Divert, Event,
+                                   Hold, IdleProbed, MemberObserved, Notice, ProbeIdle, Reject,
                                    RequestArrived, RequestEnded, Scale, StatusObserved, Tick)
 from extproc.policy import pacing
 from extproc.policy.machine import Limits, PoolMachine
@@ -68,7 +68,10 @@ class Request:
     duration: float
     abandon_at: float = math.inf
     max_wait: float = math.inf  # the client's own deadline (x-modelpool-max-wait)
-    state: str = "new"  # new | held | admitted | rejected | abandoned | done
+    activation: str = ""  # Wait | IfIdle (x-modelpool-activation); "": the pool's
+    priority: int | None = None  # x-modelpool-priority (None: the pool's mapping, 0)
+    objective: str = ""  # x-gateway-inference-objective
+    state: str = "new"  # new | held | admitted | rejected | diverted | abandoned | done
     deadline: float = math.inf
     held: bool = False
     coalesced: bool = False
@@ -126,11 +129,13 @@ class Driver:
         heapq.heappush(self._queue, (when, next(self._seq), action))
 
     def request(self, member: str, at: float | None = None, duration: float = 2.0,
-                abandon_after: float = math.inf, max_wait: float = math.inf) -> int:
+                abandon_after: float = math.inf, max_wait: float = math.inf,
+                activation: str = "", priority: int | None = None, objective: str = "") -> int:
         """Schedule a request for ``member``; returns its rid."""
         when = self.now if at is None else at
         rid = next(self._rids)
-        req = Request(rid, member, when, duration, when + abandon_after, max_wait)
+        req = Request(rid, member, when, duration, when + abandon_after, max_wait, activation,
+                      priority, objective)
         self.requests[rid] = req
         self.at(when, lambda: self._arrive(req))
         if abandon_after != math.inf:
@@ -230,6 +235,12 @@ class Driver:
                     else command.retry_after >= 1
                 req.state, req.ended, req.reject = "rejected", self.now, command
                 del self._live[wire]
+            case Divert(wire, member, to):
+                req = self._req(wire)
+                assert req.state == "new" and member == req.member, (command, req)
+                assert to == self.machine.spec.fallbacks[member], command
+                req.state, req.ended = "diverted", self.now
+                del self._live[wire]
             case Scale(member, replicas):
                 self._check_scale(member, replicas)
                 self.cluster.scale(member, replicas, self.now)
@@ -288,7 +299,8 @@ class Driver:
             wire = next(i for i in itertools.count(1) if i not in self._live)
         req.wire = wire
         self._live[wire] = req.rid
-        self.feed(RequestArrived(wire, req.member, req.max_wait))
+        self.feed(RequestArrived(wire, req.member, req.max_wait, req.activation,
+                                 req.objective, req.priority))
 
     def _ended(self, req: Request) -> None:
         if req.state == "admitted":

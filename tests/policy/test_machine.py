@@ -132,7 +132,7 @@ def test_all_held_requests_for_the_target_are_released_together() -> None:
     rids = [d.request("b", at=t) for t in (0, 4, 9)]
     d.run()
     admits = [(t, c) for t, c in d.log if isinstance(c, Admit)]
-    assert admits == [(SWAP, Admit(r, "b", SWAP - t)) for r, t in zip(rids, (0, 4, 9))]
+    assert admits == [(SWAP, Admit(r, "b", SWAP - t, "a->b")) for r, t in zip(rids, (0, 4, 9))]
     assert d.notices("SwapCompleted")[0].released == 3
 
 
