@@ -242,7 +242,7 @@ class PoolMachine:
         return out
 
     def _arrive(self, arrival: RequestArrived, now: float, out: list[Command]) -> None:
-        rid, member, max_wait = arrival.rid, arrival.member, arrival.max_wait
+        rid, member = arrival.rid, arrival.member
         if member not in self.spec.members:
             raise PolicyError(f"{member!r} is not a member of pool {self.spec.key}")
         if self.requests.knows(rid):
