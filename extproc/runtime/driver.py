@@ -190,13 +190,14 @@ class PoolDriver:
             return
         for cmd in commands:
             self._execute(cmd)
-        view = machine.view()
-        shown = self._shown(view)
-        if shown != self._published:
-            self._published = shown
-            self._publish(view)
-        if machine.requests.held_by != self._held_by:
-            self._count_held(machine.requests.held_by)
+        if not machine.booked_only:  # a resident hit booked in one pass changes neither
+            view = machine.view()
+            shown = self._shown(view)
+            if shown != self._published:
+                self._published = shown
+                self._publish(view)
+            if machine.requests.held_by != self._held_by:
+                self._count_held(machine.requests.held_by)
         self._tell_peers(machine)
         deadline = machine.next_deadline()
         if deadline != self._timer_at:
