@@ -75,8 +75,8 @@ _SHARED: dict[int, object] = {}  # id -> fingerprint of shared frozen values (Po
 
 def _shown(m: PoolMachine) -> tuple:
     """What the driver derives from the machine after an event: the view without its held and
-    in-flight counts (gauges), and the held counts by member."""
-    return replace(m.view(), held=0, in_flight=0), dict(m.requests.held_by)
+    in-flight counts (gauges), the held counts by member, and the next deadline."""
+    return replace(m.view(), held=0, in_flight=0), dict(m.requests.held_by), m.next_deadline()
 
 
 def fingerprint(value: object) -> object:
@@ -304,8 +304,8 @@ class Search:
                     self._same_as_full(m, commands, full, full.handle(event, now), trace)
                     if m.booked_only and _shown(m) != shown:
                         # the driver skips the view and the held gauges after such a pass
-                        raise Violation("a one-pass booking changed the view or the held "
-                                        f"counts: {shown} -> {_shown(m)}", trace)
+                        raise Violation("a one-pass booking changed the view, the held "
+                                        f"counts or the deadline: {shown} -> {_shown(m)}", trace)
             except PolicyError as exc:
                 raise Violation(f"PolicyError: {exc}", trace) from None
             for command in commands:
