@@ -40,7 +40,8 @@ export MODELPOOL_KUBE_BIN_DIR := $(abspath $(KUBE_BIN))
 .PHONY: demo test bench bootstrap kube-tools clean
 
 # Environment: MODELPOOL_DEMO_PORT (Envoy's port, 8080), MODELPOOL_DEMO_ACTUATION (own|llmkube),
-# MODELPOOL_DEMO_REPLICAS (ext_proc replicas, 1); see the README's demo section.
+# MODELPOOL_DEMO_REPLICAS (ext_proc replicas, 1), MODELPOOL_DEMO_ENDPOINT_PICKER (1: behind an
+# InferencePool-style gateway, the ext_proc as its endpoint picker); see the README's demo section.
 demo: bootstrap
 	$(PY) -m devstack demo
 

@@ -14,6 +14,7 @@ the commit log and the emulator's request record tell their writes apart.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import urllib.request
@@ -22,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from devstack import proberouter
 from devstack.procs import LOCALHOST, PROJECT_ROOT, EnvoyProcess, ManagedProcess, free_port, \
     wait_for_http
 from devstack.reconciler import USER as RECONCILER_USER
@@ -38,9 +40,10 @@ EXTPROC_USER = "modelpool-extproc"
 SIMULATOR_USER = "simulator"
 
 
-def _objects(load_delay: float, unload_delay: float) -> list[dict[str, Any]]:
+def _objects(load_delay: float, unload_delay: float,
+             annotations: dict[str, str] | None = None) -> list[dict[str, Any]]:
     delays = {"sim.llmkube.dev/load-delay": f"{load_delay}s",
-              "sim.llmkube.dev/unload-delay": f"{unload_delay}s"}
+              "sim.llmkube.dev/unload-delay": f"{unload_delay}s", **(annotations or {})}
     return pool_with_members(POOL, NAMESPACE, MEMBERS, default=MEMBERS[0], swap_budget="120s",
                              member_annotations={m: delays for m in MEMBERS})
 
@@ -49,7 +52,10 @@ class ClusterStack:
     """Start with ``start()``, always ``stop()``; ``url`` is Envoy's chat endpoint."""
 
     def __init__(self, workdir: Path, load_delay: float, unload_delay: float,
-                 sink_for: str | None = None, actuation: str = "own") -> None:
+                 sink_for: str | None = None, actuation: str = "own", *,
+                 extproc_args: tuple[str, ...] = (),
+                 member_annotations: dict[str, str] | None = None,
+                 member_env: dict[str, str] | None = None) -> None:
         if actuation not in ACTUATIONS:
             raise ValueError(f"actuation must be one of {', '.join(ACTUATIONS)}: {actuation!r}")
         self.workdir = workdir
@@ -64,10 +70,15 @@ class ClusterStack:
         # Envoy sends this member's traffic to a bare Envoy answering 200 over h2 instead of
         # the simulator's Python server (the scale test measures release, not that server).
         self.sink_for = sink_for
+        # (the warm-swap part: every member's annotations, and its server's environment)
+        self.member_annotations, self.member_env = member_annotations, member_env
         mode = ("--actuation", actuation) if actuation != "own" else ()
+        # the idle probe and the slot client dial the members through the probe router
+        self.probe_port = free_port()
         self.extproc = services.ExtProc(workdir, "extproc", services.EXTPROC,
                                         "--kubeconfig", str(self.user_kubeconfigs[EXTPROC_USER]),
-                                        "--namespace", NAMESPACE, *mode)
+                                        "--namespace", NAMESPACE, *mode, "--idle-probe-url",
+                                        proberouter.template(self.probe_port), *extproc_args)
         self._procs: list[Any] = []
         self.envoy: EnvoyProcess | None = None
 
@@ -97,7 +108,8 @@ class ClusterStack:
         wait_for_http(f"{self.api_url}/version", timeout=30)
         wait_until(self.kubeconfig.exists, 10, "kubeconfig")
         manifest = self.workdir / "objects.yaml"
-        manifest.write_text(yaml.safe_dump_all(_objects(self.load_delay, self.unload_delay)),
+        manifest.write_text(yaml.safe_dump_all(_objects(self.load_delay, self.unload_delay,
+                                                        self.member_annotations)),
                             encoding="utf-8")
         self.kubectl("apply", "-f", str(manifest))
         sim = [sys.executable, "-m", "devstack.simulator",
@@ -109,15 +121,15 @@ class ClusterStack:
             sim += ["--port", f"{member}={port}"]
         if self.actuation == "llmkube":
             sim += ["--rollout-delay", f"{ROLLOUT_DELAY}s"]
-        self._procs.append(self._launch("simulator", sim))
+        self._procs.append(self._launch("simulator", sim, self.member_env))
+        # LLMKube's idle probe dials the members' cluster DNS names, ours the router's paths
+        probe_port = self.probe_port
+        self._procs.append(self._launch("proberouter", [
+            sys.executable, "-m", "devstack.proberouter", "--port", str(probe_port),
+            *[a for m, port in self.sim_ports.items()
+              for a in ("--member", f"{NAMESPACE}/{m}={port}")]]))
+        wait_for_http(f"http://{LOCALHOST}:{probe_port}/healthz", timeout=30)
         if self.actuation == "llmkube":  # it warms the default member; routed below once Ready
-            # its idle probe dials the members' cluster DNS names: the probe router answers them
-            probe_port = free_port()
-            self._procs.append(self._launch("proberouter", [
-                sys.executable, "-m", "devstack.proberouter", "--port", str(probe_port),
-                *[a for m, port in self.sim_ports.items()
-                  for a in ("--member", f"{NAMESPACE}/{m}={port}")]]))
-            wait_for_http(f"http://{LOCALHOST}:{probe_port}/healthz", timeout=30)
             self._procs.append(self._launch("reconciler", [
                 sys.executable, "-m", "devstack.reconciler", "--namespace", NAMESPACE,
                 "--kubeconfig", str(self.user_kubeconfigs[RECONCILER_USER]),
@@ -172,8 +184,10 @@ class ClusterStack:
         with urllib.request.urlopen(request, timeout=10) as resp:
             resp.read()
 
-    def _launch(self, name: str, args: list[str]) -> ManagedProcess:
-        return ManagedProcess(args, self.workdir / f"{name}.log", cwd=PROJECT_ROOT).start()
+    def _launch(self, name: str, args: list[str],
+                env: dict[str, str] | None = None) -> ManagedProcess:
+        return ManagedProcess(args, self.workdir / f"{name}.log", cwd=PROJECT_ROOT,
+                              env={**os.environ, **env} if env else None).start()
 
 
 def body_for(member: str) -> bytes:

@@ -11,7 +11,7 @@ from typing import Any
 
 from devstack.procs import PROJECT_ROOT
 
-from . import report_ha, report_peer
+from . import report_ha, report_peer, report_warm
 
 RESULTS = PROJECT_ROOT / "bench" / "results.json"
 DOC = PROJECT_ROOT / "docs" / "benchmarks.md"
@@ -141,6 +141,7 @@ def render(r: dict[str, Any]) -> str:
             f"({h['api_calls_by_kind'] or 'none'}); the ext_proc's own counter moved by "
             f"{h['extproc_counted_calls']}."]
     out += report_ha.section(r.get("ha"))
+    out += report_warm.section(r.get("warm"))
     out += ["", "### Commands", "", "```",
             "make bench            # = .venv/bin/python -m bench.run"]
     for c in ("c1", "c32"):

@@ -7,8 +7,8 @@ import sys
 
 from devstack.simulator_kube import duration_arg
 from devstack.stack import ACTUATIONS
-from devstack.stack_demo import REPLICAS_ENV, default_actuation, default_replicas, \
-    default_workdir, run
+from devstack.stack_demo import REPLICAS_ENV, default_actuation, default_endpoint_picker, \
+    default_replicas, default_workdir, run
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -35,6 +35,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     demo.add_argument("--replicas", default=default_replicas(),
                       help="ext_proc replicas behind the one Envoy (default: "
                       f"${REPLICAS_ENV} or 1)")
+    demo.add_argument("--endpoint-picker", action=argparse.BooleanOptionalAction,
+                      default=default_endpoint_picker(),
+                      help="run behind an InferencePool-style gateway: the ext_proc as its "
+                      "endpoint picker, members' pods on 127.0.0.2, 127.0.0.3, ... (default: "
+                      "$MODELPOOL_DEMO_ENDPOINT_PICKER or off; one replica)")
     demo.add_argument("--workdir", default=str(default_workdir()),
                       help="kubeconfig, logs and records (default: .demo, or $MODELPOOL_DEMO_DIR)")
     args = parser.parse_args(argv)

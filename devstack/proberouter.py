@@ -8,8 +8,9 @@ the local stack can never answer and a lost replica's requests would only be set
 member's own server (``devstack.upstream``, which serves llama.cpp's ``/slots``) and passing
 its answer through unchanged; a member it cannot reach is answered 502 (the probe then says
 "cannot tell" and the swap waits, as on a cluster). ``GET /asked`` counts the probes per
-member. Point the service at it with
-``--idle-probe-url http://127.0.0.1:<port>/{namespace}/{member}/slots``.
+member. ``POST /{namespace}/{member}/slots/{id}?action=save|restore|erase`` passes llama.cpp's
+slot save and restore through the same way (prompt-cache carry-over). Point the service at it
+with ``--idle-probe-url http://127.0.0.1:<port>/{namespace}/{member}/slots``.
 
 It is also an HTTP proxy for the one name LLMKube's reconciler dials,
 ``http://<member>.<namespace>.svc.cluster.local:<port>/slots`` (the LLMKube stand-in's
@@ -48,6 +49,23 @@ async def _slots(request: web.Request) -> web.Response:
     return await _forward(request, key)
 
 
+async def _slot_action(request: web.Request) -> web.Response:
+    """``POST /{namespace}/{member}/slots/{id}?action=...``: llama.cpp's slot save/restore."""
+    key = f"{request.match_info['namespace']}/{request.match_info['member']}"
+    port = request.app[_MEMBERS].get(key)
+    if port is None:
+        return web.Response(status=404, text=f"no member {key}\n")
+    url = f"http://{LOCALHOST}:{port}/slots/{request.match_info['slot']}?{request.query_string}"
+    try:
+        async with request.app[_SESSION].post(url, data=await request.read(),
+                                              headers={"content-type": "application/json"},
+                                              timeout=aiohttp.ClientTimeout(total=30)) as resp:
+            return web.Response(status=resp.status, body=await resp.read(),
+                                content_type=resp.content_type)
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        return web.Response(status=502, text=f"{key}: {exc!r}\n")
+
+
 async def _proxied_slots(request: web.Request) -> web.Response:
     """A proxied ``GET http://<member>.<ns>.svc.cluster.local:<port>/slots``: DNS's part."""
     host = request.headers.get("Host", "")  # aiohttp's request.host drops the port
@@ -61,13 +79,14 @@ async def _proxied_slots(request: web.Request) -> web.Response:
 
 
 async def _forward(request: web.Request, key: str) -> web.Response:
-    port = request.app[_MEMBERS].get(key)
+    port = request.app[_MEMBERS].get(key)  # a port on 127.0.0.1, or "host:port"
     if port is None:
         return web.Response(status=404, text=f"no member {key}\n")
     asked = request.app[_ASKED]
     asked[key] = asked.get(key, 0) + 1
     try:
-        async with request.app[_SESSION].get(f"http://{LOCALHOST}:{port}/slots",
+        address = port if isinstance(port, str) else f"{LOCALHOST}:{port}"
+        async with request.app[_SESSION].get(f"http://{address}/slots",
                                              timeout=aiohttp.ClientTimeout(total=2)) as resp:
             return web.Response(status=resp.status, body=await resp.read(),
                                 content_type=resp.content_type)
@@ -78,13 +97,14 @@ async def _forward(request: web.Request, key: str) -> web.Response:
 class ProbeRouter:
     """The router in this process (tests): ``await start()``, ``await stop()``."""
 
-    def __init__(self, port: int, members: dict[str, int]) -> None:
+    def __init__(self, port: int, members: dict[str, int | str]) -> None:
         self.port = port
         self.app = web.Application()
         self.app[_MEMBERS] = members
         self.app[_ASKED] = {}
         self.app[_HOSTS] = {}
         self.app.router.add_get("/{namespace}/{member}/slots", _slots)
+        self.app.router.add_post("/{namespace}/{member}/slots/{slot}", _slot_action)
         self.app.router.add_get("/slots", _proxied_slots)
         self.app.router.add_get("/asked", _asked)
         self.app.router.add_get("/asked-hosts", _asked_hosts)
@@ -116,7 +136,7 @@ class ProbeRouter:
             await self.app[_SESSION].close()
 
 
-async def serve(port: int, members: dict[str, int]) -> None:
+async def serve(port: int, members: dict[str, int | str]) -> None:
     """Serve until SIGTERM or SIGINT."""
     router = ProbeRouter(port, members)
     await router.start()
@@ -127,13 +147,14 @@ async def serve(port: int, members: dict[str, int]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Command line: --port P --member NAMESPACE/MEMBER=PORT ..."""
+    """Command line: --port P --member NAMESPACE/MEMBER=PORT (or =HOST:PORT) ..."""
     parser = argparse.ArgumentParser(prog="python -m devstack.proberouter", description=__doc__)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--member", action="append", default=[], metavar="NS/MEMBER=PORT",
                         type=lambda text: tuple(text.split("=", 1)))
     args = parser.parse_args(argv)
-    asyncio.run(serve(args.port, {key: int(port) for key, port in args.member}))
+    asyncio.run(serve(args.port, {key: int(port) if port.isdigit() else port
+                                  for key, port in args.member}))
 
 
 async def _asked(request: web.Request) -> web.Response:

@@ -293,6 +293,8 @@ class EnvoyProcess:
         build: Callable[[int, int, Path], dict[str, Any]],
         *,
         workdir: Path | str | None = None,
+        listen_port: int | None = None,
+        admin_port: int | None = None,
         concurrency: int = 1,
         log_level: str = "warn",
     ) -> "EnvoyProcess":
@@ -302,7 +304,7 @@ class EnvoyProcess:
         translation): `build` must put the listener and the admin interface on those ports.
         """
         envoy = cls.__new__(cls)
-        envoy._place(workdir, None, None)
+        envoy._place(workdir, listen_port, admin_port)
         envoy._prepare(build(envoy.listen_port, envoy.admin_port, envoy.access_log_path),
                        concurrency, log_level)
         return envoy

@@ -65,7 +65,7 @@ from typing import Any, Iterable
 
 from kubernetes.aio import client
 
-from devstack.procs import free_port
+from devstack.procs import LOCALHOST, free_port
 from devstack.simulator_kube import GROUP, PLURAL, SERVICE_LABEL, VERSION, ApiSource, Kube, \
     await_first_lists, connect, controller_parser, disconnect, duration_arg, \
     parse_controller_args, run_controller, watch_forever
@@ -85,8 +85,9 @@ class MemberSimulator:
                  default_load_delay: float = 3.0, default_unload_delay: float = 1.0,
                  timeline_path: str | os.PathLike[str] | None = None,
                  log_dir: str | os.PathLike[str] | None = None,
-                 rollout_delay: float = 0.0) -> None:
+                 rollout_delay: float = 0.0, hosts: dict[str, str] | None = None) -> None:
         self._api_arg = api
+        self._hosts = dict(hosts or {})  # member -> its pod's loopback address (127.0.0.1)
         self.namespaces = [namespaces] if isinstance(namespaces, str) else list(namespaces)
         self._ports = dict(ports or {})
         self.default_load_delay = default_load_delay
@@ -110,13 +111,17 @@ class MemberSimulator:
             self._ports[member] = free_port()
         return self._ports[member]
 
+    def host_for(self, member: str) -> str:
+        """The member's pod address: its own loopback address (--host), else 127.0.0.1."""
+        return self._hosts.get(member, LOCALHOST)
+
     async def start(self) -> None:
         """Connect, list every namespace once, and start watching and reconciling."""
         self._api = await connect(self._api_arg)
         kube = Kube(self._api)
         self._ctx = SimContext(kube, self.timeline, self.default_load_delay,
                                self.default_unload_delay, self.port_for, self.log_dir,
-                               self.rollout_delay)
+                               self.rollout_delay, self.host_for)
         listed: list[asyncio.Event] = []
         for ns in self.namespaces:
             done = asyncio.Event()
@@ -186,12 +191,22 @@ def _port_pair(text: str) -> tuple[str, int]:
     return member, int(port)
 
 
+def _host_pair(text: str) -> tuple[str, str]:
+    member, sep, host = text.partition("=")
+    if not sep or not member or not host.startswith("127."):
+        raise argparse.ArgumentTypeError(f"expected MEMBER=127.x.y.z, got {text!r}")
+    return member, host
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line of ``python -m devstack.simulator``."""
     parser = controller_parser("python -m devstack.simulator",
                                "Simulate LLMKube members for the local stack.")
     parser.add_argument("--port", action="append", type=_port_pair, default=[],
                         metavar="MEMBER=PORT", help="fixed upstream port of a member (repeatable)")
+    parser.add_argument("--host", action="append", type=_host_pair, default=[],
+                        metavar="MEMBER=IP", help="a member's pod address on loopback, e.g. "
+                        "127.0.0.2 (repeatable; default 127.0.0.1)")
     parser.add_argument("--load-delay", type=duration_arg, default=3.0, help="default load delay")
     parser.add_argument("--unload-delay", type=duration_arg, default=1.0,
                         help="default unload delay")
@@ -206,7 +221,8 @@ def main(argv: list[str] | None = None) -> None:
     """Run the simulator until SIGINT or SIGTERM."""
     args = parse_args(argv)
     sim = MemberSimulator(args.kubeconfig, args.namespaces, dict(args.port), args.load_delay,
-                          args.unload_delay, args.timeline, args.log_dir, args.rollout_delay)
+                          args.unload_delay, args.timeline, args.log_dir, args.rollout_delay,
+                          dict(args.host))
     run_controller(sim, lambda: f"simulator running: namespaces={sim.namespaces} "
                    f"ports={sim.ports} log_dir={sim.log_dir}")
 

@@ -193,10 +193,13 @@ class Kube:
         }
         return self.to_dict(await self.core.create_namespaced_pod(namespace, body))
 
-    async def set_pod_phase(self, namespace: str, name: str, phase: str, ready: bool) -> None:
-        """Write the pod's status phase and Ready condition through /status."""
-        status = {"phase": phase, "conditions": [
+    async def set_pod_phase(self, namespace: str, name: str, phase: str, ready: bool,
+                            ip: str = "") -> None:
+        """Write the pod's status phase, Ready condition (and podIP) through /status."""
+        status: dict[str, Any] = {"phase": phase, "conditions": [
             {"type": "Ready", "status": "True" if ready else "False"}]}
+        if ip:
+            status["podIP"] = ip
         await self.core.patch_namespaced_pod_status(
             name, namespace, {"status": status}, _content_type=MERGE_PATCH)
 

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from devstack.simulator_kube import (
     KILL_SEEN, TRANSIENT, Backoff, Kube, is_terminating, parse_duration, wait_event)
-from devstack.procs import ManagedProcess
+from devstack.procs import LOCALHOST, ManagedProcess
 from devstack.simulator_server import STOP_GRACE, UpstreamServer, start_standby
 from devstack.simulator_timeline import Timeline
 from kubernetes.aio.client.exceptions import ApiException
@@ -46,6 +46,9 @@ class SimContext:
     # The Deployment and ReplicaSet controllers' hops between spec.replicas 1 and a Pod object:
     # the window in which LLMKube's ModelPool reconciler holds an early trigger at 0.
     rollout_delay: float = 0.0
+    # A member's pod address (its podIP): 127.0.0.1, or its own loopback address when the
+    # stack runs behind an endpoint picker (pods of one port on distinct addresses).
+    host_for: Callable[[str], str] = lambda member: LOCALHOST
 
 
 def _annotations(isvc: dict[str, Any] | None) -> dict[str, str]:
@@ -119,7 +122,7 @@ class MemberActor:
         """Start the member's next server process now, so a load need not wait for it."""
         if self.standby is None or not self.standby.running:
             self.standby = start_standby(self.name, self.ctx.port_for(self.name),
-                                         self.ctx.log_dir)
+                                         self.ctx.log_dir, self.ctx.host_for(self.name))
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -269,7 +272,8 @@ class MemberActor:
     async def _start_server(self, pod_name: str, adopted: bool) -> None:
         port = self.ctx.port_for(self.name)
         standby, self.standby = self.standby, None
-        server = UpstreamServer(self.name, port, self.ctx.log_dir, standby)
+        server = UpstreamServer(self.name, port, self.ctx.log_dir, standby,
+                                self.ctx.host_for(self.name))
         try:
             await server.start()
         except asyncio.CancelledError:
@@ -290,9 +294,10 @@ class MemberActor:
         await self._report_ready()
 
     async def _report_ready(self) -> None:
-        port = self.ctx.port_for(self.name)
-        await self.kube.set_pod_phase(self.namespace, self.server_pod, "Running", ready=True)
-        await self._report("Ready", 1, 1, endpoint=f"http://127.0.0.1:{port}")
+        port, host = self.ctx.port_for(self.name), self.ctx.host_for(self.name)
+        await self.kube.set_pod_phase(self.namespace, self.server_pod, "Running", ready=True,
+                                      ip=host)
+        await self._report("Ready", 1, 1, endpoint=f"http://{host}:{port}")
         self._record("ready", self.server_pod)
 
     async def _stop_server(self, hard: bool = False, **why: str) -> None:

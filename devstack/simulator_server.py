@@ -10,6 +10,7 @@ still a process of its own (fault tests SIGKILL it); the next standby is started
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 from pathlib import Path
@@ -17,43 +18,50 @@ from pathlib import Path
 import aiohttp
 
 from devstack.procs import LOCALHOST, PROJECT_ROOT, ManagedProcess, port_is_free
+from devstack.upstream_slots import SLOT_SAVE_PATH_ENV
 
 START_TIMEOUT = 15.0
 STOP_GRACE = 2.0
 
 
-def _command(member: str, port: int, standby: bool) -> list[str]:
-    return [sys.executable, "-m", "devstack.upstream", "--name", member, "--port", str(port),
-            *(["--standby"] if standby else [])]
+def _command(member: str, port: int, standby: bool, host: str) -> list[str]:
+    return [sys.executable, "-m", "devstack.upstream", "--name", member, "--host", host,
+            "--port", str(port), *(["--standby"] if standby else [])]
 
 
-def start_standby(member: str, port: int, log_dir: Path) -> ManagedProcess:
+def _env(log_dir: Path) -> dict[str, str]:
+    """The members' environment: llama.cpp's ``--slot-save-path`` on a directory that outlives
+    every pod (the stack's), unless the caller's environment names one."""
+    return {SLOT_SAVE_PATH_ENV: str(log_dir / "slot-save"), **os.environ}
+
+
+def start_standby(member: str, port: int, log_dir: Path, host: str = LOCALHOST) -> ManagedProcess:
     """A member's next server process, started now, serving only once ``UpstreamServer`` says."""
-    return ManagedProcess(_command(member, port, True), log_dir / f"upstream-{member}.log",
-                          cwd=PROJECT_ROOT, stdin_pipe=True).start()
+    return ManagedProcess(_command(member, port, True, host), log_dir / f"upstream-{member}.log",
+                          env=_env(log_dir), cwd=PROJECT_ROOT, stdin_pipe=True).start()
 
 
 class UpstreamServer:
     """One member's OpenAI-compatible fake server process on its loopback port."""
 
     def __init__(self, member: str, port: int, log_dir: Path,
-                 standby: ManagedProcess | None = None) -> None:
-        self.member, self.port = member, port
+                 standby: ManagedProcess | None = None, host: str = LOCALHOST) -> None:
+        self.member, self.port, self.host = member, port, host
         # a standby that died (killed, or its start failed) is no use: start one the slow way
         self._standby = standby is not None and standby.running
         self.process = standby if standby is not None and self._standby else ManagedProcess(
-            _command(member, port, False), log_dir / f"upstream-{member}.log",
-            cwd=PROJECT_ROOT)
+            _command(member, port, False, host), log_dir / f"upstream-{member}.log",
+            env=_env(log_dir), cwd=PROJECT_ROOT)
 
     @property
     def url(self) -> str:
         """Base URL of the server."""
-        return f"http://{LOCALHOST}:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     async def start(self, timeout: float = START_TIMEOUT) -> None:
         """Start the process and return once it answers /health; raise if it cannot."""
         # a leftover listener would answer /health in our place and hide a failed start
-        if not port_is_free(self.port):
+        if not port_is_free(self.port, self.host):
             raise RuntimeError(f"port {self.port} for {self.member} is already in use")
         if self._standby:
             self.process.tell("serve")

@@ -37,7 +37,7 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import yaml
 
@@ -45,6 +45,7 @@ from devstack import proberouter
 from devstack import stack_manifests as manifests
 from devstack.procs import LOCALHOST, PROJECT_ROOT, EnvoyProcess, ManagedProcess, \
     StackError, await_ready, free_port, kill_member_server, wait_for_http, writing_into
+from devstack.picker_envoy import picker_config
 from devstack.reconciler import USER as RECONCILER_USER
 from devstack.simulator_timeline import read_timeline
 from devstack.stack_ports import Ports
@@ -68,11 +69,15 @@ class LocalStack:
                  load_delay: float = 3.0, unload_delay: float = 1.0,
                  extproc_args: Iterable[str] = (), actuation: str = "own",
                  reconciler: bool | None = None, replicas: int = 1, api_proxies: bool = False,
-                 lease_namespace: str | None = None) -> None:
+                 lease_namespace: str | None = None, endpoint_picker: bool = False,
+                 gateway: Callable[[LocalStack], EnvoyProcess] | None = None,
+                 extra_clusters: dict[str, int] | None = None) -> None:
         if actuation not in ACTUATIONS:
             raise ValueError(f"actuation must be one of {', '.join(ACTUATIONS)}: {actuation!r}")
         if replicas < 1:
             raise ValueError(f"replicas must be at least 1: {replicas}")
+        if endpoint_picker and replicas > 1:
+            raise ValueError("behind an endpoint picker the stack runs one ext_proc replica")
         self.actuation = actuation
         # LLMKube's reconciler stand-in: always in llmkube mode; in own mode only to show what
         # happens when both run (the conflict the service must detect)
@@ -92,6 +97,19 @@ class LocalStack:
         self.extproc_args = list(extproc_args)
         self.namespaces = manifests.namespaces_of(docs)
         self.members = manifests.members_of(docs)
+        # Behind an endpoint picker (an InferencePool's gateway), members' pods share one port
+        # on addresses of their own, 127.0.0.2, 127.0.0.3, ... as pods in a cluster do; Envoy
+        # goes to the pod the picker names (devstack/picker_envoy.py).
+        self.endpoint_picker = endpoint_picker
+        # the Envoy in front of a picker stack (default: devstack/picker_envoy.py's)
+        self._gateway = gateway or LocalStack._picker_envoy
+        self.pod_hosts = {m: f"127.0.0.{2 + i}" for i, (_, m) in enumerate(self.members)} \
+            if endpoint_picker else {}
+        if endpoint_picker:
+            shared = next(iter(ports.members.values()), 0) or free_port()
+            ports.members = {m: shared for _, m in self.members}
+            self.extproc_args = ["--endpoint-picker", "--endpoint-port", str(shared),
+                                 *self.extproc_args]
         self.pools = manifests.pools_of(docs)
         self.log_dir = self.workdir / "logs"
         self.kubeconfig = self.workdir / "kubeconfig"  # the `stack` user's: kubectl, helpers
@@ -101,6 +119,8 @@ class LocalStack:
         # Leases live beside the pools (the demo's `kubectl get leases -n demo` shows them).
         self.lease_namespace = lease_namespace or (self.namespaces or ["default"])[0]
         self.api_proxies = api_proxies
+        # Envoy clusters beside the members' (name -> loopback port): a pool's IfIdle fallbacks
+        self.extra_clusters = dict(extra_clusters or {})
         self.replicas: list[Replica] = []
         for i in range(replicas):
             piece = "extproc" if replicas == 1 else f"extproc-replica-{i}"
@@ -129,9 +149,10 @@ class LocalStack:
             if self.reconciler:
                 self._start_reconciler(timeout)
             self.start_extproc(timeout)
-            self.envoy = EnvoyProcess(
+            self.envoy = self._gateway(self) if self.endpoint_picker else EnvoyProcess(
                 [r.grpc_port for r in self.replicas],
-                {f"{m}.{ns}": self.ports.members[m] for ns, m in self.members},
+                {f"{m}.{ns}": self.ports.members[m] for ns, m in self.members}
+                | self.extra_clusters,
                 workdir=self.workdir / "envoy", listen_port=self.ports.envoy,
                 admin_port=self.ports.envoy_admin)
             self.envoy.start(timeout)
@@ -329,9 +350,24 @@ class LocalStack:
             self._procs[replica.piece] = replica.process
         return self.replicas
 
+    def member_address(self, member: str) -> str:
+        """``host:port`` of the member's pod (its server, while it runs)."""
+        return f"{self.pod_hosts.get(member, LOCALHOST)}:{self.ports.members[member]}"
+
+    def _picker_envoy(self) -> EnvoyProcess:
+        """Envoy as an InferencePool's gateway, full duplex as the protocol asks, on the
+        stack's ports (one ext_proc replica: the hand-written config has one picker)."""
+        grpc = self.replicas[0].grpc_port
+        return EnvoyProcess.from_config(
+            lambda listen, admin, log: picker_config(listen, admin, str(log), grpc,
+                                                     "FULL_DUPLEX_STREAMED"),
+            workdir=self.workdir / "envoy", listen_port=self.ports.envoy,
+            admin_port=self.ports.envoy_admin)
+
     def _start_probe_router(self, timeout: float) -> None:
         """The members' /slots on loopback, as the idle probe finds them in a cluster."""
-        routes = [f"{ns}/{m}={self.ports.members[m]}" for ns, m in self.members]
+        routes = [f"{ns}/{m}={self.member_address(m) if self.pod_hosts else self.ports.members[m]}"
+                  for ns, m in self.members]
         proc = self._launch("proberouter", [
             sys.executable, "-m", "devstack.proberouter", "--port", str(self.probe_port),
             *[arg for route in routes for arg in ("--member", route)]])
@@ -378,6 +414,8 @@ class LocalStack:
             args += ["--namespace", ns]
         for member, port in self.ports.members.items():
             args += ["--port", f"{member}={port}"]
+        for member, host in self.pod_hosts.items():
+            args += ["--host", f"{member}={host}"]
         if self.reconciler:
             args += ["--rollout-delay", f"{ROLLOUT_DELAY}s"]
         proc = self._launch("simulator", args)

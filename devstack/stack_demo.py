@@ -33,23 +33,35 @@ RESTART_AFTER = 5.0
 
 
 def build(workdir: Path, load_delay: float, unload_delay: float,
-          listen: int | None = None, actuation: str = "own", replicas: int = 1) -> LocalStack:
+          listen: int | None = None, actuation: str = "own", replicas: int = 1,
+          endpoint_picker: bool = False) -> LocalStack:
     """The demo stack: the sample manifests on the demo's ports."""
     docs = manifests.load_sample()
     members = [m for _, m in manifests.members_of(docs)]
     return LocalStack(workdir, docs, Ports.demo(members, listen, replicas),
                       load_delay=load_delay, unload_delay=unload_delay, actuation=actuation,
-                      replicas=replicas)
+                      replicas=replicas, endpoint_picker=endpoint_picker)
 
 
 def mode_line(stack: LocalStack) -> str:
     """Which actuation mode the demo runs, and who moves the slot in it."""
     if stack.actuation == "llmkube":
-        return ("Mode: llmkube. The ext_proc only triggers swaps (scales the target 0 -> 1); the "
+        line = ("Mode: llmkube. The ext_proc only triggers swaps (scales the target 0 -> 1); the "
                 "LLMKube stand-in\n      (devstack.reconciler) drains, unloads, loads and writes "
                 "the pool status.")
-    return ("Mode: own. The ext_proc drains, unloads, loads and writes the pool status "
-            "(no other ModelPool controller).")
+    else:
+        line = ("Mode: own. The ext_proc drains, unloads, loads and writes the pool status "
+                "(no other ModelPool controller).")
+    return line + picker_line(stack)
+
+
+def picker_line(stack: LocalStack) -> str:
+    """Behind an endpoint picker: where the members' pods are ("" otherwise)."""
+    if not stack.endpoint_picker:
+        return ""
+    pods = ", ".join(f"{m} {stack.member_address(m)}" for _, m in stack.members)
+    return ("\nGateway: InferencePool style. The ext_proc is the endpoint picker (--endpoint-"
+            f"picker); Envoy goes to the pod it names: {pods}.")
 
 
 def instructions(stack: LocalStack) -> str:
@@ -107,8 +119,8 @@ def run(args: Any) -> int:
     workdir = demo_workdir(args.workdir)
     try:
         stack = build(workdir, args.load_delay, args.unload_delay, args.port, args.actuation,
-                      args.replicas)
-    except RuntimeError as exc:  # the listener port is taken
+                      args.replicas, args.endpoint_picker)
+    except (RuntimeError, ValueError) as exc:  # the listener port is taken, or bad options
         print(f"demo: {exc}", file=sys.stderr)
         return 2
     _stop_on_signals()
@@ -246,6 +258,12 @@ def _short(path: Path) -> str:
 def default_replicas() -> str:
     """$MODELPOOL_DEMO_REPLICAS, else 1 (checked by the command line)."""
     return os.environ.get(REPLICAS_ENV) or "1"
+
+
+def default_endpoint_picker() -> bool:
+    """$MODELPOOL_DEMO_ENDPOINT_PICKER (1, true, yes), else off."""
+    return (os.environ.get("MODELPOOL_DEMO_ENDPOINT_PICKER") or "").lower() in ("1", "true",
+                                                                             "yes")
 
 
 def default_actuation() -> str:

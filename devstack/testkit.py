@@ -13,7 +13,7 @@ import contextlib
 import inspect
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -77,6 +77,17 @@ async def finish_within(awaitable: Awaitable[T], seconds: float, what: str) -> T
         task.cancel()
         raise TimedOut(f"teardown: {what} did not finish within {seconds:g}s")
     return task.result()
+
+
+async def stop_front_to_back(envoy: Any, stop_service: Awaitable[Any], grace: float,
+                             upstreams: Iterable[Any]) -> None:
+    """Tear a data path down in order: Envoy (if started), the ext_proc (draining for up to
+    its ``grace``), then the fake members (``UpstreamHandle``s), each within a bound."""
+    if envoy is not None:
+        envoy.stop()
+    await finish_within(stop_service, grace + 15, "the ext_proc to drain and stop")
+    for handle in upstreams:
+        await finish_within(handle.stop(), 15, f"fake member {handle.name} to stop")
 
 
 def chat_body(model: str, *, stream: bool = False, tokens: int = 8, **extra: Any) -> bytes:

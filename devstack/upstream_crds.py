@@ -54,6 +54,12 @@ SOURCES = {
     "envoy-gateway": Source("github.com/envoyproxy/gateway", "v1.9.1",
                             "charts/gateway-helm/charts/crds/crds/generated",
                             "Envoy Gateway v1.9.1, the release deploy/overlays/envoy-gateway targets"),
+    # InferencePool (inference.networking.k8s.io/v1, GA) for deploy/overlays/inference-pool
+    # and the chart's inferencePool values; the proxy refuses this module's version list, so
+    # the version is pinned, not looked up.
+    "inference-extension": Source("sigs.k8s.io/gateway-api-inference-extension", "v1.0.0",
+                                  "config/crd/bases",
+                                  "Gateway API inference extension v1.0.0 (InferencePool v1)"),
     # The API types tools/monitoringcheck decodes with are v0.95.2 (pkg/apis/monitoring); the
     # proxy refuses the root module at v0.95.x (403, "not available"), and v0.85.0 is the
     # newest it serves. The fields our ServiceMonitor, PodMonitor and PrometheusRule use are

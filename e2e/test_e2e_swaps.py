@@ -29,7 +29,10 @@ async def test_cold_pool_warms_the_default_and_serves_it(stack: LocalStack,
     # Nobody asked yet: the default member is warmed on its own (rule 2).
     await wait_resident(stack, "cold", "cold-a")
     await kubectl_shows(stack, "cold", "cold-a", "Ready")
-    assert [(n["source"], n["target"]) for n in notices(stack, "cold")] == [("", "cold-a")]
+    # Own mode: our swap warmed it. llmkube mode: LLMKube's reconciler warms the default on
+    # its own, and may be done before this service first sees the pool (then no swap of ours).
+    warmups = [(n["source"], n["target"]) for n in notices(stack, "cold")]
+    assert warmups == [("", "cold-a")] or (stack.actuation == "llmkube" and warmups == [])
     assert timeline(stack, "cold-b", "pod_created") == []  # the other member never started
 
     reply = await chat(http, stack, "cold-a")
@@ -37,7 +40,7 @@ async def test_cold_pool_warms_the_default_and_serves_it(stack: LocalStack,
     assert reply.served_by == "cold-a"
     assert reply.json()["choices"][0]["message"]["content"].startswith("[cold-a]")
     # served warm: no second swap
-    assert len(notices(stack, "cold")) == 1
+    assert len(notices(stack, "cold")) == len(warmups)
 
 
 async def test_cross_model_request_is_held_through_an_ordered_swap(

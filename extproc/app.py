@@ -25,12 +25,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from . import metrics
 from .logs import get_logger
 from .platform.contract import Platform
-from .platform.static import StaticPlatform, load_specs
+from .platform.static import StaticPlatform, load_endpoints, load_specs
 from .protocol.service import SERVICE, ExtProcService
 from .runtime.hub import Hub
 from .settings import Settings
 
 log = get_logger(__name__)
+#: The version of the /pools documents: fields are only ever added under it.
+QUEUE_API = "modelpool-extproc/v1"
 
 # The gRPC receive limit must exceed Envoy's buffer limit (32 MiB in the shipped configs):
 # a body between our own limit and Envoy's must reach us so we answer 413; a message over
@@ -60,6 +62,8 @@ class Service:
     async def start(self) -> None:
         """Bind the listeners and start serving."""
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        # the protocol's "liveness": the process answers gRPC, whatever it serves yet
+        await self._health.set("liveness", health_pb2.HealthCheckResponse.SERVING)
         metrics.configure(self.settings.router_name)
         loop = asyncio.get_running_loop()
         metrics.EVENT_LOOP_TASKS.set_function(lambda: len(asyncio.all_tasks(loop)))
@@ -169,7 +173,8 @@ class Service:
             await asyncio.sleep(min(0.25, left) if left > 0 else 0.25)
 
     async def _set_health(self, status: int) -> None:
-        for name in ("", SERVICE):
+        # "readiness" too: the name the Endpoint Picker Protocol gives this same answer
+        for name in ("", SERVICE, "readiness"):
             await self._health.set(name, status)
         metrics.set_serving(status == health_pb2.HealthCheckResponse.SERVING)
 
@@ -196,6 +201,8 @@ class Service:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/debug/pools", self._pools)
+        app.router.add_get("/pools", self._queues)
+        app.router.add_get("/pools/{namespace}/{name}", self._queues)
         self._http = web.AppRunner(app, access_log=None)
         await self._http.setup()
         host, _, port = self.settings.metrics_listen.rpartition(":")
@@ -215,6 +222,20 @@ class Service:
         return web.Response(text=json.dumps([asdict(v) for v in views], default=str),
                             content_type="application/json")
 
+    async def _queues(self, request: web.Request) -> web.Response:
+        """The stable, read-only queue of every pool, or of one (docs/operations.md)."""
+        wanted = (request.match_info.get("namespace"), request.match_info.get("name"))
+        docs = [{"apiVersion": QUEUE_API, "namespace": d.key.namespace, "name": d.key.name,
+                 **asdict(d.queue())} for d in (self.hub.drivers() if self.hub else [])
+                if wanted[1] is None or (d.key.namespace, d.key.name) == wanted]
+        if wanted[1] is None:
+            return web.json_response({"apiVersion": QUEUE_API, "pools": docs})
+        if not docs:
+            return web.json_response({"error": {
+                "message": f"no pool {wanted[0]}/{wanted[1]}", "type": "invalid_request_error",
+                "param": None, "code": "pool_not_found"}}, status=404)
+        return web.json_response(docs[0])
+
     @staticmethod
     def _host(address: str) -> str:
         return address.rpartition(":")[0]
@@ -223,7 +244,8 @@ class Service:
 async def build_platform(settings: Settings) -> Platform:
     """The static platform for a pools file, else the Kubernetes one (raises ConfigError)."""
     if settings.pools_file:
-        return StaticPlatform(load_specs(settings.pools_file, settings))
+        specs = load_specs(settings.pools_file, settings)
+        return StaticPlatform(specs, load_endpoints(settings.pools_file, specs, settings))
     from .platform.kube.platform import KubePlatform  # only needed in cluster mode
 
     return await KubePlatform.create(settings)

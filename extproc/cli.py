@@ -9,6 +9,7 @@ import json
 import sys
 from collections.abc import Coroutine
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from . import settings as settings_module
@@ -70,6 +71,7 @@ examples:
   modelpool-extproc render-routes deploy/examples/shared-gpu.yaml > httproute.yaml
   modelpool-extproc render-routes pool.yaml --format helm-values > pools-values.yaml
   modelpool-extproc render-routes pool.yaml --format envoy-clusters
+  modelpool-extproc render-routes pool.yaml --format inferencepool  # any InferencePool gateway
 """
 
 
@@ -161,7 +163,10 @@ async def _check(settings: Settings) -> list[Any]:
 
 def _warn_unrouted(args: argparse.Namespace, settings: settings_module.Settings,
                    specs: list[Any]) -> None:
-    """One warning on stderr per pool member that no route in ``--routes`` matches."""
+    """One warning on stderr per pool member that no route in ``--routes`` matches (per pool
+    without an InferencePool, with ``--endpoint-picker``)."""
+    import yaml
+
     from .routes import MemberRoute, load_pools, member_routes, routed_values, unrouted
 
     expected = [MemberRoute(s.key.name, s.key.namespace, m, settings.route_template.format(
@@ -170,6 +175,14 @@ def _warn_unrouted(args: argparse.Namespace, settings: settings_module.Settings,
     if args.modelpool:
         expected += [r for pool in load_pools(args.modelpool)
                      for r in member_routes(pool, settings)]
+    if settings.endpoint_picker:  # no member routes: one InferencePool per pool instead
+        from .inference_pool import unpooled
+
+        rendered = [d for path in args.routes for d in yaml.safe_load_all(
+            Path(path).read_text()) if isinstance(d, dict)]
+        for warning in unpooled(sorted({(r.namespace, r.pool) for r in expected}), rendered):
+            print(f"warning: {warning}", file=sys.stderr)
+        return
     routed = set().union(*(routed_values(path) for path in args.routes))
     for route in unrouted(expected, routed):
         print(f"warning: member {route.member} of pool {route.namespace}/{route.pool} has no "

@@ -85,6 +85,20 @@ SWAP_STALLED = Gauge(
 SWAP_DEFERRED = Counter(
     "modelpool_extproc_swap_deferred_total", "Times a swap step was deferred, by reason",
     ["namespace", "pool", "reason"], registry=REGISTRY)
+PROMPT_CACHE_CARRY = Counter(
+    "modelpool_extproc_prompt_cache_carry_total", "Prompt-cache saves and restores of members' "
+    "llama.cpp slots, by step (save, restore) and outcome (ok, failed); a step the swap gave "
+    "up waiting for counts as a PromptCacheCarryFailed notice", ["namespace", "pool", "member",
+                                                                 "step", "outcome"],
+    registry=REGISTRY)
+PROMPT_CACHE_TOKENS = Counter(
+    "modelpool_extproc_prompt_cache_tokens_total", "Prompt tokens saved or restored (llama.cpp's "
+    "n_saved, n_restored), by step", ["namespace", "pool", "member", "step"], registry=REGISTRY)
+REQUESTS_CUT = Counter(
+    "modelpool_extproc_requests_cut_total", "Requests in flight on this replica when the idle "
+    "probe was contradicted: reason StreamsCut (LLMKube unloaded the member under them) or "
+    "IdleProbeMisread (the probe answered idle under them)",
+    ["namespace", "pool", "member", "reason"], registry=REGISTRY)
 NOTICES = Counter(
     "modelpool_extproc_notices_total", "Operator notices (the pool's Events), by kind",
     ["namespace", "pool", "kind"], registry=REGISTRY)
@@ -187,6 +201,18 @@ def reclaimed(namespace: str, pool: str, source: str, target: str) -> None:
 def notice(namespace: str, pool: str, kind: str) -> None:
     """An operator notice (SwapStarted, SwapFailed, MemberLost ...) was raised."""
     NOTICES.labels(namespace, pool, kind).inc()
+
+
+def prompt_cache_carried(namespace: str, pool: str, member: str, step: str, ok: bool,
+                         tokens: int) -> None:
+    """A save or restore of ``member``'s slots ended (ok: it took effect)."""
+    PROMPT_CACHE_CARRY.labels(namespace, pool, member, step, "ok" if ok else "failed").inc()
+    PROMPT_CACHE_TOKENS.labels(namespace, pool, member, step).inc(tokens)
+
+
+def requests_cut(namespace: str, pool: str, member: str, reason: str, count: int) -> None:
+    """The idle probe of ``member`` read idle under ``count`` of our requests (probecheck)."""
+    REQUESTS_CUT.labels(namespace, pool, member, reason).inc(count)
 
 
 def conflict(namespace: str, pool: str) -> None:

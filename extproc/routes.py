@@ -10,6 +10,8 @@ Service convention: a member's Service has the InferenceService's name (LLMKube 
 per InferenceService) and listens on port 8080 (LLMKube's default). ``--service-template``
 changes the name for every member; the ModelPool annotation
 ``modelpool.inference.llmkube.dev/member-ports: "large=8000,small=8081"`` sets ports per member.
+A member's fallback (``modelpool.inference.llmkube.dev/fallbacks``, platform/kube/activation.py)
+gets a route too, whose responses say so in ``x-modelpool-fallback``.
 """
 
 from __future__ import annotations
@@ -20,14 +22,14 @@ from typing import Any, Iterable
 
 import yaml
 
-from .protocol.answers import METADATA_KEY, METADATA_NAMESPACE
+from .protocol.answers import FALLBACK_HEADER, METADATA_KEY, METADATA_NAMESPACE, fallback_note
 from .settings import Settings
 
 PORTS_ANNOTATION = "modelpool.inference.llmkube.dev/member-ports"
 DEFAULT_PORT = 8080
 #: The catch-all's direct 503 (an Envoy Gateway HTTPRouteFilter in the pool's namespace).
 UNAVAILABLE_FILTER = "modelpool-router-unavailable"
-FORMATS = ("httproute", "helm-values", "envoy-clusters", "envoy-routes")
+FORMATS = ("httproute", "helm-values", "envoy-clusters", "envoy-routes", "inferencepool")
 # Held requests are released to the new member together; Envoy's default of 1,024 pending or
 # active requests per cluster would turn a large release into 503s.
 _BREAKER = {"priority": "DEFAULT", "max_connections": 100000, "max_pending_requests": 100000,
@@ -44,6 +46,7 @@ class MemberRoute:
     value: str
     service: str
     port: int
+    fallback: str = ""  # a fallback's x-modelpool-fallback answer header ("": a member)
 
 
 def load_pools(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
@@ -62,20 +65,27 @@ def member_routes(pool: dict[str, Any], settings: Settings, *,
                   service_template: str = "{member}",
                   default_port: int = DEFAULT_PORT) -> list[MemberRoute]:
     """The routes a ModelPool's members need, in the order the pool lists them."""
+    from .platform.kube.activation import fallback_backends, fallback_value
     from .platform.kube.objects import pool_spec  # the service's own reading of a ModelPool
 
     spec, problems = pool_spec(pool, settings)
     if problems:
         raise ValueError(f"ModelPool {spec.key}: {'; '.join(problems)}")
-    ports = _ports(((pool.get("metadata") or {}).get("annotations") or {})
-                   .get(PORTS_ANNOTATION, ""), spec.members)
+    annotations = (pool.get("metadata") or {}).get("annotations") or {}
+    ports = _ports(annotations.get(PORTS_ANNOTATION, ""), spec.members)
     key = spec.key
-    return [MemberRoute(key.name, key.namespace, m,
-                        settings.route_template.format(member=m, pool=key.name,
-                                                       namespace=key.namespace),
-                        service_template.format(member=m, pool=key.name,
-                                                namespace=key.namespace),
-                        ports.get(m, default_port)) for m in spec.members]
+    routes = [MemberRoute(key.name, key.namespace, m,
+                          settings.route_template.format(member=m, pool=key.name,
+                                                         namespace=key.namespace),
+                          service_template.format(member=m, pool=key.name,
+                                                  namespace=key.namespace),
+                          ports.get(m, default_port)) for m in spec.members]
+    for member, (service, port) in fallback_backends(annotations, spec.members, []).items():
+        value = fallback_value(service, key.namespace)
+        if all(r.value != value for r in routes):  # members may share a fallback
+            routes.append(MemberRoute(key.name, key.namespace, member, value, service, port,
+                                      fallback_note(value)))
+    return routes
 
 
 def _ports(text: str, members: tuple[str, ...]) -> dict[str, int]:
@@ -97,7 +107,7 @@ def httproute(routes: list[MemberRoute], settings: Settings, gateway: str) -> di
                                   "value": r.value}]}],
         "backendRefs": [{"name": r.service, "port": r.port}],
         # no route timeout: park time does not count, but 15 s would cut long generations
-        "timeouts": {"request": "0s"}} for r in routes]
+        "timeouts": {"request": "0s"}} | _says_fallback(r) for r in routes]
     rules.append({"matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
                   "filters": [{"type": "ExtensionRef", "extensionRef": {
                       "group": "gateway.envoyproxy.io", "kind": "HTTPRouteFilter",
@@ -107,12 +117,22 @@ def httproute(routes: list[MemberRoute], settings: Settings, gateway: str) -> di
             "spec": {"parentRefs": [{"name": gateway}], "rules": rules}}
 
 
+def _says_fallback(route: MemberRoute) -> dict[str, Any]:
+    """A fallback's rule answers with the header that says so (Envoy Gateway cannot copy it
+    from the service's metadata as the standalone Envoy does)."""
+    if not route.fallback:
+        return {}
+    return {"filters": [{"type": "ResponseHeaderModifier", "responseHeaderModifier": {
+        "set": [{"name": FALLBACK_HEADER, "value": route.fallback}]}}]}
+
+
 def helm_values(routes: list[MemberRoute]) -> dict[str, Any]:
     """One entry of the chart's ``pools`` list."""
     first = routes[0]
     return {"name": first.pool, "namespace": first.namespace,
             "members": [{"name": r.member, "value": r.value, "service": r.service,
-                         "port": r.port} for r in routes]}
+                         "port": r.port} | ({"fallback": r.fallback} if r.fallback else {})
+                        for r in routes]}
 
 
 def envoy_clusters(routes: list[MemberRoute]) -> list[dict[str, Any]]:
@@ -154,6 +174,11 @@ def render(pools: list[dict[str, Any]], settings: Settings, fmt: str, *,
     if fmt == "envoy-clusters":
         return yaml.safe_dump([c for r in per_pool for c in envoy_clusters(r)],
                               sort_keys=False)
+    if fmt == "inferencepool":  # behind an InferencePool gateway (inference_pool.py)
+        from .inference_pool import render as render_pools
+
+        return render_pools([(r[0].namespace, r[0].pool, tuple(m.member for m in r))
+                             for r in per_pool], gateway, default_port)
     if fmt == "envoy-routes":
         return yaml.safe_dump([c for r in per_pool for c in envoy_routes(r, settings)],
                               sort_keys=False)

@@ -132,6 +132,14 @@ class Settings:
                                        "about members no HTTPRoute in the pool's namespace "
                                        "routes; 0 = off (needs RBAC: list httproutes)",
                                        group="routing", metavar="DURATION")
+    endpoint_picker: bool = _opt(False, "answer as an InferencePool's endpoint picker (Gateway "
+                                 "API inference extension): name a Ready pod of the member "
+                                 "(x-gateway-destination-endpoint header and envoy.lb metadata) "
+                                 "instead of the routing header; any body mode",
+                                 group="routing")
+    endpoint_port: int = _opt(8080, "with --endpoint-picker: the member pods' port, the "
+                              "InferencePool's targetPorts (LLMKube's model servers: 8080)",
+                              group="routing", metavar="PORT")
     max_body_bytes: int = _opt(25 * 1024 * 1024, "largest request body accepted (413 above); "
                                "keep Envoy's buffer limit above it", group="routing",
                                metavar="BYTES")
@@ -201,6 +209,17 @@ class Settings:
                                   "write (doubling for each new spell, up to 16x); at once "
                                   "with the annotation modelpool.inference.llmkube.dev/resume",
                                   group="swap", metavar="DURATION")
+    paced_release: bool = _opt(False, "release a member's held requests up to its capacity (its "
+                               "annotation modelpool.inference.llmkube.dev/capacity, else the "
+                               "slot count llama.cpp's /slots reports), the rest as earlier "
+                               "ones end; the same limit in steady state (off: all at once)",
+                               group="swap")
+    carry_timeout: float = _opt(10.0, "a swap waits this long at most for a member's slot save "
+                                "(before it unloads) or restore (before its held requests "
+                                "pass) under prompt-cache carry-over (annotation "
+                                "modelpool.inference.llmkube.dev/carry-prompt-cache); past "
+                                "it the swap goes on without it", group="swap",
+                                metavar="DURATION")
     park_margin: float = _opt(5.0, "extra time asked of Envoy (override_message_timeout) beyond "
                               "a held request's budget, so our own 503 arrives before Envoy's",
                               group="swap", metavar="DURATION")
@@ -280,7 +299,7 @@ class Settings:
 
 
 
-_DURATION_FIELDS = {"shutdown_grace", "swap_budget", "fairness_window", "drain_linger",
+_DURATION_FIELDS = {"shutdown_grace", "carry_timeout", "swap_budget", "fairness_window", "drain_linger",
                     "swap_timeout", "failure_backoff", "idle_probe_timeout", "probe_retry",
                     "park_margin", "stall_after", "activation_grace", "hands_off_quiet", "idle_report", "watch_timeout",
                     "api_retry_initial", "api_retry_max", "route_check_interval",
@@ -329,7 +348,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         if f.name in _DURATION_FIELDS:
             default = format_duration(default)
         shown = "" if default in ("", []) else f" (default: {default})"
-        help_text = f"{f.metadata['help']}{shown} [env {env}]"
+        # argparse formats help with %: a literal one in a text (say "10 %") must be doubled
+        help_text = f"{f.metadata['help']}{shown} [env {env}]".replace("%", "%%")
         if f.type in (bool, "bool"):
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
                                default=None, help=help_text)
@@ -382,6 +402,11 @@ def validate(settings: Settings) -> str:
         return f"bad actuation {settings.actuation!r}: use own, llmkube or auto"
     if settings.actuation == "llmkube" and settings.pools_file:
         return "--actuation llmkube needs Kubernetes (LLMKube's reconciler), not --pools-file"
+    if settings.endpoint_picker and settings.passthrough_unknown:
+        return ("--endpoint-picker and --passthrough-unknown exclude each other: a request the "
+                "picker does not route has no pod to go to")
+    if not 0 < settings.endpoint_port < 65536:
+        return f"bad endpoint_port {settings.endpoint_port}: use a port 1-65535"
     if settings.watch_timeout < 1:
         return "--watch-timeout must be at least 1s"
     return _lease_problem(settings)

@@ -30,6 +30,23 @@ def test_route_answer_sets_header_and_clears_route_cache():
     assert option.append_action == OVERWRITE
 
 
+def _said(raw: bytes) -> dict:
+    """The modelpool dynamic metadata of an answer (decoded by an independent decoder)."""
+    metadata = ProcessingResponse.parse(raw).dynamic_metadata.fields["modelpool"]
+    return {k: v.string_value for k, v in metadata.struct_value.fields.items()}
+
+
+def test_answers_say_why_in_their_metadata_only_when_there_is_something_to_say():
+    assert _said(answers.route("x-modelpool-member", "judge.demo")) == {"member": "judge.demo"}
+    assert _said(answers.released("x-modelpool-member", "coder.demo", 1.2345, "judge->coder")) \
+        == {"member": "coder.demo", "held_ms": "1234", "swap": "judge->coder"}
+    assert _said(answers.released("x-modelpool-member", "coder.demo", 0.5, "")) == {
+        "member": "coder.demo", "held_ms": "500"}
+    assert _said(answers.route("x-modelpool-member", "fallback.small.demo", fallback=True)) == {
+        "member": "fallback.small.demo",
+        "fallback": "fallback.small.demo; reason=pool_incumbent_busy"}
+
+
 def test_error_answer_is_an_immediate_json_response_with_retry_after():
     raw = answers.error(503, "swap_budget_exceeded", "too slow", "model", (("retry-after", "7"),))
     immediate = ProcessingResponse.parse(raw).immediate_response

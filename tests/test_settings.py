@@ -68,3 +68,14 @@ def test_the_service_runs_on_the_event_loop_it_is_given(event_loop, kind):
 
     run(main(), event_loop)
     assert seen[0].startswith(kind)
+
+
+@pytest.mark.parametrize("command", ["serve", "check-config"])
+def test_help_lists_every_setting_with_its_default_and_variable(command, capsys):
+    with pytest.raises(SystemExit) as done:
+        build_parser().parse_args([command, "--help"])
+    assert done.value.code == 0
+    shown = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    for name, field in Settings.__dataclass_fields__.items():
+        assert f"[env MODELPOOL_{name.upper()}]" in shown, name
+    assert "(default: 300s)" in shown or "(default: 5m" in shown  # durations shown as durations

@@ -131,7 +131,7 @@ async def test_probes_slots_and_stats() -> None:
             async with http.get(f"{handle.url}/v1/models") as resp:
                 assert (await resp.json())["data"][0]["id"] == "judge"
             async with http.get(f"{handle.url}/slots") as resp:
-                assert await resp.json() == [{"id": 0, "is_processing": False}]
+                assert await resp.json() == [{"id": 0, "n_ctx": 65536, "is_processing": False}]
 
             stream = await http.post(
                 f"{handle.url}/v1/chat/completions",
@@ -139,7 +139,7 @@ async def test_probes_slots_and_stats() -> None:
             )
             await stream.content.readline()  # the stream has started
             async with http.get(f"{handle.url}/slots") as resp:
-                assert await resp.json() == [{"id": 0, "is_processing": True}]
+                assert await resp.json() == [{"id": 0, "n_ctx": 65536, "is_processing": True}]
             async with http.get(f"{handle.url}/_upstream/stats") as resp:
                 busy = await resp.json()
             await read_sse(stream)

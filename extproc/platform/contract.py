@@ -61,6 +61,9 @@ class PoolListener(Protocol):
     def member_changed(self, key: PoolKey, obs: MemberObservation) -> None:
         """A member's observation changed (also sent once per member after pool_changed)."""
 
+    def endpoints_changed(self, key: PoolKey, member: str, endpoints: tuple[str, ...]) -> None:
+        """The member's Ready pods as ``ip:port`` changed (read by --endpoint-picker only)."""
+
     def status_changed(self, key: PoolKey, status: PoolStatus) -> None:
         """The pool's ``.status`` changed (also sent once right after pool_changed)."""
 
@@ -78,6 +81,16 @@ class PoolListener(Protocol):
 
     def replica_load(self) -> Mapping[str, PoolLoad]:
         """This replica's counts per pool key, for its membership Lease."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CarryResult:
+    """What one prompt-cache save or restore of a member's slots did (policy/carry.py)."""
+
+    ok: bool  # it took effect (a restore: some tokens restored)
+    detail: str  # what it did, or why not
+    tokens: int = 0  # n_saved / n_restored over the member's slots
+    slots: int = 0  # slots saved / restored
 
 
 class Platform(Protocol):
@@ -107,6 +120,10 @@ class Platform(Protocol):
 
     async def probe_idle(self, key: PoolKey, member: str) -> bool | None:
         """Ask a member's runtime whether it is idle: True, False (busy), None (cannot tell)."""
+
+    async def carry_slots(self, key: PoolKey, member: str, step: str) -> CarryResult:
+        """Save (``step`` "save") or restore ("restore") the prompt cache of every slot of
+        ``member``'s llama.cpp server; never raises for the server's answer, only reports."""
 
     def publish(self, view: PoolView) -> None:
         """Make the pool's status reflect ``view`` (non-blocking, latest wins)."""

@@ -11,11 +11,15 @@ reachable, and a "swap" only flips which one the router sends traffic to. The fi
         swapBudget: 300s           # optional
         fairnessWindow: 30s        # optional
         aliases: {gpt-4o-mini: judge}   # optional
+        endpoints:                 # --endpoint-picker: each member's pods, ip:port
+          judge: [127.0.0.2:8080]
+          coder: [127.0.0.3:8080]
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +28,55 @@ import yaml
 from ..policy.events import Notice
 from ..policy.model import MemberObservation, PoolKey, PoolSpec, PoolView, StartHints
 from ..settings import ConfigError, Settings, parse_duration
-from .contract import PoolListener
+from .contract import CarryResult, PoolListener
+
+
+#: Each member's pods as ``ip:port``, per pool (what a pools file's ``endpoints`` say).
+Endpoints = dict[PoolKey, dict[str, tuple[str, ...]]]
 
 
 def load_specs(path: str | Path, settings: Settings) -> list[PoolSpec]:
     """Parse and validate a static pools file; ConfigError (one line) when it is unusable."""
+    pools = _pools(path)
+    try:
+        return [_spec(entry, settings, f"{path}: pools[{i}]") for i, entry in enumerate(pools)]
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def load_endpoints(path: str | Path, specs: list[PoolSpec], settings: Settings) -> Endpoints:
+    """The pools file's member endpoints; with --endpoint-picker every member needs one."""
+    found: Endpoints = {}
+    for i, (entry, spec) in enumerate(zip(_pools(path), specs)):
+        where = f"{path}: pools[{i}].endpoints"
+        given = entry.get("endpoints") or {}
+        if not isinstance(given, dict) or set(given) - set(spec.members):
+            raise ConfigError(f"{where}: expected a map from member names to ip:port lists")
+        found[spec.key] = {m: _endpoints(given.get(m) or [], f"{where}.{m}")
+                           for m in spec.members}
+        missing = [m for m, eps in found[spec.key].items() if not eps]
+        if settings.endpoint_picker and missing:
+            raise ConfigError(f"{where}: --endpoint-picker needs endpoints for {missing}")
+    return found
+
+
+def _endpoints(given: object, where: str) -> tuple[str, ...]:
+    if not isinstance(given, list):
+        raise ConfigError(f"{where}: expected a list of ip:port")
+    for endpoint in given:
+        host, _, port = str(endpoint).rpartition(":")
+        try:
+            ipaddress.ip_address(host)
+            valid = port.isdigit() and 0 < int(port) < 65536
+        except ValueError:
+            valid = False
+        if not valid:
+            raise ConfigError(f"{where}: {endpoint!r} is not ip:port")
+    return tuple(str(e) for e in given)
+
+
+def _pools(path: str | Path) -> list:
+    """The ``pools`` list of a pools file; ConfigError when the file is unreadable."""
     try:
         document = yaml.safe_load(Path(path).read_text()) or {}
     except OSError as exc:
@@ -40,10 +88,7 @@ def load_specs(path: str | Path, settings: Settings) -> list[PoolSpec]:
     pools = document.get("pools") if isinstance(document, dict) else None
     if not isinstance(pools, list) or not pools:
         raise ConfigError(f"{path}: expected a non-empty 'pools' list")
-    try:
-        return [_spec(entry, settings, f"{path}: pools[{i}]") for i, entry in enumerate(pools)]
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    return pools
 
 
 def _spec(entry: Any, settings: Settings, where: str) -> PoolSpec:
@@ -72,8 +117,9 @@ def _spec(entry: Any, settings: Settings, where: str) -> PoolSpec:
 class StaticPlatform:
     """A Platform whose members are always reachable and scale instantly."""
 
-    def __init__(self, specs: list[PoolSpec]) -> None:
+    def __init__(self, specs: list[PoolSpec], endpoints: Endpoints | None = None) -> None:
         self._specs = specs
+        self._endpoints = endpoints or {}
         self._listener: PoolListener | None = None
         self._synced = asyncio.Event()
 
@@ -89,6 +135,7 @@ class StaticPlatform:
             listener.pool_changed(spec, StartHints())
             for member in spec.members:
                 listener.member_changed(spec.key, MemberObservation(member, phase="Stopped"))
+                listener.endpoints_changed(spec.key, member, ())
         self._synced.set()
 
     async def stop(self) -> None:
@@ -101,6 +148,9 @@ class StaticPlatform:
         self._listener.member_changed(key, MemberObservation(member, phase=phase,
                                                              replicas=replicas,
                                                              pods=replicas))
+        # its pods answer on their addresses only while it runs
+        self._listener.endpoints_changed(
+            key, member, self._endpoints.get(key, {}).get(member, ()) if replicas else ())
 
     async def trigger(self, key: PoolKey, member: str) -> None:
         """No LLMKube here (settings refuse llmkube mode with a pools file): load at once."""
@@ -109,6 +159,10 @@ class StaticPlatform:
     async def probe_idle(self, key: PoolKey, member: str) -> bool | None:
         """Static members are never asked; report idle."""
         return True
+
+    async def carry_slots(self, key: PoolKey, member: str, step: str) -> CarryResult:
+        """Static members have no slot API this service knows of: nothing is carried."""
+        return CarryResult(False, "a pools file's members carry no prompt cache")
 
     def publish(self, view: PoolView) -> None:
         """No status to keep: /debug/pools reads the drivers' views."""

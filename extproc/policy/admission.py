@@ -4,14 +4,20 @@ A request that is not admitted at once is held, unless it is answered 503 + Retr
 this replica may not admit (its admission Lease ran out), its member failed to load or cannot
 be loaded (a blocked llmkube pool), the pool is Degraded, closing or hands-off, the client's
 own deadline is shorter than the expected wait, or the pool holds as many requests as it may.
+An IfIdle request that would displace a busy incumbent is answered too, or sent to its
+member's fallback (``ifidle.py``).
 A request refused for its deadline still leaves a *wish* for its member (``Refusal.wish``;
 ``PoolMachine.wishes``), so the swap starts and the retry is served warm; one refused by the
 bound does not (the bound sheds load, it must not add swaps). A held request whose swap
 budget runs out is told only what is true of the swap (``budget_exceeded``).
 
+Past the held bound, a held request of negative priority is shed for a higher-priority
+newcomer (``shed``, after every event; priority.py).
+
 Rules of this file: it owns no state. It reads the pool through ``pool.PoolReader`` (and
 ``modes.Hands``, for when a hands-off spell ends) and returns the answers; the machine records
-them (a held request, a wish).
+them (a held request, a wish). ``shed`` alone answers held requests through the book, as every
+concern that answers them does.
 """
 
 from __future__ import annotations
@@ -19,10 +25,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from . import modes, replicas
-from .events import Reject
+from . import ifidle, modes, pacing, priority, replicas
+from .events import Command, Divert, Reject, RequestArrived
 from .model import Actuation
-from .pool import PoolReader
+from .pool import PoolReader, PoolWriter
 from .requests import Held
 from .steps_llmkube import blocked_reject, blocker
 
@@ -31,7 +37,7 @@ from .steps_llmkube import blocked_reject, blocker
 class Refusal:
     """A request answered at once, and whether its member is wished for all the same."""
 
-    reject: Reject
+    answer: Reject | Divert
     wish: bool = False  # the swap starts anyway: the retry finds it warm
 
 
@@ -53,10 +59,9 @@ def held_bound(m: PoolReader) -> int:
     return m.spec.max_held if m.spec.max_held is not None else m.limits.max_held
 
 
-def refusal(m: PoolReader, hands: modes.Hands, rid: int, member: str,
-            max_wait: float) -> Refusal | None:
+def refusal(m: PoolReader, hands: modes.Hands, arrival: RequestArrived) -> Refusal | None:
     """The answer for a request that is not admitted at once, if it must not be held."""
-    now = m.now
+    now, rid, member = m.now, arrival.rid, arrival.member
     if now >= m.admit_until:
         return Refusal(Reject(rid, 503, replicas.UNAVAILABLE_CODE,
                               replicas.unavailable_message(), 1))
@@ -76,10 +81,15 @@ def refusal(m: PoolReader, hands: modes.Hands, rid: int, member: str,
         return Refusal(Reject(rid, 503, *m.closing, m.retry_after()))
     if m.actuation is Actuation.HANDS_OFF:
         return Refusal(modes.conflict_reject(m, hands, rid, 0.0))
-    return _cannot_wait(m, rid, member, max_wait)
+    busy = ifidle.refusal(m, rid, member, arrival.activation,
+                          m.history.clamp(expected_wait(m, member)))
+    if busy is not None:
+        return Refusal(busy)
+    return _cannot_wait(m, rid, member, arrival.max_wait, arrival)
 
 
-def _cannot_wait(m: PoolReader, rid: int, member: str, max_wait: float) -> Refusal | None:
+def _cannot_wait(m: PoolReader, rid: int, member: str, max_wait: float,
+                 arrival: RequestArrived) -> Refusal | None:
     wait = expected_wait(m, member)
     if wait > max_wait:
         return Refusal(Reject(rid, 503, "max_wait_exceeded",
@@ -89,11 +99,18 @@ def _cannot_wait(m: PoolReader, rid: int, member: str, max_wait: float) -> Refus
                               m.history.clamp(wait)),
                        wish=m.swap is None or m.swap.target != member)
     bound = held_bound(m)
-    if bound and len(m.requests.held) >= bound:
+    if bound and len(m.requests.held) >= bound and not sheddable(m, arrival):
         return Refusal(Reject(rid, 503, "too_many_held",
                               f"pool {m.spec.key} already holds {bound} requests waiting for a "
                               "swap; retry after Retry-After", m.history.clamp(wait)))
     return None
+
+
+def sheddable(m: PoolReader, arrival: RequestArrived) -> bool:
+    """A held request of negative priority, below ``arrival``'s, may make room for it under
+    the held bound (``priority.shed`` answers it)."""
+    rank = priority.of(m.spec, arrival)
+    return any(h.priority < min(0, rank) for h in m.requests.held.values())
 
 
 def budget_exceeded(m: PoolReader, rid: int, held: Held) -> Reject:
@@ -107,6 +124,9 @@ def budget_exceeded(m: PoolReader, rid: int, held: Held) -> Reject:
 def _swap_state(m: PoolReader, member: str) -> str:
     """What a request refused at its budget is told of the swap: only what is true."""
     swap = m.swap
+    if pacing.capacity(m, member) and m.routable(member):
+        return (f"it serves, at its capacity of {pacing.capacity(m, member)} requests at once "
+                "(paced release); retry after Retry-After")
     if swap is None:
         return "no swap is under way for it now; retry after Retry-After"
     if swap.stalled:
@@ -116,3 +136,19 @@ def _swap_state(m: PoolReader, member: str) -> str:
     if swap.target != member:
         return f"the swap to {swap.target} under way comes first; retry shortly"
     return "the swap continues, retry shortly"
+
+
+def shed(m: PoolWriter, out: list[Command]) -> None:
+    """After every event: past the held bound, the lowest negative-priority held requests
+    (newest among equals) are answered 503 too_many_held (only those: see sheddable)."""
+    bound, book = held_bound(m), m.requests
+    if not bound or len(book.held) <= bound:
+        return
+    victims = sorted(((h.priority, -i, rid) for i, (rid, h) in enumerate(book.held.items())
+                      if h.priority < 0))[:len(book.held) - bound]
+    for _, _, rid in victims:
+        held = book.unhold(rid)
+        out.append(Reject(rid, 503, "too_many_held", f"pool {m.spec.key} holds {bound} "
+                          "requests waiting for a swap and a higher-priority one came: this "
+                          f"one (priority {held.priority}) is shed; retry after Retry-After",
+                          m.retry_after(), m.now - held.arrived))

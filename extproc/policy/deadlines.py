@@ -7,7 +7,7 @@ is at rest, lets a resident hit or its end be booked in one pass until that dead
 
 from __future__ import annotations
 
-from . import fairness, modes, replicas, watchdog
+from . import carry, fairness, modes, replicas, watchdog
 from .pool import PoolReader
 from .reclaim import RECLAIM, idle_deadline
 from .state import Stage
@@ -20,7 +20,7 @@ def next_deadline(m: PoolReader) -> float:
     times = [m.requests.next_deadline()]
     times.extend(m.failed_until.values())  # the status's failed member clears then
     times.extend((idle_deadline(m), watchdog.deadline(m),
-                  modes.resume_at(m, m.hands), lost_at(m)))
+                  modes.resume_at(m, m.hands), lost_at(m), *carry.deadlines(m)))
     swap = m.swap
     if swap is not None:
         if swap.stage is Stage.DRAIN:

@@ -23,6 +23,9 @@ class RequestArrived:
     rid: int
     member: str
     max_wait: float = math.inf  # the client's own deadline (header x-modelpool-max-wait)
+    activation: str = ""  # Wait or IfIdle (header x-modelpool-activation); "": the pool's
+    objective: str = ""  # header x-gateway-inference-objective (the pool maps it: priority.py)
+    priority: int | None = None  # header x-modelpool-priority: wins over the objective
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +106,17 @@ class DrainAnnounced:
 
 
 @dataclass(frozen=True, slots=True)
+class CarryAnswered:
+    """The runtime carried out ``CarrySlots`` for ``member``: ``step`` ("save" or "restore")
+    took effect (``ok``), or it failed, with what it found (``detail``)."""
+
+    member: str
+    step: str
+    ok: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """Time passed; deadlines up to now are due."""
 
@@ -121,7 +135,7 @@ class Close:
 
 Event = (RequestArrived | RequestEnded | MemberObserved | SpecChanged | IdleProbed | StatusObserved
          | ActuationChanged | AdmissionLease | LeadershipChanged | PeersObserved | DrainAnnounced
-         | Tick | Close)
+         | CarryAnswered | Tick | Close)
 
 # ---- commands ---------------------------------------------------------------------------
 
@@ -133,6 +147,7 @@ class Admit:
     rid: int
     member: str
     held_for: float = 0.0  # seconds it was held; 0 when admitted at once
+    swap: str = ""  # the swap that released it, "incumbent->target" ("": none, or not known)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +170,17 @@ class Reject:
     message: str
     retry_after: int
     held_for: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Divert:
+    """Send request ``rid`` for ``member`` to the pool's fallback ``to`` (a routing value)
+    instead: it is decided, and not counted in flight on any member."""
+
+    rid: int
+    member: str
+    to: str
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,12 +216,23 @@ class ProbeIdle:
 
 
 @dataclass(frozen=True, slots=True)
+class CarrySlots:
+    """Save (``step`` "save") or restore (``step`` "restore") the prompt cache of
+    ``member``'s llama.cpp slots (policy/carry.py); answer with ``CarryAnswered``."""
+
+    member: str
+    step: str
+
+
+@dataclass(frozen=True, slots=True)
 class Notice:
     """Something operators should hear about (an Event, a log line, a metric).
 
     kind is one of SwapStarted, SwapCompleted, SwapFailed, SwapDeferred, MemberLost,
     ActuationChanged, SwapCancelled, Reclaimed, UnsupportedSwapPolicy, SwapStalled,
-    SwapResumed, ActivationLost.
+    SwapResumed, ActivationLost, PromptCacheCarried, PromptCacheCarryFailed, StreamsCut,
+    IdleProbeMisread (``released``: the requests in flight on this replica that the probe's
+    answer endangered).
     """
 
     kind: str
@@ -206,11 +243,12 @@ class Notice:
     released: int = 0
 
 
-Command = Admit | Hold | Reject | Dropped | Scale | Trigger | ProbeIdle | Notice
+Command = (Admit | Hold | Reject | Divert | Dropped | Scale | Trigger | ProbeIdle | CarrySlots
+           | Notice)
 
 # Notice kinds that mean something is wrong for the pool's users: Warning Events and logs.
 WARNING_NOTICES = ("SwapFailed", "MemberLost", "SwapStalled", "UnsupportedSwapPolicy",
-                   "ActivationLost")
+                   "ActivationLost", "PromptCacheCarryFailed", "StreamsCut", "IdleProbeMisread")
 
 
 def is_warning(notice: Notice) -> bool:

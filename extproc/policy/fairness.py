@@ -3,8 +3,9 @@
 Invariant 5 (``machine.py``): once a swap has waited the pool's ``fairness_window``, new
 requests for the incumbent are held too, so the incumbent drains and the waiting requests get
 the slot. Until then the incumbent keeps it for its drain linger after its last request
-(``requests.RequestBook.linger``: only clients seen coming back earn one), since missing a
-returning client costs two swaps where waiting costs milliseconds.
+(``requests.RequestBook.linger``: only clients seen coming back earn one, and a client that came
+back only after another member served it does not count), since missing a returning client
+costs two swaps where waiting costs milliseconds.
 
 Rules of this file: it owns no state and changes nothing; it reads the pool through
 ``pool.PoolReader``.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import math
 
 from .pool import PoolReader
+from .residency import linger
 from .state import Swap
 
 
@@ -36,5 +38,5 @@ def calm_at(m: PoolReader) -> float:
     if swap is None or due(m, swap, m.now):
         return -math.inf
     book, cap = m.requests, m.limits.drain_linger
-    return max((book.idle_since(name) + book.linger(name, m.now, cap) for name in m.others()),
+    return max((book.idle_since(name) + linger(m, name, cap) for name in m.others()),
                default=-math.inf)

@@ -57,11 +57,12 @@ import math
 from dataclasses import replace
 from operator import attrgetter
 
-from . import admission, deadlines, fairness, modes, replicas, snapshot, watchdog
-from .events import (ActuationChanged, AdmissionLease, Admit, Close, Command, DrainAnnounced,
-                     Dropped, Event, Hold, IdleProbed, LeadershipChanged, MemberObserved,
-                     Notice, PeersObserved, Reject, RequestArrived, RequestEnded, Scale,
-                     SpecChanged, StatusObserved, Tick)
+from . import (admission, carry, deadlines, fairness, modes, pacing, priority, probecheck,
+               replicas, snapshot, watchdog)
+from .events import (ActuationChanged, AdmissionLease, Admit, CarryAnswered, Close, Command,
+                     DrainAnnounced, Dropped, Event, Hold, IdleProbed, LeadershipChanged,
+                     MemberObserved, Notice, PeersObserved, Reject, RequestArrived,
+                     RequestEnded, Scale, SpecChanged, StatusObserved, Tick)
 from .forecast import SwapHistory
 from .model import Actuation, MemberObservation, PoolSpec, PoolStatus, PoolView, StartHints
 from .reclaim import PolicyMemory, report_policy, track_idle
@@ -89,6 +90,7 @@ class PoolMachine:
         self.policy_memory = PolicyMemory(resident_since=now)
         self.requests = RequestBook()
         self.history = SwapHistory(limits.retry_after_default, limits.retry_after_max)
+        self.carry = carry.CarryBook()  # (carry.py: the slot saves and restores waited for)
         self.status = PoolStatus()  # the pool's .status as last observed (the rest: only here)
         self.obs: dict[str, MemberObservation] = {}
         self.resident = ""
@@ -155,11 +157,11 @@ class PoolMachine:
             case RequestArrived(rid, member) if member in self.spec.members \
                     and not self.requests.knows(rid):
                 self.now = now
-                if not self.routable(member):
+                if not self.routable(member) or not pacing.admits(self, member):
                     return None
                 self.owner_picked = True
                 self.requests.arrived(member, now, self.limits.drain_linger)
-                self.requests.admit(rid, member)
+                self.requests.admit(rid, member, now)
                 return [Admit(rid, member, 0.0)]
             case RequestEnded(rid) if rid in self.requests.in_flight:
                 self.now = now
@@ -190,8 +192,8 @@ class PoolMachine:
         for member in [w for w in self.wishes if self.routable(w)]:
             del self.wishes[member]  # served already (adopted, or a swap a request drove)
         match event:
-            case RequestArrived(rid, member, max_wait):
-                self._arrive(rid, member, max_wait, now, out)
+            case RequestArrived() as arrival:
+                self._arrive(arrival, now, out)
             case RequestEnded(rid):
                 held = self.requests.end(rid, now)
                 if held is not None:
@@ -201,6 +203,7 @@ class PoolMachine:
             case SpecChanged(spec):
                 self._respec(spec, out)
             case IdleProbed(member, idle):
+                out.extend(probecheck.probed_idle(self, member, idle))
                 self._probed(member, idle)
             case StatusObserved(status):
                 before, self.status = self.status, status
@@ -221,12 +224,15 @@ class PoolMachine:
                     self.requests.unhold(rid)
                     out.append(Reject(rid, 503, code, message, self.retry_after(),
                                       now - held.arrived))
+            case CarryAnswered():
+                carry.answered(self, event, out)
             case Tick():
                 pass
             case _:
                 raise PolicyError(f"unknown event {event!r}")
         watchdog.watch(self, now, out)  # (first: a budget 503 at the stall's instant says so)
         self._expire(now, out)
+        admission.shed(self, out)  # past the held bound, the lowest negative priority goes
         advance(self, now, out)
         if modes.settle_fight(self, hands, out) or modes.resume(self, hands, out):
             advance(self, now, out)
@@ -240,8 +246,8 @@ class PoolMachine:
         report_policy(self.policy_memory, self, out)
         return out
 
-    def _arrive(self, rid: int, member: str, max_wait: float, now: float,
-                out: list[Command]) -> None:
+    def _arrive(self, arrival: RequestArrived, now: float, out: list[Command]) -> None:
+        rid, member, max_wait = arrival.rid, arrival.member, arrival.max_wait
         if member not in self.spec.members:
             raise PolicyError(f"{member!r} is not a member of pool {self.spec.key}")
         if self.requests.knows(rid):
@@ -249,18 +255,19 @@ class PoolMachine:
         self.owner_picked = True
         # A return within the drain linger's cap is what makes an adaptive linger worth it.
         self.requests.arrived(member, now, self.limits.drain_linger)
-        if self.routable(member) and not fairness.holds(self, member, now):
+        if self.routable(member) and not fairness.holds(self, member, now) \
+                and pacing.admits(self, member):
             self.admit(rid, member, 0.0, out)
             return
-        refusal = admission.refusal(self, self.hands, rid, member, max_wait)
+        refusal = admission.refusal(self, self.hands, arrival)
         if refusal is not None:
             if refusal.wish:
                 self.wishes[member] = None
-            out.append(refusal.reject)
+            out.append(refusal.answer)
             return
         coalesced = self.swap is not None and self.swap.target == member
         deadline = now + self.spec.swap_budget
-        self.requests.hold(rid, member, now, deadline)
+        self.requests.hold(rid, member, now, deadline, priority.of(self.spec, arrival))
         out.append(Hold(rid, member, deadline, coalesced))
 
     def _observe(self, obs: MemberObservation, out: list[Command]) -> None:
@@ -273,6 +280,7 @@ class PoolMachine:
         if obs.name not in self.spec.members:
             raise PolicyError(f"{obs.name!r} is not a member of pool {self.spec.key}")
         before = self.obs.get(obs.name)
+        out.extend(probecheck.scaled_down(self, before, obs))
         self.obs[obs.name] = obs
         if before is not None and before.replicas != obs.replicas:  # (hands-off: not ours)
             modes.foreign_write(self, self.hands)
@@ -326,6 +334,7 @@ class PoolMachine:
         self.resident = member
         if since is not None:
             self.policy_memory.took_slot(member, since)
+            self.requests.took_slot(member, self.spec.min_residency)
 
     def pick_owner(self) -> None:
         """An owner was picked: a cold pool no longer warms spec.default."""
@@ -355,10 +364,11 @@ class PoolMachine:
         """``member`` loaded: its failure backoff ends now."""
         self.failed_until.pop(member, None)
 
-    def admit(self, rid: int, member: str, held_for: float, out: list[Command]) -> None:
+    def admit(self, rid: int, member: str, held_for: float, out: list[Command],
+              swap: str = "") -> None:
         """Let ``rid`` through to ``member`` and count it in flight."""
-        self.requests.admit(rid, member)
-        out.append(Admit(rid, member, held_for))
+        self.requests.admit(rid, member, self.now)
+        out.append(Admit(rid, member, held_for, swap))
 
     def scale(self, member: str, replicas: int, out: list[Command]) -> None:
         """Ask for ``member`` at ``replicas`` (own mode's only way to change replicas)."""
@@ -387,7 +397,8 @@ class PoolMachine:
         obs = self.obs.get(member)  # (llmkube mode: the status may name it before it is seen)
         if self.actuation is Actuation.HANDS_OFF:
             return obs is not None and obs.ready  # not ours to decide: the cluster's word
-        if not member or member != self.resident or obs is None or not obs.ready:
+        if not member or member != self.resident or obs is None or not obs.ready \
+                or carry.carrying(self, member):
             return False
         if self.actuation is Actuation.FOLLOW:
             return replicas.follower_admits(self, member)

@@ -63,6 +63,18 @@ class PoolSpec:
     max_held: int | None = None
     # annotation modelpool.inference.llmkube.dev/resume: a new value ends a hands-off spell now
     resume: str = ""
+    # annotation modelpool.inference.llmkube.dev/activation: Wait (hold, swap) or IfIdle
+    # (never swap behind a busy incumbent; ifidle.py), for requests that name neither
+    activation: str = "Wait"
+    # annotation modelpool.inference.llmkube.dev/fallbacks: member -> the routing value of
+    # the backend an IfIdle request for it goes to when the incumbent is busy
+    fallbacks: dict[str, str] = field(default_factory=dict)
+    # annotation modelpool.inference.llmkube.dev/min-residency: requests a new resident serves
+    # before it gives the slot up between two of them (residency.py; 0: off)
+    min_residency: int = 0
+    # annotation modelpool.inference.llmkube.dev/priorities: objective -> priority (higher
+    # takes the slot first; priority.py); unnamed objectives are 0
+    priorities: dict[str, int] = field(default_factory=dict)
 
 
 class Actuation(str, Enum):
@@ -131,6 +143,10 @@ class MemberObservation:
     phase: str = ""
     replicas: int = 0
     pods: int = 0  # pods that exist, terminating ones included: they still hold GPU memory
+    # requests it takes at once under paced release (pacing.py; 0: not known, unpaced)
+    capacity: int = 0
+    # its llama.cpp slots are saved before it unloads and restored when it loads (carry.py)
+    carry: bool = False
 
     @property
     def ready(self) -> bool:

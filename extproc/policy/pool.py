@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
+from .carrybook import CarryBook
 from .events import Command
 from .forecast import SwapHistory
 from .model import Actuation, MemberObservation, PeerState, PoolSpec, PoolStatus, StartHints
@@ -51,6 +52,7 @@ class PoolReader(Protocol):
     # The records other rooms keep, each changed by its own methods.
     requests: RequestBook
     history: SwapHistory
+    carry: CarryBook  # the saves and restores the swap waits for (carry.py)
     # What the machine remembers between events.
     hints: StartHints  # what the cluster remembered at start-up
     owner_picked: bool  # a request, an adoption or a warm-up picked an owner
@@ -111,8 +113,9 @@ class PoolWriter(PoolReader, Protocol):
     def clear_failure(self, member: str) -> None:
         """``member`` loaded: its failure backoff ends now."""
 
-    def admit(self, rid: int, member: str, held_for: float, out: list[Command]) -> None:
-        """Let ``rid`` through to ``member``."""
+    def admit(self, rid: int, member: str, held_for: float, out: list[Command],
+              swap: str = "") -> None:
+        """Let ``rid`` through to ``member`` (released by ``swap``, "incumbent->target")."""
 
     def scale(self, member: str, replicas: int, out: list[Command]) -> None:
         """Ask for ``member`` at ``replicas``."""

@@ -49,6 +49,8 @@ class Limits:
     activation_grace: float  # llmkube: a trigger with no trace in the cluster this long is lost
     activation_retries: int  # llmkube: lost triggers sent again before the swap is given up
     hands_off_quiet: float  # own: hands-off ends after this long without a foreign write
+    paced_release: bool  # a member with a capacity takes at most that many at once (pacing.py)
+    carry_timeout: float  # a swap waits this long at most for a slot save or restore (carry.py)
 
 
 @dataclass(slots=True)

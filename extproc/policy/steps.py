@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from . import fairness, replicas
+from . import fairness, pacing, priority, replicas
 from .events import Command, Notice, ProbeIdle, Reject
 from .model import PHASE_FAILED, Actuation
 from .pool import PoolReader, PoolWriter
@@ -50,14 +50,13 @@ def adopt(m: PoolWriter, now: float, out: Out) -> None:
 def held_for_serving(m: PoolReader, now: float) -> bool:
     # Normally none: a swap's completion releases its own. They appear when a spec change
     # cancels a swap while requests for the incumbent were held by fairness.
-    return any(m.routable(held.member) for held in m.requests.held.values())
+    # (A paced member's beyond its room wait for pacing.py's edge.)
+    return any(m.routable(name) and pacing.room(m, name) > 0 for name in m.requests.held_by)
 
 
 def release_serving(m: PoolWriter, now: float, out: Out) -> None:
-    for rid, held in list(m.requests.held.items()):
-        if m.routable(held.member):
-            m.requests.unhold(rid)
-            m.admit(rid, held.member, now - held.arrived, out)
+    for name in list(m.requests.held_by):
+        pacing.release(m, name, now, out)
 
 
 def llmkube_blocked(m: PoolReader) -> str:
@@ -80,7 +79,7 @@ def wanted(m: PoolReader) -> str:
     hint = m.hints.pending
     if hint in m.spec.members and not m.routable(hint):
         return hint  # resume the swap a previous process (or leader) started
-    for held in m.requests.held.values():  # oldest first: insertion order
+    for held in priority.precedence(m):  # highest priority first (aged: oldest), then oldest
         if not m.routable(held.member):
             return held.member
     for member in m.wishes:  # requests refused for their own deadline (admission.py)
@@ -325,14 +324,11 @@ def complete(m: PoolWriter, now: float, out: Out) -> None:
     duration = now - swap.started
     m.history.record(swap.incumbent, swap.target, duration)
     m.clear_failure(swap.target)
-    released = 0
     # Only if the target may be routed to now: a replica past its admission Lease, or one
     # following a leader (or LLMKube) that already announced the next swap, keeps them held;
-    # Idle's release edge lets them go once it may.
-    for rid, held in m.requests.held_for(swap.target) if m.routable(swap.target) else ():
-        m.requests.unhold(rid)
-        m.admit(rid, held.member, now - held.arrived, out)
-        released += 1
+    # Idle's release edge lets them go once it may. Paced: up to its capacity (pacing.py).
+    via = f"{swap.incumbent or '(none)'}->{swap.target}"  # (the answer's x-modelpool-swap)
+    released = pacing.release(m, swap.target, now, out, via)
     out.append(Notice("SwapCompleted", f"swap {swap.incumbent or '(none)'} -> "
                       f"{swap.target} completed in {duration:.1f}s, {released} released",
                       source=swap.incumbent, target=swap.target, duration=duration,

@@ -70,7 +70,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
-from . import steps
+from . import carry, pacing, steps
 from . import steps_llmkube as llm
 from .events import Command
 from .model import Actuation
@@ -145,6 +145,10 @@ TRANSITIONS: tuple[Edge, ...] = (
     *(Edge(s, steps.target_left, _I, steps.cancel, _A, ANY) for s in _SWAPPING),
     # own mode: a member scaled up behind our back that serves nothing goes back to 0 at once
     *(Edge(s, steps.intruder_up, s, steps.scale_down_intruders, _H, OWN) for s in (_D, _P, _U)),
+    # prompt-cache carry-over: a save or restore not answered in time is given up
+    *(Edge(s, carry.overdue, s, carry.give_up, _A, OWN | LLMKUBE) for s in (_D, _U, _L, _T)),
+    # paced release: held requests pass as a paced member's requests end (Idle: the next edge)
+    *(Edge(s, pacing.room_freed, s, pacing.release_freed, _S, ANY) for s in _SWAPPING),
     # Idle
     Edge(_I, steps.held_for_serving, _I, steps.release_serving, _S, ANY),
     Edge(_I, steps.adoptable, _I, steps.adopt, _H, ROUTING),
@@ -162,17 +166,21 @@ TRANSITIONS: tuple[Edge, ...] = (
     Edge(_P, steps.probe_refused, _D, steps.defer, _H, OWN),
     Edge(_P, steps.all_idle, _U, steps.to_unload, _H, OWN),
     # Unloading and Loading (own mode)
-    Edge(_U, steps.still_up, _U, steps.scale_down_others, _H, OWN),
+    Edge(_U, carry.save_due(steps.still_up), _U, carry.ask_save, _H, OWN),
+    Edge(_U, carry.unless_carrying(steps.still_up), _U, steps.scale_down_others, _H, OWN),
     Edge(_U, steps.others_gone, _L, steps.load, _H, OWN),
     Edge(_L, steps.timed_out, _I, steps.fail(_not_ready_after), _A, OWN),
-    Edge(_L, steps.target_ready, _I, steps.complete, _S, OWN),
+    Edge(_L, carry.restore_due(steps.target_ready), _L, carry.ask_restore, _S, OWN),
+    Edge(_L, carry.unless_carrying(steps.target_ready), _I, steps.complete, _S, OWN),
     Edge(_L, steps.others_back, _U, steps.to_unload, _H, OWN),
     Edge(_L, steps.target_at_zero, _L, steps.scale_up_again, _H, OWN),
     Edge(_L, steps.target_failed, _I, steps.fail(_reported_failed), _H, OWN),
     # llmkube mode: drain our own requests, trigger, then follow LLMKube's reconciler
-    Edge(_D, llm.drained_here, _T, llm.trigger, _H, LLMKUBE),
+    Edge(_D, carry.save_due(llm.drained_here), _D, carry.ask_save, _H, LLMKUBE),
+    Edge(_D, carry.unless_carrying(llm.drained_here), _T, llm.trigger, _H, LLMKUBE),
     Edge(_T, steps.timed_out, _I, steps.fail(_not_ready_after), _A, FOLLOWING),
-    Edge(_T, llm.target_resident, _I, steps.complete, _S, FOLLOWING),
+    Edge(_T, carry.restore_due(llm.target_resident), _T, carry.ask_restore, _S, LLMKUBE),
+    Edge(_T, carry.unless_carrying(llm.target_resident), _I, steps.complete, _S, FOLLOWING),
     Edge(_T, steps.target_failed, _I, steps.fail(_reported_failed), _H, FOLLOWING),
     Edge(_T, llm.activation_unwanted, _I, llm.drop_lost, _A, LLMKUBE),
     Edge(_T, llm.activation_abandoned, _I, llm.abandon, _A, LLMKUBE),

@@ -23,6 +23,16 @@ _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 #: Dynamic metadata namespace and key of the routing decision (Envoy's
 #: ``metadata_options.receiving_namespaces`` and its member routes name the same).
 METADATA_NAMESPACE, METADATA_KEY = "modelpool", "member"
+#: The metadata key that says a request went to its member's fallback (IfIdle, incumbent
+#: busy): the standalone Envoy copies it into the response header ``FALLBACK_HEADER``.
+FALLBACK_KEY, FALLBACK_HEADER = "fallback", "x-modelpool-fallback"
+#: Metadata keys (and the response headers the standalone Envoy makes of them) that a request
+#: released after a hold carries: how long it was held, and the swap it waited for.
+HELD_KEY, HELD_HEADER = "held_ms", "x-modelpool-held-ms"
+SWAP_KEY, SWAP_HEADER = "swap", "x-modelpool-swap"
+#: On our 503s: the predicted seconds until the member serves (Retry-After is its whole,
+#: clamped counterpart).
+PREDICTED_WAIT_HEADER = "x-modelpool-predicted-wait"
 
 #: Let the request headers pass unchanged (the decision comes with the body).
 CONTINUE_HEADERS = ep.ProcessingResponse(
@@ -36,21 +46,40 @@ _ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error",
                 415: "invalid_request_error", 503: "service_unavailable"}
 
 
-def _header(key: str, value: str) -> base_pb2.HeaderValueOption:
+def header_option(key: str, value: str) -> base_pb2.HeaderValueOption:
+    """One header to set, overwriting a value the client sent."""
     return base_pb2.HeaderValueOption(
         header=base_pb2.HeaderValue(key=key, raw_value=value.encode("latin-1")),
         append_action=_OVERWRITE)
 
 
 @lru_cache(maxsize=4096)
-def route(header: str, value: str) -> bytes:
-    """Body-phase answer: set the routing header and make Envoy pick the route again."""
-    common = ep.CommonResponse(header_mutation=ep.HeaderMutation(set_headers=[_header(header,
-                                                                                      value)]),
-                               clear_route_cache=True)
+def route(header: str, value: str, fallback: bool = False) -> bytes:
+    """Body-phase answer: set the routing header and make Envoy pick the route again
+    (``fallback``: ``value`` is a member's fallback, standing in for a busy incumbent)."""
+    return _routed(header, value, {FALLBACK_KEY: fallback_note(value)} if fallback else {})
+
+
+def released(header: str, value: str, held_for: float, swap: str) -> bytes:
+    """``route`` for a request released after a hold: its answer says how long it was held
+    and the swap it waited for (not cached: every hold differs)."""
+    said = {HELD_KEY: str(round(held_for * 1000))}
+    if swap:
+        said[SWAP_KEY] = swap
+    return _routed(header, value, said)
+
+
+def _routed(header: str, value: str, said: dict[str, str]) -> bytes:
+    common = ep.CommonResponse(header_mutation=ep.HeaderMutation(
+        set_headers=[header_option(header, value)]), clear_route_cache=True)
     response = ep.ProcessingResponse(request_body=ep.BodyResponse(response=common))
-    response.dynamic_metadata.update({METADATA_NAMESPACE: {METADATA_KEY: value}})
+    response.dynamic_metadata.update({METADATA_NAMESPACE: {METADATA_KEY: value, **said}})
     return response.SerializeToString()
+
+
+def fallback_note(value: str) -> str:
+    """The ``FALLBACK_HEADER`` a response from fallback ``value`` carries (both Envoys)."""
+    return f"{value}; reason=pool_incumbent_busy"
 
 
 def override_timeout(seconds: float) -> bytes:
@@ -70,8 +99,8 @@ def error_body(status: int, code: str, message: str, param: str | None = None) -
 def immediate(status: int, body: bytes, details: str,
               headers: tuple[tuple[str, str], ...] = ()) -> bytes:
     """Answer the client directly with a JSON body; Envoy does not route the request."""
-    mutation = ep.HeaderMutation(set_headers=[_header("content-type", "application/json"),
-                                              *(_header(k, v) for k, v in headers)])
+    mutation = ep.HeaderMutation(set_headers=[header_option("content-type", "application/json"),
+                                              *(header_option(k, v) for k, v in headers)])
     return ep.ProcessingResponse(immediate_response=ep.ImmediateResponse(
         status=http_status_pb2.HttpStatus(code=status), headers=mutation, body=body,
         details=details)).SerializeToString()

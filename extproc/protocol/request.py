@@ -10,12 +10,19 @@ import json
 import math
 from dataclasses import dataclass
 
+from ..policy.ifidle import parse as parse_activation
 from ..settings import parse_duration
 
 # Longest model name accepted; OpenAI and Kubernetes names are far shorter.
 MAX_MODEL_LENGTH = 256
 # The client's own deadline: how long it is willing to wait for its member (e.g. "20s").
 MAX_WAIT_HEADER = "x-modelpool-max-wait"
+# Whether the request may start a swap behind a busy incumbent: Wait (yes) or IfIdle (no).
+ACTIVATION_HEADER = "x-modelpool-activation"
+# Who gets the slot next: the inference extension's objective (the pool maps it to a
+# priority), or a priority of ours (an integer) that wins over it.
+OBJECTIVE_HEADER = "x-gateway-inference-objective"
+PRIORITY_HEADER = "x-modelpool-priority"
 
 
 class BadRequest(Exception):
@@ -41,6 +48,15 @@ class RequestHead:
     content_encoding: str = ""
     request_id: str = ""
     max_wait: str = ""  # the raw x-modelpool-max-wait value ("" when absent)
+    # --endpoint-picker: the proxy's subset hint (None: any endpoint), whether request and
+    # response bodies run full duplex, whether the request ended with trailers to answer
+    allowed: tuple[str, ...] | None = None
+    duplex_request: bool = False
+    duplex_response: bool = False
+    trailers: bool = False
+    activation: str = ""  # the raw x-modelpool-activation value ("" when absent)
+    objective: str = ""  # the raw x-gateway-inference-objective value
+    priority: str = ""  # the raw x-modelpool-priority value
 
 
 def read_head(header_map: object) -> RequestHead:
@@ -60,6 +76,12 @@ def read_head(header_map: object) -> RequestHead:
             head.request_id = h.raw_value.decode("latin-1")
         elif key == MAX_WAIT_HEADER:
             head.max_wait = h.raw_value.decode("latin-1")
+        elif key == ACTIVATION_HEADER:
+            head.activation = h.raw_value.decode("latin-1")
+        elif key == OBJECTIVE_HEADER:
+            head.objective = h.raw_value.decode("latin-1")
+        elif key == PRIORITY_HEADER:
+            head.priority = h.raw_value.decode("latin-1")
     return head
 
 
@@ -74,6 +96,9 @@ ATTRIBUTES: dict[str, str] = {
     "request.headers['content-type']": "content_type",
     "request.headers['content-encoding']": "content_encoding",
     f"request.headers['{MAX_WAIT_HEADER}']": "max_wait",
+    f"request.headers['{ACTIVATION_HEADER}']": "activation",
+    f"request.headers['{OBJECTIVE_HEADER}']": "objective",
+    f"request.headers['{PRIORITY_HEADER}']": "priority",
 }
 #: The key Envoy files the request attributes under in ProcessingRequest.attributes.
 ATTRIBUTES_KEY = "envoy.filters.http.ext_proc"
@@ -103,6 +128,29 @@ def max_wait(head: RequestHead) -> float:
         raise BadRequest(400, "invalid_max_wait", f"header {MAX_WAIT_HEADER} "
                          f"{head.max_wait[:64]!r} is not a duration (use e.g. 20s, 1m30s, "
                          "500ms)", MAX_WAIT_HEADER) from None
+
+
+def activation(head: RequestHead) -> str:
+    """The activation the client asks for ("" without the header: the pool's), or BadRequest."""
+    if not head.activation:
+        return ""
+    try:
+        return parse_activation(head.activation)
+    except ValueError as exc:
+        raise BadRequest(400, "invalid_activation", f"header {ACTIVATION_HEADER} {exc}",
+                         ACTIVATION_HEADER) from None
+
+
+def priority(head: RequestHead) -> int | None:
+    """The priority the client names (None without the header: its objective's), or
+    BadRequest."""
+    if not head.priority:
+        return None
+    try:
+        return int(head.priority.strip())
+    except ValueError:
+        raise BadRequest(400, "invalid_priority", f"header {PRIORITY_HEADER} "
+                         f"{head.priority[:64]!r} is not an integer", PRIORITY_HEADER) from None
 
 
 def model_from_body(head: RequestHead, body: bytes, max_bytes: int) -> str:

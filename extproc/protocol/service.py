@@ -13,7 +13,9 @@ A stream comes in one of two shapes, and both are served:
   buffered body alone, with the head (method, path, request id, our client headers) in its
   ``attributes`` (``request.ATTRIBUTES``): one message each way instead of two.
 
-The decision always rides on the body's answer (``answers.route`` works for both shapes).
+The decision always rides on the body's answer (``answers.route`` works for both shapes),
+except for an endpoint picker in full duplex mode, where it rides on the held headers'
+(``picker.py``, which also tells the body modes an InferencePool's gateway may choose).
 """
 
 from __future__ import annotations
@@ -30,18 +32,21 @@ from google.protobuf.message import DecodeError
 
 from .. import metrics
 from ..logs import get_logger
-from ..policy.events import Admit, Reject
+from ..policy.events import Admit, Divert, Reject
 from ..runtime.driver import Ticket
 from ..runtime.hub import Hub, Route
 from ..settings import Settings
-from . import answers
-from .request import (ATTRIBUTES_KEY, BadRequest, RequestHead, max_wait, model_from_body,
-                      read_attributes, read_head)
+from . import answers, picker
+from .request import (ATTRIBUTES_KEY, BadRequest, RequestHead, activation, max_wait,
+                      model_from_body, priority, read_attributes, read_head)
 
 log = get_logger(__name__)
 
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 _MODELS_PATH = "/v1/models"
+# A member admitted as Ready whose Ready pods the pod watch has not delivered yet (two
+# watches, no order between them) gets this long for them before the 503 no_endpoint.
+_ENDPOINT_WAIT = 5.0
 # Open streams of every service in the process, read by the gauge when scraped: a gauge's
 # inc/dec takes a lock twice per request (5 % of the loop's time in a burst of 10,000).
 _open_streams = 0
@@ -63,6 +68,8 @@ class ExtProcService:
         self._template = settings.route_template
         self._route_values: dict[tuple[Any, str], str] = {}
         self._outcomes: dict[tuple[str, str, str], Any] = {}
+        self._picker = picker.EndpointPicker(hub.endpoints) if settings.endpoint_picker \
+            else None
 
     def handler(self) -> grpc.GenericRpcHandler:
         """The gRPC generic handler; messages in are parsed with upb, out are raw bytes."""
@@ -78,7 +85,7 @@ class ExtProcService:
         ticket: Ticket | None = None
         route: Route | None = None
         try:
-            opened = await self._read_head(context)
+            opened = await self._read_head(context, self._picker is not None)
             if opened is None:
                 return
             head, end_of_stream, first = opened
@@ -87,10 +94,11 @@ class ExtProcService:
             if early is not None:
                 await context.write(early)
                 return await self._until_closed(context)
-            if first is None:
-                await context.write(answers.CONTINUE_HEADERS)
+            if first is None and not head.duplex_request:
+                await context.write(answers.CONTINUE_HEADERS if self._picker is None
+                                    else picker.STRIP_HEADERS)
             try:
-                body = await self._read_body(context, first, end_of_stream)
+                body = await self._read_body(context, head, first, end_of_stream)
                 del first
             except BadRequest as exc:
                 await context.write(self._refuse(head, exc))
@@ -104,22 +112,28 @@ class ExtProcService:
             try:
                 model = model_from_body(head, body, self._settings.max_body_bytes)
                 patience = max_wait(head)
+                asks = activation(head)
+                rank = priority(head)
             except BadRequest as exc:
                 await context.write(self._refuse(head, exc))
                 return await self._until_closed(context)
-            del body  # a parked stream should not pin its body (10,000 may be parked)
+            # A parked stream should not pin its body (10,000 may be parked), unless Envoy
+            # forwards only what we hand back (full duplex).
+            kept = body if head.duplex_request else b""
+            del body
             route = self._hub.resolve(model)
             if route is None:
                 await context.write(self._unrouted(head, model))
-                return await self._until_closed(context)
-            ticket = route.driver.arrive(route.member, patience)
+                return await self._until_closed(context, head)
+            ticket = route.driver.arrive(route.member, patience, asks, head.objective, rank)
             if ticket.waiter is not None:
                 if not await self._park(context, ticket, route, head):
                     return  # the client left while held
                 started = time.perf_counter()
-            await context.write(self._answer(ticket, route, head, model))
+            for message in await self._answer(ticket, route, head, kept):
+                await context.write(message)
             metrics.DECISION_SECONDS.observe(time.perf_counter() - started)
-            await self._until_closed(context)
+            await self._until_closed(context, head)
         except asyncio.CancelledError:
             raise  # Envoy reset the stream (client gone); `finally` does the accounting
         except DecodeError as exc:
@@ -159,7 +173,7 @@ class ExtProcService:
         return None
 
     @staticmethod
-    async def _read_head(context: grpc.aio.ServicerContext
+    async def _read_head(context: grpc.aio.ServicerContext, picking: bool
                          ) -> tuple[RequestHead, bool, bytes | None] | None:
         """The request head, whether the message that brought it ends the request, and the
         body that came with it (one-message mode; None after a headers message). None: the
@@ -179,18 +193,25 @@ class ExtProcService:
                             "configure the ext_proc filter's request_attributes")
                 return None
             body = first.request_body
-            return read_attributes(first.attributes), body.end_of_stream, body.body
-        if not first.HasField("request_headers"):
+            opened = read_attributes(first.attributes), body.end_of_stream, body.body
+        elif first.HasField("request_headers"):
+            headers = first.request_headers
+            opened = read_head(headers.headers), headers.end_of_stream, None
+        else:
             return None
-        headers = first.request_headers
-        return read_head(headers.headers), headers.end_of_stream, None
+        if picking:
+            head = opened[0]
+            head.allowed = picker.subset_hint(first)
+            head.duplex_request, head.duplex_response = picker.full_duplex(first)
+        return opened
 
-    async def _read_body(self, context: grpc.aio.ServicerContext, first: bytes | None = None,
-                         ended: bool = False) -> bytes | None:
+    async def _read_body(self, context: grpc.aio.ServicerContext, head: RequestHead,
+                         first: bytes | None = None, ended: bool = False) -> bytes | None:
         """The whole request body (None if the stream ended first); 413 over the limit.
 
         ``first`` is the chunk that came with the head in one-message mode, ``ended`` whether
-        it was the last.
+        it was the last. Behind a picker, trailers end the body too (``head.trailers``:
+        answered after the decision).
         """
         chunks: list[bytes] = [] if first is None else [first]
         size, limit = len(first or b""), self._settings.max_body_bytes
@@ -199,8 +220,12 @@ class ExtProcService:
             msg = await context.read()
             if msg is grpc.aio.EOF:
                 return None
+            if msg.HasField("request_trailers") and self._picker is not None:
+                # a gateway's picker filter sends trailers (none of our own configs do)
+                head.trailers = ended = True
+                continue
             if not msg.HasField("request_body"):
-                continue  # trailers are configured off; tolerate anything else
+                continue  # tolerate anything else
             chunk = msg.request_body.body
             size += len(chunk)
             if size <= limit:
@@ -231,25 +256,77 @@ class ExtProcService:
                   pool=route.driver.key.name, member=route.member, request_id=head.request_id)
         return False
 
-    def _answer(self, ticket: Ticket, route: Route, head: RequestHead, model: str) -> bytes:
+    async def _answer(self, ticket: Ticket, route: Route, head: RequestHead,
+                      kept: bytes) -> list[bytes]:
         decision = ticket.decision
         key = route.driver.key
         if isinstance(decision, Admit):
             self._count(key.namespace, key.name, "held_admitted" if decision.held_for
                         else "admitted")
+            value = self._route_value(key, route.member)
             if decision.held_for:
                 log.debug("held request released", namespace=key.namespace, pool=key.name,
                          member=route.member, request_id=head.request_id,
-                         held_s=round(decision.held_for, 3))
-            return answers.route(self._header, self._route_value(key, route.member))
+                         held_s=round(decision.held_for, 3), swap=decision.swap)
+            if self._picker is not None:
+                return await self._pick(route, head, kept)
+            value = self._route_value(key, route.member)
+            if decision.held_for:
+                return [answers.released(self._header, value, decision.held_for, decision.swap)]
+            return [answers.route(self._header, value)]
+        if isinstance(decision, Divert) and self._picker is None:
+            self._count(key.namespace, key.name, "fallback")
+            log.info("request sent to its fallback", namespace=key.namespace, pool=key.name,
+                     member=route.member, request_id=head.request_id, fallback=decision.to,
+                     reason=decision.reason)
+            return [answers.route(self._header, decision.to, fallback=True)]
+        if isinstance(decision, Divert):
+            # An endpoint picker can only name pods of its InferencePool, and a fallback is
+            # none of them: the request is answered as if the pool named no fallback.
+            decision = Reject(decision.rid, 503, "pool_incumbent_busy",
+                              f"{route.member!r} is not resident and the incumbent is busy; "
+                              f"its fallback {decision.to!r} is outside the InferencePool",
+                              retry_after=1)
         assert isinstance(decision, Reject)
         self._count(key.namespace, key.name, decision.code)
         log.info("request refused", namespace=key.namespace, pool=key.name,
                  member=route.member, request_id=head.request_id, status=decision.status,
                  code=decision.code)
-        return self._error(head, decision.status, decision.code, decision.message, "model",
-                           (("retry-after", str(decision.retry_after)),)
-                           if decision.retry_after else ())
+        said = ((answers.PREDICTED_WAIT_HEADER,
+                 f"{route.driver.predicted_wait(route.member):.1f}"),) \
+            if decision.status == 503 else ()
+        return [self._error(head, decision.status, decision.code, decision.message, "model",
+                            ((("retry-after", str(decision.retry_after)),)
+                             if decision.retry_after else ()) + said)]
+
+    async def _pick(self, route: Route, head: RequestHead, kept: bytes) -> list[bytes]:
+        """Endpoint picker: name a Ready pod of the admitted member, or 503 when none fits."""
+        assert self._picker is not None
+        key = route.driver.key
+        endpoint = self._picker.pick(key, route.member, head.allowed)
+        if endpoint is None and not self._hub.endpoints(key, route.member):
+            await self._hub.endpoints_change(key, route.member, _ENDPOINT_WAIT)
+            endpoint = self._picker.pick(key, route.member, head.allowed)
+        if endpoint is None:
+            self._count(key.namespace, key.name, "no_endpoint")
+            allowed = "" if head.allowed is None else " among the proxy's subset hint"
+            log.info("no eligible endpoint", namespace=key.namespace, pool=key.name,
+                     member=route.member, request_id=head.request_id,
+                     hinted=head.allowed is not None)
+            return [self._error(head, 503, "no_endpoint", f"no Ready pod of {route.member!r}"
+                                f"{allowed}", "model", (("retry-after", "1"),))]
+        return self._forward(head, endpoint, kept)
+
+    @staticmethod
+    def _forward(head: RequestHead, endpoint: str, kept: bytes) -> list[bytes]:
+        """Endpoint picker: the answers that send the request on to ``endpoint``."""
+        if head.duplex_request:
+            messages = [picker.route_headers(endpoint), picker.streamed_body(kept, True)]
+        else:
+            messages = [picker.route_body(endpoint)]
+        if head.trailers:
+            messages.append(picker.CONTINUE_REQUEST_TRAILERS)
+        return messages
 
     def _unrouted(self, head: RequestHead, model: str) -> bytes:
         pools = self._hub.ambiguity(model)
@@ -257,7 +334,7 @@ class ExtProcService:
             return self._refuse(head, BadRequest(
                 400, "model_ambiguous", f"model {model!r} is served by several pools "
                 f"({', '.join(pools)}); ask the operator for a unique alias", "model"))
-        if self._settings.passthrough_unknown:
+        if self._settings.passthrough_unknown:  # (never with the picker: settings refuse it)
             self._count("", "", "passthrough")
             return answers.CONTINUE_BODY
         available = sorted({entry.id for entry in self._hub.models})
@@ -311,9 +388,14 @@ class ExtProcService:
         child.inc()
 
     @staticmethod
-    async def _until_closed(context: grpc.aio.ServicerContext) -> None:
+    async def _until_closed(context: grpc.aio.ServicerContext,
+                            head: RequestHead | None = None) -> None:
         """Keep the stream (the request) open until Envoy ends it, or the server stops (its
-        reads then fail: the decision was sent, so the stream is simply over)."""
+        reads then fail: the decision was sent, so the stream is simply over). Response
+        phases a gateway's processing mode sends are answered (``picker.follow_up``)."""
+        duplex = head is not None and head.duplex_response
         with contextlib.suppress(Exception):  # (grpc raises its private _ServerStoppedError)
-            while await context.read() is not grpc.aio.EOF:
-                pass
+            while (message := await context.read()) is not grpc.aio.EOF:
+                answer = picker.follow_up(message, duplex)
+                if answer is not None:
+                    await context.write(answer)

@@ -23,14 +23,15 @@ from typing import Any
 
 from .. import metrics
 from ..logs import get_logger
-from ..platform.contract import Platform
-from ..platform.contract import PoolLoad
-from ..policy.events import (WARNING_NOTICES, AdmissionLease, Admit, Close, Command,
-                             DrainAnnounced, Dropped, Event, Hold, IdleProbed,
-                             LeadershipChanged, MemberObserved, Notice, PeersObserved,
-                             ProbeIdle, Reject, RequestArrived, RequestEnded, Scale,
-                             SpecChanged, StatusObserved, Tick, Trigger)
+from ..platform.contract import CarryResult, Platform, PoolLoad
+from ..policy.events import (WARNING_NOTICES, AdmissionLease, Admit, CarryAnswered, CarrySlots,
+                             Close, Command, Divert, DrainAnnounced, Dropped, Event, Hold,
+                             IdleProbed, LeadershipChanged, MemberObserved, Notice,
+                             PeersObserved, ProbeIdle, Reject, RequestArrived, RequestEnded,
+                             Scale, SpecChanged, StatusObserved, Tick, Trigger)
+from ..policy.admission import expected_wait
 from ..policy.machine import Limits, PolicyError, PoolMachine
+from ..policy.queues import PoolQueue, queue
 from ..policy.model import (Actuation, MemberObservation, PeerState, PoolSpec, PoolStatus,
                             PoolView, StartHints)
 from ..policy.replicas import announcement
@@ -38,7 +39,7 @@ from .scaling import Retry, Scaler
 
 log = get_logger(__name__)
 _request_ids = itertools.count(1)
-Decision = Admit | Reject
+Decision = Admit | Reject | Divert
 
 
 @dataclass(slots=True)
@@ -98,17 +99,28 @@ class PoolDriver:
         """The machine's current snapshot."""
         return self._machine.view()
 
+    def queue(self) -> PoolQueue:
+        """The pool's queue per member, as of the last event (GET /pools/...)."""
+        return queue(self._machine)
+
+    def predicted_wait(self, member: str) -> float:
+        """Seconds until ``member`` should serve (our 503s' x-modelpool-predicted-wait)."""
+        return expected_wait(self._machine, member)
+
     # ---- requests --------------------------------------------------------------------------
 
-    def arrive(self, member: str, max_wait: float = math.inf) -> Ticket:
+    def arrive(self, member: str, max_wait: float = math.inf, activation: str = "",
+               objective: str = "", priority: int | None = None) -> Ticket:
         """Register a request for ``member`` that waits at most ``max_wait`` seconds (the
-        client's x-modelpool-max-wait); the ticket is decided now or holds a future."""
+        client's x-modelpool-max-wait) with its ``activation`` (x-modelpool-activation),
+        ``objective`` and ``priority`` (priority.py); the ticket is decided now or holds a
+        future."""
         ticket = Ticket(next(_request_ids), member)
         if self._broken or self._closed:
             ticket.decision = self._unavailable(ticket.rid, 0.0)
             return ticket
         self._tickets[ticket.rid] = ticket
-        self._feed(RequestArrived(ticket.rid, member, max_wait))
+        self._feed(RequestArrived(ticket.rid, member, max_wait, activation, objective, priority))
         return ticket
 
     def end(self, ticket: Ticket) -> None:
@@ -211,8 +223,9 @@ class PoolDriver:
         match cmd:
             case Admit(rid):
                 self._decide(self._tickets.get(rid), cmd, "admitted")
-            case Reject(rid):
-                self._decide(self._tickets.pop(rid, None), cmd, cmd.code)
+            case Reject(rid) | Divert(rid):
+                self._decide(self._tickets.pop(rid, None), cmd, cmd.code
+                             if isinstance(cmd, Reject) else "fallback")
             case Hold(rid=rid, member=member, deadline=deadline, coalesced=coalesced):
                 ticket = self._tickets[rid]
                 ticket.deadline = deadline
@@ -227,6 +240,8 @@ class PoolDriver:
                 self._scaler.trigger(member)
             case ProbeIdle(member):
                 self._spawn(self._probe(member))
+            case CarrySlots(member, step):
+                self._spawn(self._carry(member, step))
             case Notice():
                 self._on_notice(cmd)
 
@@ -308,6 +323,8 @@ class PoolDriver:
             metrics.conflict(ns, pool)
         elif notice.kind == "Reclaimed":
             metrics.reclaimed(ns, pool, notice.source, notice.target)
+        elif notice.kind in ("StreamsCut", "IdleProbeMisread"):
+            metrics.requests_cut(ns, pool, notice.source, notice.kind, notice.released)
         if notice.kind == "ActuationChanged" and notice.target == Actuation.HANDS_OFF.value:
             self._scaler.cancel()  # hands-off writes nothing: no wish of ours may land later
             level = log.error  # someone fights over this pool: an operator must act
@@ -367,3 +384,22 @@ class PoolDriver:
                         member=member, error=f"{type(exc).__name__}: {exc}")
             idle = None
         self._feed(IdleProbed(member, idle))
+
+    async def _carry(self, member: str, step: str) -> None:
+        """Save or restore ``member``'s slots, within the time the swap waits for it."""
+        where = dict(namespace=self.key.namespace, pool=self.key.name, member=member)
+        timeout = self._machine.limits.carry_timeout
+        try:
+            result = await asyncio.wait_for(
+                self._platform.carry_slots(self.key, member, step), timeout)
+        except asyncio.CancelledError:
+            raise
+        except asyncio.TimeoutError:
+            result = CarryResult(False, f"no answer within {timeout:g}s")
+        except Exception as exc:
+            result = CarryResult(False, f"{type(exc).__name__}: {exc}")
+        metrics.prompt_cache_carried(*self._labels, member, step, result.ok, result.tokens)
+        (log.info if result.ok else log.warning)(
+            f"prompt cache {step} {'done' if result.ok else 'failed'}", **where, step=step,
+            detail=result.detail, tokens=result.tokens, slots=result.slots)
+        self._feed(CarryAnswered(member, step, result.ok, result.detail))

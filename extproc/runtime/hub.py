@@ -7,6 +7,7 @@ watch or a static file) reports pools and members to it; the protocol layer asks
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -58,7 +59,8 @@ def limits_from(settings: Settings) -> Limits:
                   idle_report=settings.idle_report, lost_replica_wait=settings.lost_replica_wait,
                   activation_grace=settings.activation_grace,
                   activation_retries=settings.activation_retries,
-                  hands_off_quiet=settings.hands_off_quiet)
+                  hands_off_quiet=settings.hands_off_quiet,
+                  paced_release=settings.paced_release, carry_timeout=settings.carry_timeout)
 
 
 class Hub:
@@ -82,6 +84,8 @@ class Hub:
         self._routes: dict[str, Route] = {}
         self._ambiguous: dict[str, list[str]] = {}
         self.models: list[ModelEntry] = []
+        self._endpoints: dict[tuple[PoolKey, str], tuple[str, ...]] = {}
+        self._endpoint_waits: dict[tuple[PoolKey, str], asyncio.Event] = {}
 
     def resolve(self, model: str) -> Route | None:
         """The route for a model name, or None when no pool serves it."""
@@ -136,6 +140,25 @@ class Hub:
         driver = self._drivers.get(key)
         if driver is not None and driver.tracks(obs.name):
             driver.observe(obs)
+
+    def endpoints_changed(self, key: PoolKey, member: str, endpoints: tuple[str, ...]) -> None:
+        """A member's Ready pods changed: the endpoint picker chooses among these."""
+        self._endpoints[(key, member)] = endpoints
+        wait = self._endpoint_waits.pop((key, member), None)
+        if wait is not None:
+            wait.set()
+
+    def endpoints(self, key: PoolKey, member: str) -> tuple[str, ...]:
+        """A member's Ready pods as ``ip:port`` (empty when none is known)."""
+        return self._endpoints.get((key, member), ())
+
+    async def endpoints_change(self, key: PoolKey, member: str, timeout: float) -> None:
+        """Return once the member's endpoints change, or after ``timeout`` seconds."""
+        wait = self._endpoint_waits.setdefault((key, member), asyncio.Event())
+        try:
+            await asyncio.wait_for(wait.wait(), timeout)
+        except TimeoutError:
+            pass
 
     def status_changed(self, key: PoolKey, status: PoolStatus) -> None:
         """The pool's status changed (followed in llmkube mode, a conflict sign in own)."""

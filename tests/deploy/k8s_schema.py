@@ -110,10 +110,12 @@ def load_crds(path: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
 
 
 def upstream_crd_files() -> list[Path]:
-    """Gateway API's, Envoy Gateway's and the operator kinds' CRD files from the Go module
-    cache (`make schemas`); a skip saying why when not recorded, a failure under CI=true."""
+    """Gateway API's, Envoy Gateway's, InferencePool's and the operator kinds' CRD files from
+    the Go module cache (`make schemas`); a skip saying why when not recorded, a failure under
+    CI=true."""
     return (upstream_crds.need(upstream_crds.files, "gateway-api")
             + upstream_crds.need(upstream_crds.files, "envoy-gateway")
+            + upstream_crds.need(upstream_crds.files, "inference-extension", ("InferencePool",))
             + upstream_crds.need(upstream_crds.files, "prometheus-operator", OPERATOR_KINDS))
 
 

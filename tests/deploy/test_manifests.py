@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from extproc.cli import build_parser
-from extproc.protocol.answers import METADATA_NAMESPACE
+from extproc.protocol.answers import (FALLBACK_HEADER, FALLBACK_KEY, HELD_HEADER, HELD_KEY,
+                                      METADATA_NAMESPACE, SWAP_HEADER, SWAP_KEY)
 from extproc.protocol.request import ATTRIBUTES
 from extproc.settings import Settings, from_sources, parse_duration
 from downward import POD_NAME, as_flags, downward_env, pod_env
@@ -21,7 +22,8 @@ from tools import tool_binary
 from k8s_schema import (BUILTIN_GROUPS, OUR_CRDS, PROJECT_ROOT, builtin_errors, errors, llmkube_crd,
                         load_crds, upstream_schemas)
 
-OVERLAYS = ["deploy/overlays/envoy-gateway", "deploy/overlays/standalone-envoy"]
+OVERLAYS = ["deploy/overlays/envoy-gateway", "deploy/overlays/standalone-envoy",
+            "deploy/overlays/inference-pool"]
 RENDERINGS = OVERLAYS + ["deploy/base"]
 DEFAULTS = Settings()
 POOL = yaml.safe_load((PROJECT_ROOT / "deploy/examples/shared-gpu.yaml").read_text())
@@ -287,7 +289,12 @@ def test_httproute_routes_on_the_routing_header(eg) -> None:
         seen[header["value"]] = (backend["name"], backend["port"])
         # generations are not capped by a route timeout
         assert parse_duration(rule["timeouts"]["request"]) == 0
-    assert seen == {_route_value(m): (m, 8080) for m in MEMBERS}
+    # every member, and coder's IfIdle fallback (whose answers say so)
+    assert seen == {_route_value(m): (m, 8080) for m in MEMBERS} | {
+        "fallback.coder-small.llm": ("coder-small", 8080)}
+    (fallback,) = [r for r in member_rules if "filters" in r]
+    (header,) = fallback["filters"][0]["responseHeaderModifier"]["set"]
+    assert header["name"] == "x-modelpool-fallback" and "pool_incumbent_busy" in header["value"]
     # the catch-all never reaches a member: no backend, a direct 503 + Retry-After
     assert "backendRefs" not in catch_all
     assert catch_all["matches"] == [{"path": {"type": "PathPrefix", "value": "/"}}]
@@ -427,7 +434,15 @@ def test_standalone_envoy_follows_the_field_notes(envoy_config) -> None:
 
     member, *by_metadata, one_message, fallback = hcm["route_config"]["virtual_hosts"][0][
         "routes"]
-    assert [r["route"]["cluster"] for r in by_metadata] == [_route_value(m) for m in MEMBERS]
+    assert [r["route"]["cluster"] for r in by_metadata] == [_route_value(m) for m in MEMBERS] \
+        + ["fallback.coder-small.llm"]  # coder's IfIdle fallback
+    # an answer from a fallback says so, from the service's metadata
+    # answers say why, from the service's metadata: a fallback, a hold and its swap
+    said = {h["header"]["key"]: h["header"]["value"]
+            for h in hcm["route_config"]["virtual_hosts"][0]["response_headers_to_add"]}
+    assert said == {header: f"%DYNAMIC_METADATA({METADATA_NAMESPACE}:{key})%" for header, key in
+                    ((FALLBACK_HEADER, FALLBACK_KEY), (HELD_HEADER, HELD_KEY),
+                     (SWAP_HEADER, SWAP_KEY))}
     assert ext["request_attributes"] == list(ATTRIBUTES)
     assert ext["metadata_options"]["receiving_namespaces"]["untyped"] == [METADATA_NAMESPACE]
     mode = one_message["typed_per_filter_config"]["envoy.filters.http.ext_proc"]["overrides"][

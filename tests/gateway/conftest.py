@@ -15,7 +15,7 @@ from typing import AsyncIterator
 import pytest
 
 from devstack import procs
-from devstack.testkit import finish_within
+from devstack.testkit import stop_front_to_back
 from devstack.upstream import UpstreamHandle, start_upstream
 from extproc.app import Service
 from extproc.settings import Settings
@@ -134,7 +134,7 @@ async def gateway(gateway_run: GatewayRun, pool: ExamplePool, envoy_bin: Path,
                                pools_file=str(pools_file), park_timeout_override=False))
     stack = GatewayStack(service)
     try:
-        for name in pool.members:
+        for name in pool.members + pool.fallbacks:  # (the fallbacks' Services too)
             stack.members[name] = await start_upstream(name, token_delay_ms=1)
         await service.start()
         stack.envoy = run_translated(gateway_run, service.grpc_port,
@@ -142,9 +142,5 @@ async def gateway(gateway_run: GatewayRun, pool: ExamplePool, envoy_bin: Path,
                                      tmp_path / "envoy")
         yield stack
     finally:
-        if stack.envoy is not None:
-            stack.envoy.stop()
-        await finish_within(stack.stop_extproc(), service.settings.shutdown_grace + 15,
-                            "the ext_proc to drain and stop")
-        for handle in stack.members.values():
-            await finish_within(handle.stop(), 15, f"fake member {handle.name} to stop")
+        await stop_front_to_back(stack.envoy, stack.stop_extproc(),
+                                 service.settings.shutdown_grace, stack.members.values())

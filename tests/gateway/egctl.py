@@ -4,7 +4,8 @@
 (the code its controller runs) on a file of objects and prints the objects with their status
 plus the xDS it would serve. The input is the overlay as `kubectl kustomize` renders it, a
 GatewayClass for its `eg` class (a cluster has one; the overlay does not ship it), and one
-Service per member of the example pool (deploy/examples/), as LLMKube creates them.
+Service per member of the example pool (deploy/examples/), as LLMKube creates them, and one per
+IfIdle fallback it names.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import yaml
 
 from devstack.procs import PROJECT_ROOT, tool_binary
+from extproc.platform.kube.activation import fallback_backends
 
 EGCTL_ENV = "MODELPOOL_EGCTL_BIN"
 EXAMPLE_POOL = PROJECT_ROOT / "deploy/examples/shared-gpu.yaml"
@@ -48,15 +50,18 @@ class ExamplePool:
     members: tuple[str, ...]
     default: str
     swap_budget: str
+    fallbacks: tuple[str, ...] = ()  # the IfIdle fallbacks' Services (its annotation)
 
     @classmethod
     def load(cls, path: Path = EXAMPLE_POOL) -> "ExamplePool":
         """Read deploy/examples/shared-gpu.yaml."""
         pool = yaml.safe_load(path.read_text(encoding="utf-8"))
         spec = pool["spec"]
-        return cls(pool["metadata"]["namespace"], pool["metadata"]["name"],
-                   tuple(m["inferenceServiceRef"]["name"] for m in spec["members"]),
-                   spec.get("default", ""), spec.get("swapBudget", "300s"))
+        members = tuple(m["inferenceServiceRef"]["name"] for m in spec["members"])
+        backends = fallback_backends(pool["metadata"].get("annotations") or {}, members, [])
+        return cls(pool["metadata"]["namespace"], pool["metadata"]["name"], members,
+                   spec.get("default", ""), spec.get("swapBudget", "300s"),
+                   tuple(dict.fromkeys(service for service, _ in backends.values())))
 
     def pools_file(self) -> str:
         """The same pool as a static pools file for the service (no Kubernetes here)."""
@@ -79,7 +84,8 @@ class TranslationInput:
 
 
 def translation_input(overlay: list[dict[str, Any]], pool: ExamplePool) -> TranslationInput:
-    """GatewayClass + the overlay's objects + the pool's member Services, with ClusterIPs."""
+    """GatewayClass + the overlay's objects + the pool's member (and fallback) Services, with
+    ClusterIPs."""
     objects = [GATEWAY_CLASS]
     backends: dict[tuple[str, int], tuple[str, int]] = {}
     services = 0
@@ -91,7 +97,7 @@ def translation_input(overlay: list[dict[str, Any]], pool: ExamplePool) -> Trans
             backends.update({(ip, p["port"]): (doc["metadata"]["name"], p["port"])
                              for p in doc["spec"]["ports"]})
         objects.append(doc)
-    for member in pool.members:
+    for member in pool.members + pool.fallbacks:
         ip, services = _cluster_ip(services), services + 1
         objects.append({
             "apiVersion": "v1", "kind": "Service",

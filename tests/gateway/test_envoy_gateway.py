@@ -109,7 +109,7 @@ async def test_request_is_routed_by_the_ext_proc_to_its_member(
     assert status == 200, body
     assert headers["x-served-by"] == pool.default
     assert json.loads(body)["choices"][0]["message"]["content"].startswith(f"[{pool.default}]")
-    assert gateway.served() == {m: int(m == pool.default) for m in pool.members}
+    assert gateway.served() == {m: int(m == pool.default) for m in pool.members + pool.fallbacks}
     # The request carried no routing header, so it matched the catch-all first; only the
     # ext_proc's header plus route cache clear can have moved it to the member's rule.
     entry = gateway.envoy.wait_access_log(1)[-1]
@@ -194,4 +194,4 @@ async def test_catch_all_answers_503_with_retry_after_when_the_ext_proc_is_down(
     async with aiohttp.ClientSession() as http:
         status, headers, body, _ = await _chat(http, gateway, pool.default)
     _assert_catch_all(status, headers, body)
-    assert gateway.served() == {m: 0 for m in pool.members}
+    assert gateway.served() == {m: 0 for m in pool.members + pool.fallbacks}

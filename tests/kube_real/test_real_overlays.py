@@ -2,9 +2,9 @@
 component (and an overlay with all of them), of the Helm chart's output for every documented
 combination, and of the example pool, against a real API server with the upstream CRDs
 installed from the Go modules their projects publish (Gateway API, Envoy Gateway with
-HTTPRouteFilter, the Prometheus Operator's ServiceMonitor, PodMonitor and PrometheusRule;
-devstack/upstream_crds.py): the server accepts every object, its CRD schemas and CEL rules
-included.
+HTTPRouteFilter, the inference extension's InferencePool, the Prometheus Operator's
+ServiceMonitor, PodMonitor and PrometheusRule; devstack/upstream_crds.py): the server accepts
+every object, its CRD schemas and CEL rules included.
 """
 
 from __future__ import annotations
@@ -125,7 +125,8 @@ def test_cel_rules_are_enforced(gateway_crds: ControlPlane) -> None:
 
 @pytest.mark.parametrize("kind, path, field", [
     ("ServiceMonitor", "deploy/monitoring", "honourLabels"),
-    ("HTTPRouteFilter", "deploy/overlays/envoy-gateway", "directResponce")])
+    ("HTTPRouteFilter", "deploy/overlays/envoy-gateway", "directResponce"),
+    ("InferencePool", "deploy/overlays/inference-pool", "endpointPicker")])
 def test_upstream_schemas_are_enforced(gateway_crds: ControlPlane, kind: str, path: str,
                                        field: str) -> None:
     """Negative controls for the CRDs from the Go modules: a misspelt field is refused."""
@@ -136,3 +137,15 @@ def test_upstream_schemas_are_enforced(gateway_crds: ControlPlane, kind: str, pa
                                 stdin=yaml.safe_dump(obj))
     assert done.returncode != 0
     assert f'unknown field "spec.{field}"' in done.stderr, done.stderr
+
+
+def test_inference_pool_cel_rule_is_enforced(gateway_crds: ControlPlane) -> None:
+    """The InferencePool CRD's own rule: a Service picker needs its port."""
+    pool = copy.deepcopy(next(o for o in render_path("deploy/overlays/inference-pool")
+                              if o["kind"] == "InferencePool"))
+    del pool["spec"]["endpointPickerRef"]["port"]
+    gateway_crds.ensure_namespace(pool["metadata"]["namespace"])
+    done = gateway_crds.kubectl("apply", "--dry-run=server", "-f", "-", check=False,
+                                stdin=yaml.safe_dump(pool))
+    assert done.returncode != 0
+    assert "port is required when kind is 'Service'" in done.stderr, done.stderr

@@ -39,6 +39,9 @@ class IgnoresReplicas:
     def drain_announced(self, key: PoolKey, epoch: int, target: str) -> None:
         """Ignored."""
 
+    def endpoints_changed(self, key: PoolKey, member: str, endpoints: tuple[str, ...]) -> None:
+        """Ignored."""
+
     def replica_load(self) -> dict:
         """Nothing held, nothing in flight."""
         return {}
@@ -49,6 +52,7 @@ class Recorder(IgnoresReplicas):
 
     def __init__(self) -> None:
         self.calls: list[tuple] = []
+        self.endpoints: dict[tuple[PoolKey, str], tuple[str, ...]] = {}
 
     def pool_changed(self, spec: PoolSpec, hints: StartHints) -> None:
         """Record."""
@@ -61,6 +65,10 @@ class Recorder(IgnoresReplicas):
     def member_changed(self, key: PoolKey, obs: MemberObservation) -> None:
         """Record."""
         self.calls.append(("member_changed", key, obs))
+
+    def endpoints_changed(self, key: PoolKey, member: str, endpoints: tuple[str, ...]) -> None:
+        """Keep the member's latest endpoints (apart from ``calls``)."""
+        self.endpoints[(key, member)] = endpoints
 
     def members(self) -> list[MemberObservation]:
         """Every member observation reported, in order."""

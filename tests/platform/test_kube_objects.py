@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from extproc.platform.kube.objects import pod_member, pool_spec, service_state
+from extproc.platform.kube.objects import (pod_member, pool_spec, service_capacity,
+                                           service_state)
 from extproc.policy.model import PoolKey
 from extproc.settings import Settings
 
@@ -88,6 +89,17 @@ def test_service_state_defaults_replicas_to_one() -> None:
         "Stopped", 0)
 
 
+def test_service_capacity_from_its_annotation() -> None:
+    def isvc(value: str) -> dict:
+        return {"metadata": {"annotations": {
+            "modelpool.inference.llmkube.dev/capacity": value}}}
+    assert service_capacity({}) == (0, "")
+    assert service_capacity(isvc(" 4 ")) == (4, "")
+    for bad in ("0", "-2", "four"):
+        value, problem = service_capacity(isvc(bad))
+        assert value == 0 and "is not a count" in problem and repr(bad) in problem
+
+
 def test_reclaim_policy_and_reclaim_after_are_read() -> None:
     spec, problems = pool_spec(pool({"members": members("a", "b"), "default": "a",
                                      "swapPolicy": "reclaim", "reclaimAfter": "2m30s"}),
@@ -133,3 +145,40 @@ def test_max_held_annotation_is_read_and_a_bad_one_falls_back_to_the_setting() -
         spec, problems = pool_spec(pool({"members": members("a")}, {annotation: raw}), SETTINGS)
         assert spec.max_held is None
         assert len(problems) == 1 and annotation in problems[0] and repr(raw) in problems[0]
+
+
+def test_activation_and_fallback_annotations_are_read_and_bad_ones_reported() -> None:
+    activation = "modelpool.inference.llmkube.dev/activation"
+    fallbacks = "modelpool.inference.llmkube.dev/fallbacks"
+    obj = pool({"members": members("a", "b")},
+               {activation: "if-idle", fallbacks: "a=a-small, b=b-cloud:443"})
+    spec, problems = pool_spec(obj, SETTINGS)
+    assert problems == () and spec.activation == "IfIdle"
+    ns = spec.key.namespace
+    assert spec.fallbacks == {"a": f"fallback.a-small.{ns}", "b": f"fallback.b-cloud.{ns}"}
+    assert pool_spec(pool({"members": members("a")}), SETTINGS)[0].activation == "Wait"
+    spec, problems = pool_spec(pool({"members": members("a")}, {
+        activation: "eventually", fallbacks: "nobody=x,a=y:port,a"}), SETTINGS)
+    assert spec.activation == "Wait" and spec.fallbacks == {}
+    assert len(problems) == 4
+    assert sum(fallbacks in p for p in problems) == 3
+    assert sum(activation in p and "'eventually'" in p for p in problems) == 1
+
+
+def test_min_residency_annotation_is_read_and_a_bad_one_is_off() -> None:
+    annotation = "modelpool.inference.llmkube.dev/min-residency"
+    spec, problems = pool_spec(pool({"members": members("a")}, {annotation: "4"}), SETTINGS)
+    assert (spec.min_residency, problems) == (4, ())
+    assert pool_spec(pool({"members": members("a")}), SETTINGS)[0].min_residency == 0
+    spec, problems = pool_spec(pool({"members": members("a")}, {annotation: "many"}), SETTINGS)
+    assert spec.min_residency == 0 and "0 (off)" in problems[0]
+
+
+def test_priorities_annotation_is_read_and_bad_entries_reported() -> None:
+    annotation = "modelpool.inference.llmkube.dev/priorities"
+    spec, problems = pool_spec(pool({"members": members("a")},
+                                    {annotation: "critical=10, batch=-5"}), SETTINGS)
+    assert (spec.priorities, problems) == ({"critical": 10, "batch": -5}, ())
+    spec, problems = pool_spec(pool({"members": members("a")},
+                                    {annotation: "urgent=high,=3,x"}), SETTINGS)
+    assert spec.priorities == {} and len(problems) == 3

@@ -221,3 +221,27 @@ async def test_members_resolve_in_the_pool_namespace(emulator: Any, api: Any,
         assert {str(s.key) for s in watcher.pools()} == {"ml/slot", "other/slot"}
         assert watcher.observation(KEY, "a").phase == "Ready"
         assert watcher.observation(PoolKey("other", "slot"), "a").phase == "Stopped"
+
+
+async def test_paced_release_reads_a_ready_members_slot_count_once(emulator: Any,
+                                                                   api: Any) -> None:
+    from devstack.upstream import start_upstream
+
+    member = await start_upstream("a", token_delay_ms=0, slots=3)
+    try:
+        seed(emulator)
+        recorder = Recorder()
+        async with running(api, recorder, paced_release=True,
+                           idle_probe_url=f"{member.url}/slots") as watcher:
+            # unpaced until llama.cpp's answer is in, then its 3 slots
+            await eventually(lambda: watcher.observation(KEY, "a").capacity == 3)
+            assert any(c[0] == "member_changed" and c[2].name == "a" and c[2].capacity == 3
+                       for c in recorder.take())
+            assert watcher.observation(KEY, "b").capacity == 0  # not Ready: not asked
+            # the annotation wins over the runtime's count
+            emulator.patch("inferenceservices", "a", {"metadata": {"annotations": {
+                "modelpool.inference.llmkube.dev/capacity": "2"}}}, NS)
+            await eventually(lambda: watcher.observation(KEY, "a").capacity == 2)
+        assert member.stats.by_path.get("/slots") == 1  # read once for this load
+    finally:
+        await member.stop()

@@ -37,17 +37,23 @@ class _Member:
     # Bumped by every out-of-band or commanded change, so transitions scheduled for an
     # earlier life of the member are dropped instead of applied to the new one.
     epoch: int = 0
+    capacity: int = 0  # what its annotation or runtime says it takes at once (pacing.py)
+    carry: bool = False  # its prompt cache is carried over swaps (carry.py)
 
     def observe(self) -> MemberObservation:
-        return MemberObservation(self.name, self.exists, self.phase, self.replicas, self.pods)
+        return MemberObservation(self.name, self.exists, self.phase, self.replicas, self.pods,
+                                 self.capacity, self.carry)
 
 
 class Cluster:
     """Members that react to Scale with configurable load/unload delays and faults."""
 
     def __init__(self, members: tuple[str, ...], *, load_delay: float = 15.0,
-                 unload_delay: float = 3.0, outcome: dict[str, str] | None = None) -> None:
-        self.members = {m: _Member(m) for m in members}
+                 unload_delay: float = 3.0, outcome: dict[str, str] | None = None,
+                 capacity: dict[str, int] | None = None, carry: frozenset[str] = frozenset()
+                 ) -> None:
+        self.members = {m: _Member(m, capacity=(capacity or {}).get(m, 0), carry=m in carry)
+                        for m in members}
         self.load_delay = load_delay
         self.unload_delay = unload_delay
         self.outcome = dict(outcome or {})

@@ -7,7 +7,8 @@ it has seen. It checks two things:
 
 * Safety, at every step: no scale-up while another member holds the GPU as the machine sees
   it (nor while a scale-up of ours is still in flight), no scale-down of a member with a
-  stream on it, no admission to a member the machine does not see Ready, no trigger but of a
+  stream on it, no admission to a member the machine does not see Ready (nor, paced, beyond
+  its capacity), no trigger but of a
   member seen at 0 replicas, no request held past its deadline, no ``PolicyError``, and every 503 that says
   "the swap continues" has a swap that is moving.
 * No wedge, at every state, taken as the moment the environment goes quiet (no more faults or
@@ -30,10 +31,10 @@ from enum import Enum
 
 from explore_env import (LEASE, NAMES, STATUS, TRIGGER, Env, announce, kubelet_step, land,
                          landable, lead, reconcile)
-from extproc.policy.events import (Admit, DrainAnnounced, Event, Hold, IdleProbed,
-                                   LeadershipChanged, MemberObserved, ProbeIdle, Reject,
-                                   RequestArrived, RequestEnded, Scale, StatusObserved, Tick,
-                                   Trigger)
+from extproc.policy.events import (Admit, CarryAnswered, CarrySlots, DrainAnnounced, Event,
+                                   Hold, IdleProbed, LeadershipChanged, MemberObserved,
+                                   ProbeIdle, Reject, RequestArrived, RequestEnded, Scale,
+                                   StatusObserved, Tick, Trigger)
 from extproc.policy.model import Actuation
 from extproc.policy.machine import PolicyError, PoolMachine
 from extproc.policy.model import (PHASE_READY, MemberObservation, PeerState, PoolKey,
@@ -196,6 +197,12 @@ class Search:
                 replace(env, probes=env.probes[1:]), IdleProbed(name, idle))
         if quiet and out:
             return out  # a quiet cluster takes the first progress move only
+        if env.carries:
+            name, step = env.carries[0]
+            add(f"the slot {step} of {name} is done", replace(env, carries=env.carries[1:]),
+                CarryAnswered(name, step, True))
+        if quiet and out:
+            return out  # a quiet cluster takes the first progress move only
         for name in NAMES:
             stepped = kubelet_step(env, name)
             if stepped is not None:
@@ -267,6 +274,10 @@ class Search:
             if replicas == TRIGGER:
                 add(f"FAULT our trigger of {name} is refused (resourceVersion)", replace(
                     fault, patches=env.patches[:i] + env.patches[i + 1:]))
+        if env.carries:
+            name, step = env.carries[0]
+            add(f"FAULT the slot {step} of {name} fails", replace(
+                fault, carries=env.carries[1:]), CarryAnswered(name, step, False, "fault"))
         if env.probes:
             add(f"FAULT the idle probe of {env.probes[0]} cannot tell",
                 replace(fault, probes=env.probes[1:]), IdleProbed(env.probes[0], None))
@@ -337,6 +348,10 @@ class Search:
                 obs = m.obs.get(member)
                 if obs is None or not obs.ready:
                     raise fail(f"request {rid} admitted to {member}, which it does not see Ready")
+                if obs.capacity and m.limits.paced_release and \
+                        sum(on == member for _, on in env.admitted) >= obs.capacity:
+                    raise fail(f"request {rid} admitted to {member}, already at its capacity "
+                               f"of {obs.capacity} (paced release)")
                 if m.actuation is Actuation.FOLLOW and m.drain[1] not in ("", member):
                     raise fail(f"request {rid} admitted to {member} after the leader's "
                                f"announcement for {m.drain[1]}")
@@ -370,6 +385,13 @@ class Search:
                 node.env = replace(env, patches=env.patches + ((member, TRIGGER),))
             case ProbeIdle(member):
                 node.env = replace(env, probes=env.probes + (member,))
+            case CarrySlots(member, step):
+                seen = m.obs.get(member)
+                if seen is None or not seen.ready:  # (the cluster may have moved since)
+                    raise fail(f"slot {step} of {member}, which it does not see Ready")
+                if step == "save" and env.busy(member):
+                    raise fail(f"slot save of {member} with a stream on it")
+                node.env = replace(env, carries=env.carries + ((member, step),))
 
     def _check(self, node: Node, now: float) -> None:
         m, env = node.machine, node.env

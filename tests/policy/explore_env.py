@@ -7,11 +7,13 @@ against the machine's deadlines, which are the only clock jumps). Moves are spli
 
 * progress: what a well-behaved cluster does by itself: a watch delivers a changed object,
   one of our patches lands, the kubelet takes a pod one step towards its spec, LLMKube's
-  reconciler runs a pass, an idle probe answers truthfully, a client's stream ends;
+  reconciler runs a pass, an idle probe answers truthfully, a slot save or restore is done,
+  a client's stream ends;
 * faults, bounded per trace: a foreign scale-up or scale-down (kubectl, an admin), another
   writer's status, LLMKube's stale pass (it decides from a pool read taken before its own
   ``pendingMember`` write: LLMKUBE.md), a trigger refused by its resourceVersion, a pod stuck
-  terminating, an idle probe that cannot tell, a watch re-list, a client leaving while held.
+  terminating, an idle probe that cannot tell, a watch re-list, a client leaving while held,
+  a slot save or restore that fails (one never answered is time passing to its timeout).
 
 LLMKube's reconciler is modelled from what its source does (LLMKUBE.md): the owner is a member
 scaled up that is neither resident nor pending (a newer request), else the pending member, else
@@ -72,6 +74,9 @@ class Env:
     arrivals: int = 2
     faults: int = 1
     fails: frozenset[str] = frozenset()  # members whose load ends Failed (the scenario's)
+    capacity: int = 0  # what every member takes at once under paced release (0: unpaced)
+    carry: bool = False  # every member carries its prompt cache over swaps (carry.py)
+    carries: tuple[tuple[str, str], ...] = ()  # slot saves and restores asked, not answered
 
     def member(self, name: str) -> Member:
         """The member called ``name``."""
@@ -98,7 +103,8 @@ class Env:
     def observe(self, name: str) -> MemberObservation:
         """What a watch event for ``name`` carries."""
         m = self.member(name)
-        return MemberObservation(name, True, m.phase, m.replicas, m.pods)
+        return MemberObservation(name, True, m.phase, m.replicas, m.pods, self.capacity,
+                                 self.carry)
 
     def pool_status(self) -> PoolStatus:
         """What a watch event for the ModelPool's status carries."""

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from cluster_model import Cluster, IdleGate
-from extproc.policy.events import (Admit, Command, Event, Hold, IdleProbed, MemberObserved,
-                                   Notice, ProbeIdle, Reject, RequestArrived, RequestEnded,
-                                   Scale, StatusObserved, Tick)
+from extproc.policy.events import (Admit, CarryAnswered, CarrySlots, Command, Divert, Event,
+                                   Hold, IdleProbed, MemberObserved, Notice, ProbeIdle, Reject,
+                                   RequestArrived, RequestEnded, Scale, StatusObserved, Tick)
+from extproc.policy import pacing
 from extproc.policy.machine import Limits, PoolMachine
 from extproc.policy.model import (Actuation, MemberObservation, PoolKey, PoolSpec, PoolStatus,
                                   StartHints)
@@ -67,7 +68,10 @@ class Request:
     duration: float
     abandon_at: float = math.inf
     max_wait: float = math.inf  # the client's own deadline (x-modelpool-max-wait)
-    state: str = "new"  # new | held | admitted | rejected | abandoned | done
+    activation: str = ""  # Wait | IfIdle (x-modelpool-activation); "": the pool's
+    priority: int | None = None  # x-modelpool-priority (None: the pool's mapping, 0)
+    objective: str = ""  # x-gateway-inference-objective
+    state: str = "new"  # new | held | admitted | rejected | diverted | abandoned | done
     deadline: float = math.inf
     held: bool = False
     coalesced: bool = False
@@ -95,6 +99,9 @@ class Driver:
     pending_hint: str = ""
     reuse_rids: bool = False  # hand the machine the smallest free id, as a runtime may
     watch_latency: float = 0.0  # the watch reports each cluster change this much later
+    # the slot saves and restores (carry.py): answered this much later, ok or not (None: never)
+    carry_delay: float = 0.0
+    carry_ok: bool | None = True
     machine: PoolMachine = field(init=False)
     requests: dict[int, Request] = field(default_factory=dict)
     log: list[tuple[float, Command]] = field(default_factory=list)
@@ -122,11 +129,13 @@ class Driver:
         heapq.heappush(self._queue, (when, next(self._seq), action))
 
     def request(self, member: str, at: float | None = None, duration: float = 2.0,
-                abandon_after: float = math.inf, max_wait: float = math.inf) -> int:
+                abandon_after: float = math.inf, max_wait: float = math.inf,
+                activation: str = "", priority: int | None = None, objective: str = "") -> int:
         """Schedule a request for ``member``; returns its rid."""
         when = self.now if at is None else at
         rid = next(self._rids)
-        req = Request(rid, member, when, duration, when + abandon_after, max_wait)
+        req = Request(rid, member, when, duration, when + abandon_after, max_wait, activation,
+                      priority, objective)
         self.requests[rid] = req
         self.at(when, lambda: self._arrive(req))
         if abandon_after != math.inf:
@@ -226,6 +235,12 @@ class Driver:
                     else command.retry_after >= 1
                 req.state, req.ended, req.reject = "rejected", self.now, command
                 del self._live[wire]
+            case Divert(wire, member, to):
+                req = self._req(wire)
+                assert req.state == "new" and member == req.member, (command, req)
+                assert to == self.machine.spec.fallbacks[member], command
+                req.state, req.ended = "diverted", self.now
+                del self._live[wire]
             case Scale(member, replicas):
                 self._check_scale(member, replicas)
                 self.cluster.scale(member, replicas, self.now)
@@ -233,6 +248,13 @@ class Driver:
                 answer = self.gate.answer(member)
                 self.at(self.now + self.gate.delay,
                         lambda: self.feed(IdleProbed(member, answer)))
+            case CarrySlots(member, step):
+                # the member's runtime must still be up: saved before its Scale(0), restored
+                # once Ready
+                assert self.machine.obs[member].ready, (command, self.machine.obs[member])
+                if self.carry_ok is not None:
+                    answer = CarryAnswered(member, step, self.carry_ok, "by the test")
+                    self.at(self.now + self.carry_delay, lambda: self.feed(answer))
             case Notice():
                 pass
 
@@ -259,6 +281,14 @@ class Driver:
         late = [r.wire for r in self.requests.values() if r.state == "held"
                 and r.deadline <= self.now]
         assert not late, f"requests {late} still held at {self.now}, past their deadline"
+        # Paced release: never more in flight than a member takes, and never a held request
+        # left waiting while its serving member has room for it (work-conserving).
+        m = self.machine
+        for name in m.spec.members:
+            cap = pacing.capacity(m, name)
+            assert not cap or m.requests.busy(name) <= cap, \
+                f"{m.requests.busy(name)} in flight on {name}, capacity {cap}"
+        assert not pacing.room_freed(m, self.now), f"held with room free: {m.held}"
 
     def _req(self, wire: int) -> Request:
         return self.requests[self._live[wire]]
@@ -269,7 +299,8 @@ class Driver:
             wire = next(i for i in itertools.count(1) if i not in self._live)
         req.wire = wire
         self._live[wire] = req.rid
-        self.feed(RequestArrived(wire, req.member, req.max_wait))
+        self.feed(RequestArrived(wire, req.member, req.max_wait, req.activation,
+                                 req.objective, req.priority))
 
     def _ended(self, req: Request) -> None:
         if req.state == "admitted":

@@ -59,7 +59,7 @@ def test_llmkube_mode_releases_only_when_the_status_names_the_target() -> None:
     m.handle(MemberObserved(Obs("a", **STOPPED)), 2.0)
     assert not kinds(m.handle(MemberObserved(Obs("b", **READY)), 3.0), Admit)
     out = m.handle(StatusObserved(PoolStatus(resident="b")), 3.1)
-    assert kinds(out, Admit) == [Admit(1, "b", 3.1 - 1.0)]
+    assert kinds(out, Admit) == [Admit(1, "b", 3.1 - 1.0, "a->b")]
     assert [n.kind for n in kinds(out, Notice)] == ["SwapCompleted"]
 
 

@@ -77,4 +77,4 @@ def test_a_member_removed_while_serving_is_drained_and_unloaded_before_the_targe
     assert Scale("b", 1) not in out  # its pod still holds the GPU
     out = m.handle(MemberObserved(Obs("a", **STOPPED)), 5.0)
     assert Scale("b", 1) in out and m.departing == set() and "a" not in m.obs
-    assert Admit(2, "b", 4.0) in m.handle(MemberObserved(Obs("b", **READY)), 6.0)
+    assert Admit(2, "b", 4.0, "(none)->b") in m.handle(MemberObserved(Obs("b", **READY)), 6.0)

@@ -28,7 +28,7 @@ STOPPED = Member()
 def root(actuation: Actuation, warm: str, **env_kw) -> Node:
     """The pool a, b, c (default a), ``warm`` resident and Ready (or none), all observed."""
     spec = PoolSpec(KEY, NAMES, default="a", fairness_window=30.0)
-    lim = limits(activation_retries=1)
+    lim = limits(activation_retries=1, paced_release=bool(env_kw.get("capacity")))
     m = PoolMachine(spec, lim, 0.0, StartHints(resident=warm), actuation=actuation)
     llmkube, follow = actuation is Actuation.LLMKUBE, actuation is Actuation.FOLLOW
     env = Env(llmkube=llmkube, follow=follow,
@@ -60,6 +60,11 @@ SCENARIOS = {
     "llmkube-warm": (lambda: root(Actuation.LLMKUBE, "a"), 6),
     "llmkube-cold": (lambda: root(Actuation.LLMKUBE, ""), 5),
     "follower-warm": (lambda: root(Actuation.FOLLOW, "a"), 6),
+    # paced release, one request at a time: the second request waits for the first
+    "own-warm-paced": (lambda: root(Actuation.OWN, "a", capacity=1), 4),
+    # prompt-cache carry-over: saves before unloads, restores before releases
+    "own-warm-carry": (lambda: root(Actuation.OWN, "a", carry=True), 5),
+    "llmkube-warm-carry": (lambda: root(Actuation.LLMKUBE, "a", carry=True), 4),
 }
 
 

@@ -132,7 +132,7 @@ def test_all_held_requests_for_the_target_are_released_together() -> None:
     rids = [d.request("b", at=t) for t in (0, 4, 9)]
     d.run()
     admits = [(t, c) for t, c in d.log if isinstance(c, Admit)]
-    assert admits == [(SWAP, Admit(r, "b", SWAP - t)) for r, t in zip(rids, (0, 4, 9))]
+    assert admits == [(SWAP, Admit(r, "b", SWAP - t, "a->b")) for r, t in zip(rids, (0, 4, 9))]
     assert d.notices("SwapCompleted")[0].released == 3
 
 
@@ -224,6 +224,21 @@ def test_an_incumbent_without_returning_clients_gives_the_slot_up_at_once() -> N
     assert admitted_at(d, first) == 0 and admitted_at(d, cross) == 2 + SWAP
 
 
+def test_a_client_alternating_between_members_earns_no_linger() -> None:
+    # Fast swaps (0.1 s unload, 0.1 s load): a client that asks a, then b once a answered,
+    # then a again once b answered. Its next request for a member always comes after the
+    # other member served it, so lingering for it would only delay the swap it waits for.
+    cluster = Cluster(("a", "b"), load_delay=0.1, unload_delay=0.1)
+    d = make(cluster=cluster, warm="a", swap_budget=20, limits=limits(drain_linger=0.5))
+    for member, at in (("a", 0), ("b", 0.06), ("a", 0.32), ("b", 0.58)):
+        d.request(member, at=at, duration=0.05)
+    d.run()
+    # each swap starts as its request arrives: the incumbent's last request had ended
+    assert [(round(t, 2), c) for t, c in scales(d) if c.replicas == 0] == [
+        (0.06, Scale("a", 0)), (0.32, Scale("b", 0)), (0.58, Scale("a", 0))]
+    assert d.machine.requests.linger("a", 0.6, 0.5) == 0.0
+
+
 def test_the_linger_follows_the_gaps_and_never_exceeds_its_cap() -> None:
     d = make(warm="a", swap_budget=200, fairness_window=30,
              limits=limits(drain_linger=0.5))
@@ -236,6 +251,19 @@ def test_the_linger_follows_the_gaps_and_never_exceeds_its_cap() -> None:
     assert book.linger("a", 7, 1.0) == pytest.approx(0.8)
     assert book.linger("b", 7, 0.5) == 0.0  # never served: no returns
     assert book.linger("a", 4.6 + 20 * 0.5 + 0.1, 0.5) == 0.0  # forgotten after 20 caps
+
+
+def test_a_returning_client_earns_at_least_a_tenth_of_the_cap() -> None:
+    # A client back 1 ms after each answer: twice its gap (2 ms) would not cover the tens of
+    # milliseconds a loaded machine adds to any gap, so its incumbent keeps the slot 50 ms.
+    d = make(warm="a", swap_budget=200, fairness_window=30, limits=limits(drain_linger=0.5))
+    first = d.request("a", at=0, duration=2)
+    d.request("a", at=2.001, duration=2)
+    cross = d.request("b", at=3)
+    d.run()
+    assert d.machine.requests.linger("a", 4.1, 0.5) == pytest.approx(0.05)
+    assert (4.051, Scale("a", 0)) in [(round(t, 3), c) for t, c in scales(d)]
+    assert admitted_at(d, first) == 0 and admitted_at(d, cross) == pytest.approx(4.051 + SWAP)
 
 
 # ---- failures ------------------------------------------------------------------------------

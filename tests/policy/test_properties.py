@@ -57,7 +57,8 @@ def scenarios(draw: st.DrawFn, faults: bool) -> Scenario:
                 if faults else draw(st.floats(1, 60)),
                 swap_policy=draw(st.sampled_from(("sticky", "reclaim", "priority"))),
                 reclaim_after=draw(st.floats(1, 100)),
-                max_held=draw(st.none() | st.integers(1, 5)) if faults else None)
+                max_held=draw(st.none() | st.integers(1, 5)) if faults else None,
+                min_residency=draw(st.sampled_from([0, 0, 2, 5])))
     outcomes = st.sampled_from([LOADS, LOADS, LOADS, FAILS, STUCK]) if faults \
         else st.just(LOADS)
     cluster = Cluster(members, load_delay=draw(st.floats(0.5, 40)),
@@ -84,10 +85,14 @@ def scenarios(draw: st.DrawFn, faults: bool) -> Scenario:
     max_duration = draw(st.floats(1, 20))
     requests = st.tuples(times, some_member, st.floats(0.1, max_duration),
                          st.none() | st.floats(0, 100) if faults else st.none(),
-                         st.just(math.inf) | st.floats(0, 60) if faults else st.just(math.inf))
-    for at, member, duration, abandon, max_wait in draw(st.lists(requests, max_size=40)):
+                         st.just(math.inf) | st.floats(0, 60) if faults else st.just(math.inf),
+                         st.sampled_from(["", "", "IfIdle"]) if faults else st.just(""),
+                         st.none() | st.integers(-3, 3))
+    for at, member, duration, abandon, max_wait, activation, priority in draw(
+            st.lists(requests, max_size=40)):
         d.request(member, at=at, duration=duration,
-                  abandon_after=math.inf if abandon is None else abandon, max_wait=max_wait)
+                  abandon_after=math.inf if abandon is None else abandon, max_wait=max_wait,
+                  activation=activation, priority=priority)
     # Busy clients: back-to-back overlapping requests keep a member in flight for a while,
     # which is what the fairness window exists for.
     for member, start, length in draw(st.lists(st.tuples(some_member, times,

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from extproc.platform.kube import activation
 from extproc.platform.kube.idle import IdleProbe, choose_probe
 from extproc.policy.model import PoolKey, PoolSpec, PoolStatus
 from extproc.policy.modes import RESUME_ANNOTATION  # a new value ends a hands-off spell
+from extproc.policy.carry import CARRY_ANNOTATION
+from extproc.policy.pacing import CAPACITY_ANNOTATION
 from extproc.settings import Settings, parse_duration
 
 SERVICE_LABEL = "inference.llmkube.dev/service"
@@ -17,6 +20,7 @@ APP_LABEL = "app"
 ALIASES_ANNOTATION = "modelpool.inference.llmkube.dev/aliases"
 FAIRNESS_ANNOTATION = "modelpool.inference.llmkube.dev/fairness-window"
 MAX_HELD_ANNOTATION = "modelpool.inference.llmkube.dev/max-held"
+MIN_RESIDENCY_ANNOTATION = "modelpool.inference.llmkube.dev/min-residency"
 # The CRD's defaults (LLMKube's too), for objects stored before a default existed.
 DEFAULT_SWAP_POLICY = "sticky"
 DEFAULT_RECLAIM_AFTER = 300.0
@@ -78,6 +82,32 @@ def service_state(isvc: dict[str, Any]) -> tuple[str, int]:
     return phase, 1 if replicas is None else int(replicas)
 
 
+def service_capacity(isvc: dict[str, Any]) -> tuple[int, str]:
+    """(capacity, problem) from the paced-release annotation: 0 when absent or invalid."""
+    raw = ((isvc.get("metadata") or {}).get("annotations") or {}).get(CAPACITY_ANNOTATION)
+    if raw is None or not str(raw).strip():
+        return 0, ""
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        value = 0
+    if value < 1:
+        return 0, f"{CAPACITY_ANNOTATION} {raw!r} is not a count (1 or more); ignored"
+    return value, ""
+
+
+def service_carry(isvc: dict[str, Any]) -> str:
+    """The model whose prompt cache the member carries over swaps ("" : it carries none):
+    its ``spec.modelRef``, else its own name, when the carry annotation says "true"."""
+    meta = isvc.get("metadata") or {}
+    if str((meta.get("annotations") or {}).get(CARRY_ANNOTATION, "")).strip().lower() != "true":
+        return ""
+    model = (isvc.get("spec") or {}).get("modelRef")
+    if isinstance(model, dict):  # (a reference object in some LLMKube versions)
+        model = model.get("name")
+    return str(model or meta.get("name") or "member")
+
+
 def service_probe(isvc: dict[str, Any]) -> IdleProbe | None:
     """The idle probe for an InferenceService, from its annotations and ``spec.runtime``."""
     annotations = (isvc.get("metadata") or {}).get("annotations") or {}
@@ -124,11 +154,19 @@ def pool_spec(pool: dict[str, Any], settings: Settings) -> tuple[PoolSpec, tuple
                       f"annotation {MAX_HELD_ANNOTATION}", problems)
 
     key = PoolKey(meta.get("namespace", ""), meta.get("name", ""))
+    fallbacks = {m: activation.fallback_value(service, key.namespace) for m, (service, _)
+                 in activation.fallback_backends(annotations, members, problems).items()}
     return PoolSpec(key=key, members=tuple(members), default=default, swap_budget=swap_budget,
                     fairness_window=fairness, generation=int(meta.get("generation") or 0),
                     aliases=aliases, swap_policy=swap_policy,
                     reclaim_after=reclaim_after, max_held=max_held,
-                    resume=str(annotations.get(RESUME_ANNOTATION) or "")), tuple(problems)
+                    resume=str(annotations.get(RESUME_ANNOTATION) or ""),
+                    activation=activation.activation(annotations, problems),
+                    priorities=activation.priorities(annotations, problems),
+                    min_residency=_count(annotations.get(MIN_RESIDENCY_ANNOTATION),
+                                         f"annotation {MIN_RESIDENCY_ANNOTATION}", problems,
+                                         "0 (off)") or 0,
+                    fallbacks=fallbacks), tuple(problems)
 
 
 def _swap_policy(raw: Any, problems: list[str]) -> str:
@@ -146,7 +184,8 @@ def _swap_policy(raw: Any, problems: list[str]) -> str:
     return raw
 
 
-def _count(raw: Any, what: str, problems: list[str]) -> int | None:
+def _count(raw: Any, what: str, problems: list[str],
+           fallback: str = "the process default (--max-held)") -> int | None:
     """An optional non-negative integer (0 = no bound); None when absent or invalid."""
     if raw is None or str(raw).strip() == "":
         return None
@@ -155,8 +194,7 @@ def _count(raw: Any, what: str, problems: list[str]) -> int | None:
     except ValueError:
         value = -1
     if value < 0:
-        problems.append(f"{what} {raw!r} is not a count (0 or more); using the process "
-                        "default (--max-held)")
+        problems.append(f"{what} {raw!r} is not a count (0 or more); using {fallback}")
         return None
     return value
 

@@ -18,13 +18,14 @@ from extproc.platform.kube.actuator import Actuator
 from extproc.platform.kube.client import make_api_client
 from extproc.platform.kube.events import EventRecorder
 from extproc.platform.kube.idle import run_probe
+from extproc.platform.kube.idle.slotcache import carry, slot_file
 from extproc.platform.kube.replicas import Replicas
 from extproc.platform.kube.fencing import HeldVersions, TakeoverFences
 from extproc.platform.kube.rest import ApiError, KubeClient
 from extproc.platform.kube.routecheck import RouteChecker
 from extproc.platform.kube.status import StatusPublisher, StatusWriter
 from extproc.platform.kube.watcher import ClusterWatcher
-from extproc.platform.contract import PoolListener
+from extproc.platform.contract import CarryResult, PoolListener
 from extproc.policy.events import Notice, is_warning
 from extproc.policy.model import PoolKey, PoolView
 from extproc.settings import Settings
@@ -154,6 +155,18 @@ class KubePlatform:
         url = self._settings.idle_probe_url.format(member=member, namespace=key.namespace,
                                                    pool=key.name)
         return await run_probe(self._session, probe, url, self._settings.idle_probe_timeout)
+
+    async def carry_slots(self, key: PoolKey, member: str, step: str) -> CarryResult:
+        """Save or restore ``member``'s llama.cpp slots, at the idle probe's ``/slots`` URL."""
+        model = self.watcher.carried_model(key, member)
+        if not model:
+            return CarryResult(False, "the member does not carry its prompt cache")
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        url = self._settings.idle_probe_url.format(member=member, namespace=key.namespace,
+                                                   pool=key.name)
+        return await carry(self._session, url, step,
+                           lambda slot: slot_file(key.namespace, member, model, slot))
 
     def publish(self, view: PoolView) -> None:
         """Queue the pool's status for writing (latest view wins)."""

@@ -4,7 +4,9 @@ Off by default (setting ``route_check_interval``). When on, every interval the s
 the HTTPRoutes in each pool's namespace (RBAC: ``gateway.networking.k8s.io`` ``httproutes``
 ``list`` there) and warns once per member whose routing-header value no rule matches, so a
 member added to a ModelPool without its route shows in ``kubectl describe mpool``. It says
-so again only after the member was routed and then lost its route.
+so again only after the member was routed and then lost its route. With
+``--endpoint-picker`` there are no member routes: the check is of the pool's InferencePool
+instead (``poolcheck.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 from extproc.logs import get_logger
 from extproc.platform.kube._calls import counted, describe
+from extproc.platform.kube import poolcheck
 from extproc.platform.kube.events import EventRecorder
 from extproc.platform.kube.rest import KubeClient
 from extproc.policy.model import PoolKey, PoolSpec
@@ -46,6 +49,7 @@ class RouteChecker:
         self._events = events
         self._pools = pools
         self._warned: set[tuple[PoolKey, str]] = set()
+        self._findings: set[tuple[PoolKey, str, str]] = set()  # InferencePool ones in force
 
     async def run(self) -> None:
         """Check every ``route_check_interval`` until cancelled."""
@@ -55,6 +59,8 @@ class RouteChecker:
 
     async def check(self) -> None:
         """One pass: warn about each member newly without a route."""
+        if self._settings.endpoint_picker:
+            return await self.check_inference_pools()
         specs = list(self._pools())
         routed: dict[str, set[str]] = {}
         for namespace in sorted({s.key.namespace for s in specs}):
@@ -84,3 +90,20 @@ class RouteChecker:
                         f"{header}: {value} in namespace {spec.key.namespace}; requests for "
                         "it cannot reach it (render one: modelpool-extproc render-routes)",
                         warning=True)
+
+    async def check_inference_pools(self) -> None:
+        """One pass behind an InferencePool gateway: warn about each new finding once."""
+        found: set[tuple[PoolKey, str, str]] = set()
+        specs = list(self._pools())
+        for namespace in sorted({s.key.namespace for s in specs}):
+            try:
+                listed = await poolcheck.list_inference_pools(self._api, namespace)
+                for spec in (s for s in specs if s.key.namespace == namespace):
+                    found |= {(spec.key, *f) for f in
+                              await poolcheck.findings(self._api, spec, listed)}
+            except Exception as exc:
+                log.warning("cannot check InferencePools", namespace=namespace,
+                            error=describe(exc))
+        for key, reason, message in sorted(found - self._findings, key=str):
+            await self._events.record(key, reason, message, warning=True)
+        self._findings = found

@@ -30,15 +30,19 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from extproc.logs import get_logger
 from extproc.platform.contract import PoolListener
 from extproc.platform.kube._calls import POOLS, SERVICES, counted, custom_path
 from extproc.platform.kube.idle import IdleProbe
+from extproc.platform.kube.endpoints import PodEndpoints, ready_ip
+from extproc.platform.kube.idle.probes import SLOTS
+from extproc.platform.kube.idle.slots import slot_count
 from extproc.platform.kube.objects import (object_key, pod_member, pool_spec, pool_status,
-                                            service_probe, service_state)
+                                            service_capacity, service_carry, service_probe,
+                                            service_state)
 from extproc.platform.kube.rest import KubeClient
 from extproc.platform.kube.watchloop import CollectionWatch
 from extproc.policy.model import MemberObservation, PoolKey, PoolSpec, PoolStatus, StartHints
@@ -82,12 +86,16 @@ class ClusterWatcher:
         self._listed: set[tuple[str, str]] = set()
         self._pools: dict[PoolKey, _Pool] = {}
         self._services: dict[tuple[str, str], tuple[str, int]] = {}
+        self._capacities: dict[tuple[str, str], int] = {}  # pacing.py's annotation
+        self._carried: dict[tuple[str, str], str] = {}  # carry.py's annotation: the model
+        self._slot_counts: dict[tuple[str, str], int] = {}  # read from /slots once per load
         self._service_versions: dict[tuple[str, str], str] = {}  # for trigger preconditions
         self._probes: dict[tuple[str, str], IdleProbe | None] = {}  # (namespace, member)
         self._pods: dict[tuple[str, str], str] = {}  # (namespace, pod) -> member ("" = none)
         self._pod_counts: Counter[tuple[str, str]] = Counter()  # (namespace, member) -> pods
         self._pools_of: dict[tuple[str, str], set[PoolKey]] = {}  # (namespace, member) -> pools
         self._delivered: dict[PoolKey, dict[str, MemberObservation]] = {}
+        self._endpoints = PodEndpoints(settings.endpoint_port)
 
     # --- read accessors -----------------------------------------------------------------------
 
@@ -106,6 +114,10 @@ class ClusterWatcher:
     def idle_probe(self, key: PoolKey, member: str) -> IdleProbe | None:
         """How to ask ``member`` whether it is idle (None: no probe applies, or unknown)."""
         return self._probes.get((key.namespace, member))
+
+    def carried_model(self, key: PoolKey, member: str) -> str:
+        """The model whose prompt cache ``member`` carries over swaps ("" : none)."""
+        return self._carried.get((key.namespace, member), "")
 
     def member_replicas(self, key: PoolKey, member: str) -> tuple[int, str]:
         """(spec.replicas, resourceVersion) of ``member`` as last seen ((0, "") if unknown)."""
@@ -232,10 +244,18 @@ class ClusterWatcher:
         elif kind == SERVICES:
             if deleted:
                 self._services.pop(key, None)
+                self._capacities.pop(key, None)
+                self._carried.pop(key, None)
                 self._service_versions.pop(key, None)
                 self._probes.pop(key, None)
             else:
                 self._services[key] = service_state(obj)
+                capacity, problem = service_capacity(obj)
+                if problem and self._capacities.get(key, -1) != 0:
+                    log.warning("member annotation ignored", namespace=key[0], member=key[1],
+                                problem=problem)
+                self._capacities[key] = capacity
+                self._carried[key] = service_carry(obj)
                 self._service_versions[key] = (obj.get("metadata") or {}).get(
                     "resourceVersion") or ""
                 self._probes[key] = service_probe(obj)
@@ -243,6 +263,8 @@ class ClusterWatcher:
         else:
             old = self._pods.pop(key, "")
             new = "" if deleted else pod_member(obj)
+            for member in self._endpoints.apply(*key, new, "" if deleted else ready_ip(obj)):
+                self._report_endpoints(key[0], member)
             if not deleted:
                 self._pods[key] = new
             if old != new:
@@ -310,6 +332,15 @@ class ClusterWatcher:
         for member in pool.spec.members:
             obs = delivered[member] = self._observe(key.namespace, member)
             self._call("member_changed", key, obs)
+            self._call("endpoints_changed", key, member, self._endpoints.of(key.namespace, member))
+
+    def _report_endpoints(self, namespace: str, member: str) -> None:
+        """Report the member's Ready pods to every pool it belongs to (after sync only)."""
+        if not self.synced.is_set():
+            return
+        endpoints = self._endpoints.of(namespace, member)
+        for key in sorted(self._pools_of.get((namespace, member), ()), key=str):
+            self._call("endpoints_changed", key, member, endpoints)
 
     def _report_status(self, pool: _Pool, *, changed: bool) -> None:
         """Report the pool's status if what routing reads of it changed (after sync only).
@@ -342,7 +373,42 @@ class ClusterWatcher:
         if state is None:
             return MemberObservation(member, exists=False, phase="", replicas=0, pods=pods)
         phase, replicas = state
-        return MemberObservation(member, exists=True, phase=phase, replicas=replicas, pods=pods)
+        return self._with_slot_count(MemberObservation(
+            member, exists=True, phase=phase, replicas=replicas, pods=pods,
+            capacity=self._capacities.get((namespace, member), 0),
+            carry=bool(self._carried.get((namespace, member)))), namespace)
+
+    def _with_slot_count(self, obs: MemberObservation, namespace: str) -> MemberObservation:
+        """Paced release of a llama.cpp member without a capacity annotation: its slot count,
+        read from its /slots once each time it is Ready (a new pod may run another
+        --parallel); unpaced until that answer is in, and if none comes."""
+        key = (namespace, obs.name)
+        if not obs.ready:
+            self._slot_counts.pop(key, None)
+            return obs
+        probe = self._probes.get(key)
+        if obs.capacity or not self._settings.paced_release or probe is None \
+                or probe.kind != SLOTS or self._group is None:
+            return obs
+        if key not in self._slot_counts:
+            self._slot_counts[key] = 0  # asked: once per load
+            self._group.create_task(self._read_slot_count(namespace, obs.name))
+        return replace(obs, capacity=self._slot_counts[key])
+
+    async def _read_slot_count(self, namespace: str, member: str) -> None:
+        pools = sorted(self._pools_of.get((namespace, member), ()), key=str)
+        url = self._settings.idle_probe_url.format(
+            member=member, namespace=namespace, pool=pools[0].name if pools else "")
+        try:
+            count = await slot_count(url, self._settings.idle_probe_timeout)
+        except Exception as exc:  # (never let it end the watch's task group)
+            log.warning("slot count not read", namespace=namespace, member=member,
+                        error=f"{type(exc).__name__}: {exc}")
+            return
+        if (namespace, member) in self._slot_counts:  # (else it left Ready meanwhile)
+            self._slot_counts[(namespace, member)] = count
+            log.info("member slot count read", namespace=namespace, member=member, slots=count)
+            self._refresh(namespace, member)
 
     def _call(self, method: str, *args: Any) -> None:
         """Call the listener; a listener bug is logged, never allowed to stop the watch."""

@@ -1,4 +1,5 @@
-"""Ask a llama.cpp server whether it is idle, through its ``/slots`` endpoint."""
+"""Ask a llama.cpp server whether it is idle, and how many slots it has (its ``--parallel``,
+paced release's capacity), through its ``/slots`` endpoint."""
 
 from __future__ import annotations
 
@@ -32,3 +33,17 @@ async def probe_idle(session: aiohttp.ClientSession, url: str, timeout: float) -
         log.warning("idle probe answer not understood", url=url)
         return None
     return not any(s["is_processing"] for s in slots)
+
+
+async def slot_count(url: str, timeout: float) -> int:
+    """How many slots the server's ``/slots`` lists (0: it could not tell)."""
+    async with aiohttp.ClientSession() as session:
+        answer = await fetch(session, url, timeout)
+    if answer is None or answer[0] != 200:
+        return 0
+    try:
+        slots = json.loads(answer[1])
+    except ValueError:
+        return 0
+    return len(slots) if isinstance(slots, list) and all(isinstance(s, dict) for s in slots) \
+        else 0

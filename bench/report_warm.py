@@ -1,0 +1,39 @@
+"""The Markdown of part 7 (warm swaps: prompt-cache carry-over and paced release)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(str(c) for c in row) + " |" for row in rows)]
+
+
+def section(w: dict[str, Any] | None) -> list[str]:
+    """Part 7's lines ([] before its first run: ``python -m bench.run --only warm``)."""
+    if not w:
+        return []
+    c, p = w["carry_over"], w["paced_release"]
+    m = w.get("measured", {})
+    out = ["", "### 7. Warm swaps (`python -m bench.run --only warm`)", "",
+           f"Run of {m.get('date', '?')} at commit `{m.get('git_commit', '?')}`, "
+           f"{m.get('elapsed_s', '?')} s, alone (the machine was shared with other work). "
+           f"Simulated prefill: {c['prefill_ms_per_token']} ms per prompt token the slot's "
+           "cache lacks; member load 0.2 s, unload 0.1 s.", "",
+           f"Prompt-cache carry-over, a {c['prompt_tokens']}-token conversation that comes "
+           f"back after a -> b -> a (median of {c['rounds']} rounds):", ""]
+    rows = [[name, c[key]["cold_ttft_s"], c[key]["swap_away_ttft_s"],
+             c[key]["return_ttft_s"], c[key]["return_cache_n"], c[key]["return_prompt_ms"]]
+            for name, key in (("carry-over on", "with"), ("off", "without"))]
+    out += _table(["", "first turn TTFT s (cold)", "a -> b TTFT s (swap, save incl.)",
+                   "returning turn TTFT s (swap b -> a, restore, prefill)",
+                   "its cache_n", "its prompt_ms"], rows)
+    out += ["", f"Paced release: {p['requests']} streamed requests held for a member with "
+            f"{p['slots']} slots ({p['prompt_tokens']}-token prompts), released all at once "
+            "vs up to its capacity (two swaps each):", ""]
+    out += _table(["release", "ok", "failed", "TTFT p50 s", "TTFT p99 s", "TTFT max s"],
+                  [[name, p[key]["ok"], p[key]["failed"], p[key]["p50_ttft_s"],
+                    p[key]["p99_ttft_s"], p[key]["max_ttft_s"]]
+                   for name, key in (("all at once", "all_at_once"), ("paced", "paced"))])
+    return out

@@ -1,0 +1,108 @@
+"""An Envoy in front of the service as an InferencePool's gateway would be: it asks the
+endpoint picker, then sends the request to the ``ip:port`` the picker named.
+
+What a gateway builds for an InferencePool backend, written out by hand: one ext_proc filter
+on the pool's route (its body mode chosen per test: BUFFERED, STREAMED or
+FULL_DUPLEX_STREAMED) and an ORIGINAL_DST cluster that connects to the address in the
+``x-gateway-destination-endpoint`` header, which is how the inference extension's own
+reference Envoy configuration consumes the picker's answer. In FULL_DUPLEX_STREAMED mode it is
+what Envoy AI Gateway (the extension through which Envoy Gateway serves InferencePools; Envoy
+Gateway alone does not) renders for a pool's picker: headers, bodies and trailers both ways,
+bodies full duplex, a 5 s message timeout, no failure mode allow.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from devstack.procs import LOCALHOST
+from extproc.protocol.picker import DESTINATION, SUBSET_KEY, SUBSET_NAMESPACE
+
+EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+# What Envoy AI Gateway (the InferencePool extension of Envoy Gateway) renders for a pool's
+# picker: a 5 s message timeout and no max_message_timeout. In FULL_DUPLEX_STREAMED mode Envoy
+# does not time a held request out by it (tested: e2e/test_e2e_endpoint_picker.py); in
+# BUFFERED mode it answers 504 after 5 s (measured), so a gateway choosing that mode needs a
+# message timeout above the pools' swapBudget.
+GATEWAY_MESSAGE_TIMEOUT = "5s"
+FILE_LOG = "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog"
+ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+HCM = ("type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3."
+       "HttpConnectionManager")
+
+
+def picker_config(listen_port: int, admin_port: int, access_log: str, extproc_port: int,
+                  body_mode: str, subset: list[str] | None = None,
+                  message_timeout: str = GATEWAY_MESSAGE_TIMEOUT) -> dict[str, Any]:
+    """The bootstrap: listener -> ext_proc (``body_mode`` both ways) -> the picked pod.
+
+    ``subset``: the proxy's subset hint, set as request metadata before the ext_proc filter
+    (the set_metadata filter), as a gateway that subsets the pool would send it.
+    """
+    hcm = {"@type": HCM, "stat_prefix": "picker",
+           "access_log": [{"name": "envoy.access_loggers.file", "typed_config": {
+               "@type": FILE_LOG, "path": access_log}}],
+           "route_config": {"virtual_hosts": [{"name": "pool", "domains": ["*"],
+                                               "routes": [{"match": {"prefix": "/"},
+                                                           "route": POOL_ROUTE}]}]},
+           "http_filters": ([] if subset is None else [_subset_filter(subset)]) + [
+               ext_proc_filter(body_mode, message_timeout),
+               {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER}}]}
+    return {
+        "admin": {"address": _address(admin_port)},
+        "static_resources": {
+            "listeners": [{"name": "gateway", "address": _address(listen_port),
+                           "filter_chains": [{"filters": [{
+                               "name": "envoy.filters.network.http_connection_manager",
+                               "typed_config": hcm}]}]}],
+            "clusters": pool_clusters(extproc_port)},
+    }
+
+
+#: The route action to the pool: whichever pod the picker named; no route timeout.
+POOL_ROUTE = {"cluster": "pool", "timeout": "0s", "idle_timeout": "600s"}
+
+
+def ext_proc_filter(body_mode: str,
+                    message_timeout: str = GATEWAY_MESSAGE_TIMEOUT) -> dict[str, Any]:
+    """The pool's ext_proc filter: every phase sent, bodies in ``body_mode`` both ways."""
+    duplex = body_mode == "FULL_DUPLEX_STREAMED"
+    return {"name": "envoy.filters.http.ext_proc", "typed_config": {
+        "@type": EXT_PROC,
+        "grpc_service": {"envoy_grpc": {"cluster_name": "picker"}, "timeout": "600s"},
+        "failure_mode_allow": False,
+        "message_timeout": message_timeout,
+        "processing_mode": {
+            "request_header_mode": "SEND", "request_body_mode": body_mode,
+            "request_trailer_mode": "SEND" if duplex else "SKIP",
+            "response_header_mode": "SEND", "response_body_mode": body_mode,
+            "response_trailer_mode": "SEND" if duplex else "SKIP"},
+        "metadata_options": {"forwarding_namespaces": {"untyped": [SUBSET_NAMESPACE]}}}}
+
+
+def pool_clusters(extproc_port: int) -> list[dict[str, Any]]:
+    """The picker (HTTP/2 to the ext_proc) and the pool (the address the picker named)."""
+    return [
+        {"name": "picker", "type": "STATIC", "connect_timeout": "1s",
+         "typed_extension_protocol_options": {
+             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                 "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3."
+                          "HttpProtocolOptions",
+                 "explicit_http_config": {"http2_protocol_options": {}}}},
+         "load_assignment": {"cluster_name": "picker", "endpoints": [{"lb_endpoints": [
+             {"endpoint": {"address": _address(extproc_port)}}]}]}},
+        {"name": "pool", "type": "ORIGINAL_DST", "lb_policy": "CLUSTER_PROVIDED",
+         "connect_timeout": "2s",
+         "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION}},
+    ]
+
+
+def _subset_filter(subset: list[str]) -> dict[str, Any]:
+    return {"name": "envoy.filters.http.set_metadata", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config",
+        "metadata": [{"metadata_namespace": SUBSET_NAMESPACE,
+                      "value": {SUBSET_KEY: subset}}]}}
+
+
+def _address(port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": LOCALHOST, "port_value": port}}
