@@ -48,6 +48,7 @@ demo: bootstrap
 test: bootstrap kube-tools ops-tools schemas
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# MODELPOOL_BENCH_PEER=/path/to/ai-gateway/extproc adds part 1b (the Go peer beside ours).
 bench: bootstrap
 	$(PY) -m bench.run
 

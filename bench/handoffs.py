@@ -78,6 +78,7 @@ class Running:
 
     def __init__(self, workdir: Path, variant: Variant, pools: str, members: dict[str, int]):
         self.variant = variant
+        self.name = variant.name
         slug = "".join(ch if ch.isalnum() else "-" for ch in variant.name)
         self.dir = workdir / slug
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -144,6 +145,32 @@ def _measure(running: Running, script: Path, connections: int, seconds: int) -> 
     return row
 
 
+def interleaved(runs: list[Any], direct_url: str, scripts: dict[str, Path], rounds: int,
+                seconds: int, warmup: int, concurrencies: tuple[int, ...]) -> list[dict[str, Any]]:
+    """Every round, for each body (``scripts``: label to wrk script) and concurrency: direct
+    once, then each of ``runs`` (anything with ``name``, ``url`` and ``pids()``) in an order
+    rotated every round. One raw row per wrk run, labelled with round, body, c and variant."""
+    raw: list[dict[str, Any]] = []
+    for round_no in range(rounds):
+        order = runs[round_no % len(runs):] + runs[:round_no % len(runs)]
+        for body, script in scripts.items():
+            for c in concurrencies:
+                tools.wrk(direct_url, script, c, warmup)
+                d = tools.wrk(direct_url, script, c, seconds)
+                raw.append({"round": round_no, "body": body, "c": c, "variant": "direct",
+                            "rps": d.rps, "p50_ms": d.p50_ms, "p99_ms": d.p99_ms,
+                            "requests": d.requests, "errors": d.errors})
+                for running in order:
+                    tools.wrk(running.url, script, c, warmup)
+                    row = _measure(running, script, c, seconds)
+                    raw.append({"round": round_no, "body": body, "c": c,
+                                "variant": running.name, **row})
+                    print(f"  r{round_no} {body} c={c} {running.name}: {row['rps']:.0f} req/s,"
+                          f" ext_proc {row['extproc_cpu_s_per_1k']:.3f} CPU s/1k, "
+                          f"{row['extproc_switches_per_req']:.1f} switches/req", flush=True)
+    return raw
+
+
 def run(workdir: Path, rounds: int = 3, seconds: int = 5, warmup: int = 1,
         concurrencies: tuple[int, ...] = (32, 1),
         variants: tuple[Variant, ...] = VARIANTS) -> dict[str, Any]:
@@ -153,7 +180,6 @@ def run(workdir: Path, rounds: int = 3, seconds: int = 5, warmup: int = 1,
     members = {MEMBER: upstream_port}
     pools = str(overhead.pools_file(workdir))
     started: list[Any] = []
-    raw: list[dict[str, Any]] = []
     loads: list[tuple[float, float, float]] = [os.getloadavg()]
     try:
         started.append(services.start_upstream(workdir, "judge", upstream_port))
@@ -164,26 +190,10 @@ def run(workdir: Path, rounds: int = 3, seconds: int = 5, warmup: int = 1,
         for variant in variants:
             runs.append(Running(workdir, variant, pools, members))
             started.append(runs[-1])
-        script = tools.wrk_script(workdir)
-        direct_url = f"{direct.url}/v1/chat/completions"
-        for round_no in range(rounds):
-            order = runs[round_no % len(runs):] + runs[:round_no % len(runs)]
-            for c in concurrencies:
-                tools.wrk(direct_url, script, c, warmup)
-                d = tools.wrk(direct_url, script, c, seconds)
-                raw.append({"round": round_no, "c": c, "variant": "direct", "rps": d.rps,
-                            "p50_ms": d.p50_ms, "p99_ms": d.p99_ms, "requests": d.requests,
-                            "errors": d.errors})
-                for running in order:
-                    tools.wrk(running.url, script, c, warmup)
-                    row = _measure(running, script, c, seconds)
-                    raw.append({"round": round_no, "c": c, "variant": running.variant.name,
-                                **row})
-                    print(f"  handoffs r{round_no} c={c} {running.variant.name}: "
-                          f"{row['rps']:.0f} req/s, ext_proc {row['extproc_cpu_s_per_1k']:.3f}"
-                          f" CPU s/1k, {row['extproc_switches_per_req']:.1f} switches/req",
-                          flush=True)
-            loads.append(os.getloadavg())
+        raw = interleaved(runs, f"{direct.url}/v1/chat/completions",
+                          {"small": tools.wrk_script(workdir)}, rounds, seconds, warmup,
+                          concurrencies)
+        loads.append(os.getloadavg())
     finally:
         for proc in reversed(started):
             proc.stop()
@@ -201,7 +211,7 @@ def summarize(raw: list[dict[str, Any]]) -> dict[str, Any]:
         for name in dict.fromkeys(r["variant"] for r in raw if r["c"] == c):
             mine = [r for r in raw if r["c"] == c and r["variant"] == name]
             summary = {k: round(statistics.median(r[k] for r in mine), 4)
-                       for k in mine[0] if k not in ("round", "c", "variant")}
+                       for k in mine[0] if k not in ("round", "body", "c", "variant")}
             for base in ("direct", "two messages"):
                 ratios = [r["rps"] / by[(r["round"], c, base)]["rps"] for r in mine
                           if (r["round"], c, base) in by]

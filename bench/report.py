@@ -11,7 +11,7 @@ from typing import Any
 
 from devstack.procs import PROJECT_ROOT
 
-from . import report_ha, report_warm
+from . import report_ha, report_peer, report_warm
 
 RESULTS = PROJECT_ROOT / "bench" / "results.json"
 DOC = PROJECT_ROOT / "docs" / "benchmarks.md"
@@ -38,7 +38,8 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
          "<= 2,000 ms", (held["release_all_ms"] or 1e9) <= 2000),
         ("API calls during 10,000 resident hits", str(r["hotpath"]["api_calls"]), "0",
          r["hotpath"]["api_calls"] == 0),
-    ] + _llmkube_targets(r.get("llmkube")) + report_ha.targets(r.get("ha"))
+    ] + report_peer.targets(r.get("peer")) + _llmkube_targets(r.get("llmkube")) + \
+        report_ha.targets(r.get("ha"))
 
 
 def _llmkube_targets(k: dict[str, Any] | None) -> list[tuple[str, str, str, bool]]:
@@ -104,8 +105,9 @@ def render(r: dict[str, Any]) -> str:
                        "p99 ms", "errors"], rows))
     speedup = {c: r["overhead"][c]["extproc_vs_baseline_rps"] for c in ("c1", "c32")}
     out += ["", f"ext_proc vs envoy-data-plane baseline: {speedup['c1']}x req/s at c=1, "
-            f"{speedup['c32']}x at c=32.", "",
-            "### 2. Swap release latency", ""]
+            f"{speedup['c32']}x at c=32."]
+    out += report_peer.section(r.get("peer"))
+    out += ["", "### 2. Swap release latency", ""]
     s = r["swap"]
     out.append(_table(["swaps", "held requests", "release p50", "release p99", "release max",
                        "swap total p50", "overhead p50 (p99)", "ext_proc's share p50"],

@@ -5,21 +5,24 @@ whole run is bounded (fixed durations and counts, timeouts on every wait): about
 on this machine, 4 of them part 5. Part 2 runs the same swaps in both actuation modes, own and
 llmkube; part 5 runs 3 ext_proc replicas side by side with 1. ``python -m bench.run --only
 llmkube`` runs just part 2's llmkube half, ``--only ha`` just part 5, and merges it into the
-last run's bench/results.json (the other parts keep their figures). Part 6 (hand-offs per
-request for each way of running the service) runs only alone, ``--only handoffs``, and so does
-part 7 (warm swaps, ``--only warm``); a full run keeps their last figures.
+last run's bench/results.json (the other parts keep their figures). With
+``MODELPOOL_BENCH_PEER`` set to Envoy AI Gateway's ext_proc binary, part 1b measures it beside
+ours in the same run (``--only peer`` alone). Part 6 (hand-offs per request for each way of
+running the service) runs only alone, ``--only handoffs``, and so does part 7 (warm swaps,
+``--only warm``); a full run keeps their last figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
-from . import ha, handoffs, held, hotpath, machine, overhead, report, swap, tools, warm
+from . import ha, handoffs, held, hotpath, machine, overhead, peer, report, swap, tools, warm
 
 # Part 1: seconds per wrk run, after a warm-up of its own.
 WRK_SECONDS, WRK_WARMUP = 10, 3
@@ -70,20 +73,28 @@ def _finish(results: dict, work: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Run everything (or ``--only llmkube|ha``) in a scratch directory (kept on failure)."""
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
-    parser.add_argument("--only", choices=("llmkube", "ha", "handoffs", "warm"),
+    parser.add_argument("--only", choices=("llmkube", "ha", "handoffs", "warm", "peer"),
                         help="run only this part and merge it into bench/results.json "
                         "(handoffs: part 6, context switches and CPU per request for each "
                         "way of running the service, about 5 minutes; not in the full run; "
                         "warm: part 7, prompt-cache carry-over and paced release, about 2 "
-                        "minutes, not in the full run)")
+                        "minutes, not in the full run; "
+                        f"peer: part 1b, about 5 minutes, needs ${peer.PEER_ENV})")
     only = parser.parse_args(argv).only
+    peer_binary = os.environ.get(peer.PEER_ENV)
+    if only == "peer" and not peer_binary:
+        parser.error(f"--only peer needs ${peer.PEER_ENV}: the path of Envoy AI Gateway's "
+                     "ext_proc binary (see docs/benchmarks.md)")
     began = time.monotonic()
     versions = tools.ensure_tools()
     work = Path(tempfile.mkdtemp(prefix="modelpool-bench-"))
     print(f"bench: working in {work}", flush=True)
     if only is not None:
         results = json.loads(report.RESULTS.read_text(encoding="utf-8"))
-        if only == "warm":
+        if only == "peer":
+            print("bench: 1b ours beside the Go peer", flush=True)
+            results["peer"] = _stamped(peer.run(work / "peer", peer_binary), began, versions)
+        elif only == "warm":
             print("bench: 7 warm swaps, carry-over and paced release", flush=True)
             results["warm"] = _stamped(warm.run(work / "warm"), began, versions)
         elif only == "handoffs":
@@ -99,6 +110,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     print("bench: 1/5 resident-hit overhead", flush=True)
     results = {"overhead": overhead.run(work / "overhead", WRK_SECONDS, WRK_WARMUP)}
+    if peer_binary:
+        print("bench: 1b ours beside the Go peer", flush=True)
+        part_began = time.monotonic()
+        results["peer"] = _stamped(peer.run(work / "peer", peer_binary), part_began, versions)
     print("bench: 2/5 swap release latency, own and llmkube mode", flush=True)
     results["swap"] = swap.run(work / "swap", SWAPS, HELD_PER_SWAP, LOAD_DELAY, UNLOAD_DELAY,
                                SWAP_BUDGET)
@@ -118,10 +133,11 @@ def main(argv: list[str] | None = None) -> None:
     results["machine"] = machine.facts(versions)
     results["elapsed_s"] = round(time.monotonic() - began, 1)
     if report.RESULTS.exists():
-        # part 6 runs only alone: a full run keeps its last figures
+        # parts 6 and 7 run only alone, part 1b only with the peer binary: a run without them
+        # keeps their last figures (each stamped with its own date and commit)
         last = json.loads(report.RESULTS.read_text(encoding="utf-8"))
-        for part in ("handoffs", "warm"):
-            if last.get(part) is not None:
+        for part in ("handoffs", "warm", "peer"):
+            if part not in results and last.get(part) is not None:
                 results[part] = last[part]
     _finish(results, work)
 

@@ -34,9 +34,9 @@ def ensure_tools() -> dict[str, str]:
             "h2load": h2.stdout.strip().splitlines()[0]}
 
 
-def wrk_script(workdir: Path, body: bytes = BODY) -> Path:
-    """A wrk Lua script that POSTs ``body`` as JSON."""
-    path = workdir / "post.lua"
+def wrk_script(workdir: Path, body: bytes = BODY, name: str = "post.lua") -> Path:
+    """A wrk Lua script ``workdir/name`` that POSTs ``body`` as JSON."""
+    path = workdir / name
     path.write_text('wrk.method = "POST"\n'
                     f"wrk.body = '{body.decode()}'\n"
                     'wrk.headers["Content-Type"] = "application/json"\n', encoding="utf-8")

@@ -134,11 +134,11 @@ async def test_hung_extproc_fails_open_after_message_timeout(
         f"{envoy.url}/v1/chat/completions",
         json={"model": "judge"},
         headers={"x-modelpool-member": "judge.demo"},
-        timeout=aiohttp.ClientTimeout(total=15),
+        timeout=aiohttp.ClientTimeout(total=25),
     ) as resp:
         await assert_fallback(resp)
     elapsed = time.monotonic() - started
-    assert 1.8 <= elapsed < 12, elapsed  # message_timeout is 2 s; the client gives up at 15
+    assert 9.8 <= elapsed < 20, elapsed  # message_timeout is 10 s; the client gives up at 25
     assert_untouched(upstreams)
 
 

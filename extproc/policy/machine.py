@@ -110,6 +110,9 @@ class PoolMachine:
         self._broken = ""
         self._rest_until = -math.inf  # at rest (deadlines.at_rest) until then: see _quick
         self.quick_path = True  # (the exhaustive search turns it off to compare both paths)
+        # The last event took that one pass: only the request book changed, so the view (held
+        # and in-flight counts aside) and the held counts are as before it.
+        self.booked_only = False
 
     # ---- public API --------------------------------------------------------------------
     held = property(attrgetter("requests.held"), doc="Held requests by id (the book's).")
@@ -134,8 +137,10 @@ class PoolMachine:
             raise PolicyError(f"pool {self.spec.key} is broken: {self._broken}")
         if self.quick_path and self.now <= now < self._rest_until:
             quick = self._quick(event, now)
+            self.booked_only = quick is not None
             if quick is not None:
                 return quick
+        self.booked_only = False
         try:
             out = self._handle(event, now)
         except PolicyError as exc:

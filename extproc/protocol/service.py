@@ -47,6 +47,10 @@ _MODELS_PATH = "/v1/models"
 # A member admitted as Ready whose Ready pods the pod watch has not delivered yet (two
 # watches, no order between them) gets this long for them before the 503 no_endpoint.
 _ENDPOINT_WAIT = 5.0
+# Open streams of every service in the process, read by the gauge when scraped: a gauge's
+# inc/dec takes a lock twice per request (5 % of the loop's time in a burst of 10,000).
+_open_streams = 0
+metrics.STREAMS_IN_FLIGHT.set_function(lambda: _open_streams)
 
 
 def _request_id_header(head: RequestHead) -> tuple[tuple[str, str], ...]:
@@ -76,7 +80,8 @@ class ExtProcService:
 
     async def process(self, _requests: Any, context: grpc.aio.ServicerContext) -> None:
         """Handle one request's stream from its headers to its end."""
-        metrics.STREAMS_IN_FLIGHT.inc()
+        global _open_streams
+        _open_streams += 1
         ticket: Ticket | None = None
         route: Route | None = None
         try:
@@ -141,7 +146,7 @@ class ExtProcService:
         finally:
             if ticket is not None and route is not None:
                 route.driver.end(ticket)
-            metrics.STREAMS_IN_FLIGHT.dec()
+            _open_streams -= 1
 
     # ---- the steps -------------------------------------------------------------------------
 

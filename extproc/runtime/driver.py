@@ -202,17 +202,22 @@ class PoolDriver:
             return
         for cmd in commands:
             self._execute(cmd)
-        view = machine.view()
-        shown = self._shown(view)
-        if shown != self._published:
-            self._published = shown
-            self._publish(view)
-        if machine.requests.held_by != self._held_by:
-            self._count_held(machine.requests.held_by)
+        # A resident hit booked in one pass changes none of the view, the held counts and the
+        # next deadline (the exhaustive search checks it), so none is derived again.
+        booked_only = machine.booked_only
+        if not booked_only:
+            view = machine.view()
+            shown = self._shown(view)
+            if shown != self._published:
+                self._published = shown
+                self._publish(view)
+            if machine.requests.held_by != self._held_by:
+                self._count_held(machine.requests.held_by)
         self._tell_peers(machine)
-        deadline = machine.next_deadline()
-        if deadline != self._timer_at:
-            self._arm(deadline)
+        if not booked_only:
+            deadline = machine.next_deadline()
+            if deadline != self._timer_at:
+                self._arm(deadline)
 
     def _execute(self, cmd: Command) -> None:
         match cmd:

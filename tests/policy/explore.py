@@ -74,6 +74,12 @@ _FIELDS: dict[type, tuple[str, ...]] = {}
 _SHARED: dict[int, object] = {}  # id -> fingerprint of shared frozen values (PoolSpec)
 
 
+def _shown(m: PoolMachine) -> tuple:
+    """What the driver derives from the machine after an event: the view without its held and
+    in-flight counts (gauges), the held counts by member, and the next deadline."""
+    return replace(m.view(), held=0, in_flight=0), dict(m.requests.held_by), m.next_deadline()
+
+
 def fingerprint(value: object) -> object:
     """A hashable value equal for equal states (the request book's lazy heap left out: its
     stale entries change nothing, its live ones follow from the held requests)."""
@@ -302,10 +308,15 @@ class Search:
             if isinstance(event, (RequestArrived, RequestEnded)):
                 full = copy.deepcopy(m)  # the same event through the full pass, to compare
                 full.quick_path = False
+                shown = _shown(m)
             try:
                 commands = m.handle(event, now)
                 if full is not None:
                     self._same_as_full(m, commands, full, full.handle(event, now), trace)
+                    if m.booked_only and _shown(m) != shown:
+                        # the driver skips the view and the held gauges after such a pass
+                        raise Violation("a one-pass booking changed the view, the held "
+                                        f"counts or the deadline: {shown} -> {_shown(m)}", trace)
             except PolicyError as exc:
                 raise Violation(f"PolicyError: {exc}", trace) from None
             for command in commands:
@@ -324,7 +335,7 @@ class Search:
     def _same_as_full(m: PoolMachine, commands: list, full: PoolMachine, expected: list,
                       trace: tuple[str, ...]) -> None:
         """The one-pass path for a resident hit (or its end) leaves what the full pass does."""
-        full.quick_path = True
+        full.quick_path, full.booked_only = True, m.booked_only  # which path, not state
         if commands != expected or fingerprint(m) != fingerprint(full):
             raise Violation(f"the quick path differs from the full pass: {commands} vs "
                             f"{expected}", trace)

@@ -52,8 +52,8 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
 def streams_in_flight() -> float:
-    """The service's open ext_proc stream gauge."""
-    return metrics.STREAMS_IN_FLIGHT._value.get()
+    """The service's open ext_proc stream gauge, as a scrape reads it."""
+    return metrics.REGISTRY.get_sample_value("modelpool_extproc_streams_in_flight") or 0.0
 
 
 async def settle(condition, timeout: float = 10.0) -> bool:
