@@ -4,8 +4,9 @@ Every figure is a ratio or a difference between two things measured in this same
 whole run is bounded (fixed durations and counts, timeouts on every wait): about 9 minutes
 on this machine, 4 of them part 5. Part 2 runs the same swaps in both actuation modes, own and
 llmkube; part 5 runs 3 ext_proc replicas side by side with 1. ``python -m bench.run --only
-llmkube`` runs just part 2's llmkube half, ``--only ha`` just part 5, and merges it into the
-last run's bench/results.json (the other parts keep their figures). With
+llmkube`` runs just part 2's llmkube half (``--only swap`` its own-mode half), ``--only ha``
+just part 5, and merges it into the last run's bench/results.json (the other parts keep
+their figures). With
 ``MODELPOOL_BENCH_PEER`` set to Envoy AI Gateway's ext_proc binary, part 1b measures it beside
 ours in the same run (``--only peer`` alone). Part 6 (hand-offs per request for each way of
 running the service) runs only alone, ``--only handoffs``, and so does part 7 (warm swaps,
@@ -71,11 +72,11 @@ def _finish(results: dict, work: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run everything (or ``--only llmkube|ha``) in a scratch directory (kept on failure)."""
+    """Run everything (or ``--only`` one part) in a scratch directory (kept on failure)."""
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
-    parser.add_argument("--only", choices=("llmkube", "ha", "handoffs", "warm", "peer"),
+    parser.add_argument("--only", choices=("swap", "llmkube", "ha", "handoffs", "warm", "peer"),
                         help="run only this part and merge it into bench/results.json "
-                        "(handoffs: part 6, context switches and CPU per request for each "
+                        "(swap: part 2's own-mode half, about 1 minute; handoffs: part 6, context switches and CPU per request for each "
                         "way of running the service, about 5 minutes; not in the full run; "
                         "warm: part 7, prompt-cache carry-over and paced release, about 2 "
                         "minutes, not in the full run; "
@@ -100,6 +101,10 @@ def main(argv: list[str] | None = None) -> None:
         elif only == "handoffs":
             print("bench: 6 hand-offs per request, variants side by side", flush=True)
             results["handoffs"] = _stamped(handoffs.run(work / "handoffs"), began, versions)
+        elif only == "swap":
+            print("bench: 2/5 swap release latency and overhead, own mode only", flush=True)
+            results["swap"] = _stamped(swap.run(work / "swap", SWAPS, HELD_PER_SWAP, LOAD_DELAY,
+                                                UNLOAD_DELAY, SWAP_BUDGET), began, versions)
         elif only == "llmkube":
             print("bench: 2/5 swap trigger and release latency, llmkube mode only", flush=True)
             results["llmkube"] = _llmkube_swaps(work, versions)
