@@ -31,9 +31,12 @@ TARGET = {"job": "modelpool-extproc", "instance": "10.0.0.7:9090"}
 SYNTHETIC = {"up"}
 # Families declared (HELP/TYPE) that get samples only on events this stack does not cause:
 # a deferral needs an idle probe reporting busy or unreachable; a watch restart, an API fault;
-# a cut request, an idle probe contradicted (e2e/test_e2e_probecheck.py causes one).
+# a cut request, an idle probe contradicted (e2e/test_e2e_probecheck.py causes one); a
+# prompt-cache carry, a member with the carry annotation (e2e/test_e2e_warm.py has them).
 EVENT_ONLY = {"llmkube_modelpool_busy_skips_total", "modelpool_extproc_conflicts_total",
               "llmkube_modelpool_reclaims_total", "modelpool_extproc_requests_cut_total",
+              "modelpool_extproc_prompt_cache_carry_total",
+              "modelpool_extproc_prompt_cache_tokens_total",
               "modelpool_extproc_swap_deferred_total",
               "modelpool_extproc_watch_restarts_total"}
 _NAME = re.compile(r"\b((?:llmkube_modelpool|modelpool_extproc|process)_[a-z_]+|up)\b(?!\s*\()")
