@@ -33,5 +33,17 @@ def test_a_port_in_use_is_not_handed_out(monkeypatch) -> None:
         # the first draw lands on the port in use, every later one on the free port
         draws = iter([taken])
         monkeypatch.setattr(procs, "_ephemeral_range", lambda: (65000, 65535))
-        monkeypatch.setattr(procs._RANDOM, "randrange", lambda a, b: next(draws, free))
+        monkeypatch.setattr(procs._RANDOM, "randrange", lambda a, b, step: next(draws, free))
         assert procs.free_port() == free
+
+
+def test_test_workers_draw_disjoint_ports(monkeypatch) -> None:
+    # pytest-xdist's workers are separate processes, each checking only its own hand-outs: a
+    # residue each keeps two of them from handing out the same port at the same moment
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "3")
+    drawn = {}
+    for worker in ("gw0", "gw1", "gw2"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        drawn[worker] = {procs.free_port() for _ in range(50)}
+    assert all(p % 3 == int(w[2]) for w, ports in drawn.items() for p in ports)
+    assert not (drawn["gw0"] & drawn["gw1"] or drawn["gw1"] & drawn["gw2"])
