@@ -22,6 +22,17 @@ from extproc.protocol import answers
 from extproc.protocol.service import SERVICE
 
 
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Print what the exhaustive search explored (test_exhaustive records it as a property,
+    which pytest-xdist carries back from the worker that ran it)."""
+    lines = sorted(value for report in terminalreporter.stats.get("passed", [])
+                   for key, value in report.user_properties if key == "exhaustive")
+    if lines:
+        terminalreporter.section("policy: exhaustive search")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
 @pytest.fixture(scope="session")
 def envoy_bin() -> Path:
     """The Envoy binary; skips the test when it is not installed."""
