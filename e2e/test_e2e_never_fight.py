@@ -33,11 +33,25 @@ async def test_a_condition_of_another_writer_survives_our_writes(
     assert not notices(stack, "guest", "ActuationChanged")  # one added condition is no fight
 
 
-def member_writes(stack: LocalStack, member: str) -> int:
-    """Patches of ``member``'s InferenceService so far, by anyone (the emulator's record)."""
-    return len([c for c in stack.api_requests() if c["resource"] == "inferenceservices"
+def member_writes(stack: LocalStack, member: str, user: str | None = None) -> int:
+    """Patches of ``member``'s InferenceService so far, by anyone or by ``user`` (the
+    emulator's record)."""
+    return len([c for c in stack.api_requests(user) if c["resource"] == "inferenceservices"
                 and c.get("name") == member and c["verb"] == "patch"
                 and c.get("subresource") is None])
+
+
+async def quiet(stack: LocalStack, members: tuple[str, ...], *, still: float = 3.0,
+                within: float = 20.0) -> dict[str, int]:
+    """Every member's patch count once none has changed for ``still`` seconds (bounded)."""
+    counts = {m: member_writes(stack, m) for m in members}
+    since, deadline = time.monotonic(), time.monotonic() + within
+    while time.monotonic() - since < still and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        now = {m: member_writes(stack, m) for m in members}
+        if now != counts:
+            counts, since = now, time.monotonic()
+    return counts
 
 
 async def test_beside_llmkube_own_mode_stops_actuating_and_nothing_flaps(
@@ -52,10 +66,15 @@ async def test_beside_llmkube_own_mode_stops_actuating_and_nothing_flaps(
                          "the service to hand the pool over")
         [changed] = notices(fight, "fight", "ActuationChanged")
         assert changed["target"] == "hands-off", changed
+        members = ("fight-a", "fight-b")
+        ours = {m: member_writes(fight, m, "modelpool-extproc") for m in members}
         assert fight.metric("modelpool_extproc_conflicts_total", pool="fight") >= 1
         reply = await held
         assert reply.status in (200, 503), reply.body  # LLMKube's call, or an explicit 503
-        settled = {m: member_writes(fight, m) for m in ("fight-a", "fight-b")}
+        # LLMKube may still finish the swap it started (a write per member); then nothing
+        # moves any more, and none of it was ours
+        settled = await quiet(fight, members)
+        assert {m: member_writes(fight, m, "modelpool-extproc") for m in members} == ours
         until = time.monotonic() + 6.0  # two reconciler requeues: nothing moves any more
         while time.monotonic() < until:
             await asyncio.sleep(0.5)
