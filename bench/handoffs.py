@@ -73,7 +73,24 @@ def switches(pid: int) -> int:
     return total
 
 
-class Running:
+class Measured:
+    """An ext_proc (``extproc``) behind its Envoy (``envoy``): what a round measures."""
+
+    extproc: ManagedProcess
+    envoy: Any
+
+    def pids(self) -> dict[str, int]:
+        """The processes measured: the ext_proc and its Envoy."""
+        assert self.extproc.pid is not None and self.envoy.process.pid is not None
+        return {"extproc": self.extproc.pid, "envoy": self.envoy.process.pid}
+
+    def stop(self) -> None:
+        """Stop Envoy, then the ext_proc."""
+        self.envoy.stop()
+        self.extproc.stop(grace=5)
+
+
+class Running(Measured):
     """One variant's ext_proc and Envoy, started."""
 
     def __init__(self, workdir: Path, variant: Variant, pools: str, members: dict[str, int]):
@@ -120,15 +137,6 @@ class Running:
             endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]
             endpoint["endpoint"]["address"] = {"pipe": {"path": str(self.socket)}}
 
-    def pids(self) -> dict[str, int]:
-        """The processes measured: the ext_proc and its Envoy."""
-        assert self.extproc.pid is not None and self.envoy.process.pid is not None
-        return {"extproc": self.extproc.pid, "envoy": self.envoy.process.pid}
-
-    def stop(self) -> None:
-        """Stop Envoy, then the ext_proc."""
-        self.envoy.stop()
-        self.extproc.stop(grace=5)
 
 
 def _measure(running: Running, script: Path, connections: int, seconds: int) -> dict[str, Any]:

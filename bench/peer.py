@@ -48,8 +48,8 @@ def large_body(size: int = 30_000) -> bytes:
             + words.encode() + b'"}],"max_tokens":4}')
 
 
-class Peer:
-    """The peer ext_proc and its Envoy, started (the interface of handoffs.Running)."""
+class Peer(handoffs.Measured):
+    """The peer ext_proc and its Envoy, started (measured as a handoffs.Running is)."""
 
     name = PEER_NAME
 
@@ -75,15 +75,6 @@ class Peer:
         self.url = f"{self.envoy.url}/v1/chat/completions"
         services.wait_routed(self.url, tools.BODY)
 
-    def pids(self) -> dict[str, int]:
-        """The processes measured: the peer and its Envoy."""
-        assert self.extproc.pid is not None and self.envoy.process.pid is not None
-        return {"extproc": self.extproc.pid, "envoy": self.envoy.process.pid}
-
-    def stop(self) -> None:
-        """Stop Envoy, then the peer."""
-        self.envoy.stop()
-        self.extproc.stop(grace=5)
 
 
 def binary_version(binary: str, workdir: Path) -> str:
