@@ -99,6 +99,10 @@ class Settings:
                            "less CPU per request than asyncio's own at c=32, measured in "
                            "docs/benchmarks.md part 6) or asyncio", group="listeners",
                            metavar="LOOP")
+    grpc_server: str = _opt("native", "the gRPC server on --listen: native (the service's own "
+                            "HTTP/2 on the event loop: less CPU and fewer context switches "
+                            "per request, docs/benchmarks.md part 6) or grpcio (grpc.aio)",
+                            group="listeners", metavar="SERVER")
     shutdown_grace: float = _opt(30.0, "on SIGTERM, stop accepting streams and let in-flight "
                                  "ones finish for up to this long", group="listeners",
                                  metavar="DURATION")
@@ -396,6 +400,8 @@ def validate(settings: Settings) -> str:
         return "--tls-cert and --tls-key go together"
     if settings.api_retry_initial <= 0 or settings.api_retry_max < settings.api_retry_initial:
         return "--api-retry-initial must be above 0 and at most --api-retry-max"
+    if settings.grpc_server not in ("native", "grpcio"):
+        return f"bad grpc_server {settings.grpc_server!r}: use native or grpcio"
     if settings.event_loop not in ("uvloop", "asyncio"):
         return f"bad event_loop {settings.event_loop!r}: use uvloop or asyncio"
     if settings.actuation not in ("own", "llmkube", "auto"):

@@ -1,0 +1,434 @@
+"""The server side of one HTTP/2 connection, without I/O (the way h11 keeps HTTP/1.1).
+
+Bytes go in through ``receive``, which returns what happened (``Request``, ``Data``,
+``Reset``, ``Closed``); what the server says goes out through ``send_headers``,
+``send_data``, ``reset`` and ``goaway``, and ``data_to_send`` hands over the bytes. Flow
+control both ways, SETTINGS, PING, CONTINUATION and the stream states (RFC 9113 §5.1) are
+kept here, so the asyncio side (``server.py``) only moves bytes and runs handlers.
+
+Receive windows are replenished as data arrives: the messages go to their stream's handler
+at once, and a gRPC message above the server's size limit ends its stream (``server.py``),
+so a peer cannot make this side buffer without bound.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import deque
+from typing import NamedTuple
+
+import hpack
+
+from . import frames as f
+
+_PAIR = struct.Struct(">HI")
+_U32 = struct.Struct(">I")
+
+
+class Request(NamedTuple):
+    """A stream opened by the peer: its header fields, and whether it already ended."""
+
+    stream_id: int
+    headers: list[tuple[bytes, bytes]]
+    ended: bool
+
+
+class Data(NamedTuple):
+    """Bytes on a stream, and whether the peer ended its side with them."""
+
+    stream_id: int
+    data: bytes
+    ended: bool
+
+
+class Reset(NamedTuple):
+    """The peer reset a stream (RST_STREAM)."""
+
+    stream_id: int
+    code: int
+
+
+class Closed(NamedTuple):
+    """The connection is over: a protocol error on the peer's side (said in a GOAWAY)."""
+
+    code: int
+    why: str
+
+
+class ConnectionError_(Exception):
+    """A connection error (RFC 9113 §5.4.1): GOAWAY with ``code``, then close."""
+
+    def __init__(self, code: int, why: str) -> None:
+        super().__init__(why)
+        self.code, self.why = code, why
+
+
+class _Stream:
+    __slots__ = ("send_window", "recv_window", "pending", "remote_closed", "local_closed")
+
+    def __init__(self, send_window: int, recv_window: int) -> None:
+        self.send_window = send_window
+        self.recv_window = recv_window
+        self.pending: deque[tuple[bytes, bool, bool]] = deque()  # (payload, is_headers, end)
+        self.remote_closed = False
+        self.local_closed = False
+
+
+class ServerConnection:
+    """One HTTP/2 connection's state, from the server's side."""
+
+    def __init__(self, *, max_concurrent_streams: int = 1 << 20,
+                 initial_window: int = 1 << 20, connection_window: int = 16 << 20,
+                 max_frame_size: int = 1 << 20, max_header_list_size: int = 1 << 16) -> None:
+        self._inbox = bytearray()
+        self._preface = False
+        self._out = bytearray()
+        self._decoder = hpack.Decoder(max_header_list_size)
+        self._max_streams = max_concurrent_streams
+        self._initial_recv = initial_window
+        self._max_frame = max_frame_size
+        self._conn_recv_full = self._conn_recv = connection_window
+        self._peer_initial = f.DEFAULT_WINDOW
+        self._peer_frame = f.DEFAULT_FRAME_SIZE
+        self._conn_send = f.DEFAULT_WINDOW
+        self._streams: dict[int, _Stream] = {}
+        self._blocked: set[int] = set()  # streams with pending output
+        self._last_stream = 0
+        self._block: tuple[int, int, bytearray] | None = None  # (stream, flags, fragments)
+        self._size_update_due = True
+        self._goaway_at: int | None = None  # the last stream accepted once GOAWAY was sent
+        self.closed = False
+        self._out += f.settings({f.MAX_CONCURRENT_STREAMS: max_concurrent_streams,
+                                 f.INITIAL_WINDOW_SIZE: initial_window,
+                                 f.MAX_FRAME_SIZE: max_frame_size,
+                                 f.MAX_HEADER_LIST_SIZE: max_header_list_size,
+                                 f.ENABLE_PUSH: 0})
+        if connection_window > f.DEFAULT_WINDOW:
+            self._out += f.window_update(0, connection_window - f.DEFAULT_WINDOW)
+
+    @property
+    def open_streams(self) -> int:
+        """Streams not yet closed on both sides."""
+        return len(self._streams)
+
+    def data_to_send(self) -> bytes:
+        """The bytes to write now (and forget here)."""
+        out = bytes(self._out)
+        self._out.clear()
+        return out
+
+    # ---- receiving -------------------------------------------------------------------------
+
+    def receive(self, data: bytes) -> list[Request | Data | Reset | Closed]:
+        """Take bytes from the peer; the events they complete."""
+        if self.closed:
+            return []
+        self._inbox += data
+        events: list[Request | Data | Reset | Closed] = []
+        try:
+            if not self._preface:
+                if len(self._inbox) < len(f.PREFACE):
+                    if not f.PREFACE.startswith(bytes(self._inbox)):
+                        raise ConnectionError_(f.PROTOCOL_ERROR, "not an HTTP/2 preface")
+                    return events
+                if not self._inbox.startswith(f.PREFACE):
+                    raise ConnectionError_(f.PROTOCOL_ERROR, "not an HTTP/2 preface")
+                del self._inbox[:len(f.PREFACE)]
+                self._preface = True
+            inbox, at = self._inbox, 0
+            while len(inbox) - at >= f.HEADER_SIZE:
+                first, flags, stream_id = f.HEADER.unpack_from(inbox, at)
+                length, kind = first >> 8, first & 0xFF
+                if length > self._max_frame:
+                    raise ConnectionError_(f.FRAME_SIZE_ERROR, f"frame of {length} bytes")
+                end = at + f.HEADER_SIZE + length
+                if end > len(inbox):
+                    break
+                payload = bytes(inbox[at + f.HEADER_SIZE:end])
+                at = end
+                self._frame(kind, flags, stream_id & 0x7FFFFFFF, payload, events)
+            del inbox[:at]
+        except ConnectionError_ as exc:
+            self._out += f.goaway(self._last_stream, exc.code, exc.why.encode()[:256])
+            self.closed = True
+            events.append(Closed(exc.code, exc.why))
+        return events
+
+    def _frame(self, kind: int, flags: int, sid: int, payload: bytes, events: list) -> None:
+        if self._block is not None and (kind != f.CONTINUATION or sid != self._block[0]):
+            raise ConnectionError_(f.PROTOCOL_ERROR, "header block interrupted")
+        if kind == f.DATA:
+            self._data(flags, sid, payload, events)
+        elif kind == f.HEADERS:
+            self._headers(flags, sid, payload, events)
+        elif kind == f.CONTINUATION:
+            if self._block is None:
+                raise ConnectionError_(f.PROTOCOL_ERROR, "CONTINUATION without HEADERS")
+            self._block[2].extend(payload)
+            if flags & f.END_HEADERS:
+                block_sid, block_flags, fragments = self._block
+                self._block = None
+                self._header_block(block_sid, block_flags, bytes(fragments), events)
+        elif kind == f.SETTINGS:
+            self._settings(flags, sid, payload)
+        elif kind == f.WINDOW_UPDATE:
+            self._window_update(sid, payload)
+        elif kind == f.PING:
+            if sid or len(payload) != 8:
+                raise ConnectionError_(f.PROTOCOL_ERROR, "malformed PING")
+            if not flags & f.ACK:
+                self._out += f.frame(f.PING, f.ACK, 0, payload)
+        elif kind == f.RST_STREAM:
+            if not sid or len(payload) != 4:
+                raise ConnectionError_(f.PROTOCOL_ERROR, "malformed RST_STREAM")
+            if self._forget(sid):
+                events.append(Reset(sid, _U32.unpack(payload)[0]))
+        elif kind == f.GOAWAY:
+            pass  # the peer opens no more streams; the open ones run to their end
+        elif kind == f.PUSH_PROMISE:
+            raise ConnectionError_(f.PROTOCOL_ERROR, "a client cannot push")
+        elif kind == f.PRIORITY:
+            if not sid:
+                raise ConnectionError_(f.PROTOCOL_ERROR, "PRIORITY on stream 0")
+        # other types: ignored (§4.1, extensions)
+
+    @staticmethod
+    def _unpad(flags: int, payload: bytes) -> bytes:
+        if not flags & f.PADDED:
+            return payload
+        if not payload or payload[0] >= len(payload):
+            raise ConnectionError_(f.PROTOCOL_ERROR, "padding exceeds the frame")
+        return payload[1:len(payload) - payload[0]]
+
+    def _data(self, flags: int, sid: int, payload: bytes, events: list) -> None:
+        if not sid:
+            raise ConnectionError_(f.PROTOCOL_ERROR, "DATA on stream 0")
+        size = len(payload)
+        self._conn_recv -= size
+        if self._conn_recv < 0:
+            raise ConnectionError_(f.FLOW_CONTROL_ERROR, "connection window exceeded")
+        if self._conn_recv < self._conn_recv_full // 2:
+            self._out += f.window_update(0, self._conn_recv_full - self._conn_recv)
+            self._conn_recv = self._conn_recv_full
+        stream = self._streams.get(sid)
+        if stream is None or stream.remote_closed:
+            if sid > self._last_stream:
+                raise ConnectionError_(f.PROTOCOL_ERROR, "DATA on an idle stream")
+            return  # a stream we reset or finished: ignored (§5.1), the window kept
+        stream.recv_window -= size
+        if stream.recv_window < 0:
+            self._reset(sid, f.FLOW_CONTROL_ERROR)
+            events.append(Reset(sid, f.FLOW_CONTROL_ERROR))
+            return
+        ended = bool(flags & f.END_STREAM)
+        if not ended and stream.recv_window < self._initial_recv // 2:
+            self._out += f.window_update(sid, self._initial_recv - stream.recv_window)
+            stream.recv_window = self._initial_recv
+        data = self._unpad(flags, payload)
+        if ended:
+            self._remote_close(sid, stream)
+        events.append(Data(sid, data, ended))
+
+    def _headers(self, flags: int, sid: int, payload: bytes, events: list) -> None:
+        if not sid:
+            raise ConnectionError_(f.PROTOCOL_ERROR, "HEADERS on stream 0")
+        payload = self._unpad(flags, payload)
+        if flags & f.PRIORITY_FLAG:
+            payload = payload[5:]
+        if flags & f.END_HEADERS:
+            self._header_block(sid, flags, payload, events)
+        else:
+            self._block = (sid, flags, bytearray(payload))
+
+    def _header_block(self, sid: int, flags: int, block: bytes, events: list) -> None:
+        try:  # decoded even for a stream refused below: HPACK state is the connection's
+            headers = self._decoder.decode(block, raw=True)
+        except hpack.HPACKError as exc:
+            raise ConnectionError_(f.COMPRESSION_ERROR, f"header block: {exc}") from exc
+        ended = bool(flags & f.END_STREAM)
+        stream = self._streams.get(sid)
+        if stream is not None:  # trailers
+            if not ended:
+                raise ConnectionError_(f.PROTOCOL_ERROR, "trailers without END_STREAM")
+            if not stream.remote_closed:
+                self._remote_close(sid, stream)
+                events.append(Data(sid, b"", True))
+            return
+        if sid % 2 == 0 or sid <= self._last_stream:
+            raise ConnectionError_(f.PROTOCOL_ERROR, f"stream {sid} cannot be opened")
+        self._last_stream = sid
+        if self._goaway_at is not None or len(self._streams) >= self._max_streams:
+            self._out += f.rst_stream(sid, f.REFUSED_STREAM)
+            return
+        stream = _Stream(self._peer_initial, self._initial_recv)
+        self._streams[sid] = stream
+        if ended:
+            stream.remote_closed = True
+        events.append(Request(sid, headers, ended))
+
+    def _settings(self, flags: int, sid: int, payload: bytes) -> None:
+        if sid:
+            raise ConnectionError_(f.PROTOCOL_ERROR, "SETTINGS on a stream")
+        if flags & f.ACK:
+            if payload:
+                raise ConnectionError_(f.FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
+            return
+        if len(payload) % 6:
+            raise ConnectionError_(f.FRAME_SIZE_ERROR, "SETTINGS of a partial entry")
+        for at in range(0, len(payload), 6):
+            key, value = _PAIR.unpack_from(payload, at)
+            if key == f.INITIAL_WINDOW_SIZE:
+                if value > f.MAX_WINDOW:
+                    raise ConnectionError_(f.FLOW_CONTROL_ERROR, "initial window too large")
+                delta, self._peer_initial = value - self._peer_initial, value
+                for stream in self._streams.values():
+                    stream.send_window += delta
+            elif key == f.MAX_FRAME_SIZE:
+                if not f.DEFAULT_FRAME_SIZE <= value <= f.MAX_FRAME_SIZE_LIMIT:
+                    raise ConnectionError_(f.PROTOCOL_ERROR, "max frame size out of range")
+                self._peer_frame = value
+            elif key == f.HEADER_TABLE_SIZE:
+                self._size_update_due = True
+        self._out += f.frame(f.SETTINGS, f.ACK, 0)
+        self._flush_blocked()
+
+    def _window_update(self, sid: int, payload: bytes) -> None:
+        if len(payload) != 4:
+            raise ConnectionError_(f.FRAME_SIZE_ERROR, "WINDOW_UPDATE of a wrong size")
+        increment = _U32.unpack(payload)[0] & 0x7FFFFFFF
+        if not sid:
+            if not increment:
+                raise ConnectionError_(f.PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
+            self._conn_send += increment
+            if self._conn_send > f.MAX_WINDOW:
+                raise ConnectionError_(f.FLOW_CONTROL_ERROR, "connection window overflow")
+        else:
+            stream = self._streams.get(sid)
+            if stream is None:
+                return
+            stream.send_window += increment
+            if not increment or stream.send_window > f.MAX_WINDOW:
+                self._reset(sid, f.PROTOCOL_ERROR if not increment else f.FLOW_CONTROL_ERROR)
+                return
+        self._flush_blocked()
+
+    def _remote_close(self, sid: int, stream: _Stream) -> None:
+        stream.remote_closed = True
+        if stream.local_closed:
+            self._forget(sid)
+
+    def _forget(self, sid: int) -> bool:
+        self._blocked.discard(sid)
+        return self._streams.pop(sid, None) is not None
+
+    # ---- sending ---------------------------------------------------------------------------
+
+    def send_headers(self, sid: int, fields: bytes, end_stream: bool = False) -> None:
+        """Send a header block (``fields``: encoded by ``frames``, without the table)."""
+        stream = self._streams.get(sid)
+        if stream is None or stream.local_closed:
+            return  # reset meanwhile: nothing more to say on it
+        if stream.pending:
+            stream.pending.append((fields, True, end_stream))
+            if end_stream:
+                stream.local_closed = True
+            return
+        self._emit_headers(sid, fields, end_stream)
+        if end_stream:
+            self._local_close(sid, stream)
+
+    def _emit_headers(self, sid: int, fields: bytes, end_stream: bool) -> None:
+        if self._size_update_due:
+            fields, self._size_update_due = f.TABLE_SIZE_ZERO + fields, False
+        limit = self._peer_frame
+        flags = f.END_STREAM if end_stream else 0
+        if len(fields) <= limit:
+            self._out += f.frame(f.HEADERS, flags | f.END_HEADERS, sid, fields)
+            return
+        self._out += f.frame(f.HEADERS, flags, sid, fields[:limit])
+        for at in range(limit, len(fields), limit):
+            last = at + limit >= len(fields)
+            self._out += f.frame(f.CONTINUATION, f.END_HEADERS if last else 0, sid,
+                                 fields[at:at + limit])
+
+    def send_data(self, sid: int, data: bytes, end_stream: bool = False) -> None:
+        """Send ``data`` on a stream as its send windows allow; the rest waits for them."""
+        stream = self._streams.get(sid)
+        if stream is None or stream.local_closed:
+            return
+        if end_stream:
+            stream.local_closed = True
+        if stream.pending:
+            stream.pending.append((data, False, end_stream))
+            return
+        rest = self._emit_data(sid, stream, data, end_stream)
+        if rest is not None:
+            stream.pending.append((rest, False, end_stream))
+            self._blocked.add(sid)
+        elif end_stream:
+            self._local_close(sid, stream)
+
+    def _emit_data(self, sid: int, stream: _Stream, data: bytes, end: bool) -> bytes | None:
+        """Send what the windows allow; the unsent rest, or None when all went."""
+        at, size = 0, len(data)
+        while True:
+            n = min(size - at, stream.send_window, self._conn_send, self._peer_frame)
+            if n <= 0 and size - at > 0:
+                return data[at:]
+            last = at + n >= size
+            self._out += f.frame(f.DATA, f.END_STREAM if end and last else 0, sid,
+                                 data[at:at + n])
+            stream.send_window -= n
+            self._conn_send -= n
+            at += n
+            if last:
+                return None
+
+    def _flush_blocked(self) -> None:
+        for sid in list(self._blocked):
+            stream = self._streams.get(sid)
+            if stream is None:
+                self._blocked.discard(sid)
+                continue
+            while stream.pending:
+                payload, is_headers, end = stream.pending[0]
+                if is_headers:
+                    self._emit_headers(sid, payload, end)
+                    stream.pending.popleft()
+                    continue
+                rest = self._emit_data(sid, stream, payload, end)
+                if rest is not None:
+                    stream.pending[0] = (rest, False, end)
+                    break
+                stream.pending.popleft()
+            if not stream.pending:
+                self._blocked.discard(sid)
+                if stream.local_closed:
+                    self._local_close(sid, stream)
+
+    def _local_close(self, sid: int, stream: _Stream) -> None:
+        stream.local_closed = True
+        if stream.remote_closed:
+            self._forget(sid)
+
+    def reset(self, sid: int, code: int = f.CANCEL) -> None:
+        """Reset a stream (RST_STREAM); its pending output is dropped."""
+        if sid in self._streams:
+            self._reset(sid, code)
+
+    def _reset(self, sid: int, code: int) -> None:
+        self._forget(sid)
+        self._out += f.rst_stream(sid, code)
+
+    def finish(self, sid: int) -> None:
+        """Our side is done: a peer still sending is asked to stop (RST_STREAM NO_ERROR,
+        §8.1), once what is pending has gone."""
+        stream = self._streams.get(sid)
+        if stream is not None and not stream.remote_closed and not stream.pending:
+            self._reset(sid, f.NO_ERROR)
+
+    def goaway(self, code: int = f.NO_ERROR) -> None:
+        """Say no new stream will be served (graceful: the open ones continue)."""
+        if self._goaway_at is None and not self.closed:
+            self._goaway_at = self._last_stream
+            self._out += f.goaway(self._last_stream, code)
