@@ -190,6 +190,9 @@ async def test_quick_flip_finishes_the_unload_before_the_new_pod(cluster: Cluste
     sim = await sims()
     await cluster.wait_phase("judge", "Ready")
     await cluster.scale("judge", 0)
+    # Back to 1 once the unload has begun: the simulator reconciles levels, so a flip it
+    # only sees the end of (both writes before its next pass, as under load) is no flip.
+    await eventually(lambda: _has(sim, "judge", "pod_terminating"), what="the unload to begin")
     await cluster.scale("judge", 1)
     await eventually(lambda: _ready_count(cluster, sim, "judge", 2), what="judge Ready again")
     pods = [e for e in sim.timeline.of("judge") if e.event in ("pod_created", "pod_deleted")]
