@@ -9,10 +9,10 @@ thread in ``/proc/<pid>/task/*/status``: gRPC's poller and event-engine threads 
 are read; the figures are per 1,000 requests and per request.
 
 A variant is a processing mode (``two``: headers then body; ``one``: the body alone, as the
-shipped standalone Envoy sends a POST with a body), a transport from Envoy to the ext_proc
-(TCP loopback or a Unix domain socket) and a change to the service applied by
-``bench.variant`` (a gRPC server option) or by the environment (``env:NAME=VALUE``), on the
-event loop the variant names (asyncio's unless it says uvloop).
+shipped standalone Envoy sends a POST with a body), the gRPC server (``native``, the service's
+own HTTP/2 on the event loop, or ``grpcio``), a transport from Envoy to the ext_proc (TCP
+loopback or a Unix domain socket), the event loop, and changes made through the environment
+(``env:NAME=VALUE``, such as ``GRPC_POLL_STRATEGY`` for grpcio).
 """
 
 from __future__ import annotations
@@ -36,26 +36,24 @@ MEMBER = overhead.MEMBER
 
 @dataclass(frozen=True)
 class Variant:
-    """One way of running the service: mode, transport, changes (see the module docstring)."""
+    """One way of running the service: mode, server, transport, loop, environment."""
 
     name: str
     mode: str = "one"  # "one" or "two" messages each way
+    server: str = "native"  # the service's --grpc-server
     transport: str = "tcp"  # "tcp" or "unix"
-    changes: str = ""  # bench.variant's changes, and env:NAME=VALUE items
-    loop: str = "asyncio"  # the service's --event-loop (its default is uvloop since this part)
+    changes: str = ""  # env:NAME=VALUE items
+    loop: str = "uvloop"  # the service's --event-loop
 
 
 VARIANTS = (
+    Variant("grpcio, two messages", mode="two", server="grpcio"),
+    Variant("grpcio, one message", server="grpcio"),
+    Variant("grpcio + unix socket", server="grpcio", transport="unix"),
     Variant("two messages", mode="two"),
     Variant("one message"),
-    Variant("one + uvloop", loop="uvloop"),
+    Variant("one + asyncio loop", loop="asyncio"),
     Variant("one + unix socket", transport="unix"),
-    Variant("one + uvloop + unix", transport="unix", loop="uvloop"),
-    Variant("one + optimization_target=latency",
-            changes="grpc:grpc.optimization_target=latency"),
-    Variant("one + optimization_target=throughput",
-            changes="grpc:grpc.optimization_target=throughput"),
-    Variant("one + GRPC_POLL_STRATEGY=poll", changes="env:GRPC_POLL_STRATEGY=poll"),
 )
 
 
@@ -105,16 +103,15 @@ class Running(Measured):
         if variant.transport == "unix":
             listen = f"unix:{self.socket}"
         env = dict(os.environ)
-        changes = [c for c in variant.changes.split(",") if c and not c.startswith("env:")]
-        for item in variant.changes.split(","):
-            if item.startswith("env:"):
-                key, _, value = item[4:].partition("=")
-                env[key] = value
-        env["MODELPOOL_BENCH_VARIANT"] = ",".join(changes)
+        for item in filter(None, variant.changes.split(",")):
+            if not item.startswith("env:"):
+                raise SystemExit(f"bench: variant {variant.name!r}: unknown change {item!r}")
+            key, _, value = item[4:].partition("=")
+            env[key] = value
         self.extproc = ManagedProcess(
-            [sys.executable, "-m", "bench.variant", "serve", "--listen", listen,
+            [sys.executable, "-m", "extproc", "serve", "--listen", listen,
              "--metrics-listen", f"{LOCALHOST}:{metrics_port}", "--pools-file", pools,
-             "--event-loop", variant.loop],
+             "--event-loop", variant.loop, "--grpc-server", variant.server],
             self.dir / "extproc.log", env=env, cwd=PROJECT_ROOT).start()
         wait_for_http(f"http://{LOCALHOST}:{metrics_port}/healthz", timeout=30)
         self.envoy = envoycfg.bench_envoy(self.dir / "envoy", port, members)

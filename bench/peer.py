@@ -36,8 +36,8 @@ PEER_ENV = "MODELPOOL_BENCH_PEER"
 MEMBER = overhead.MEMBER
 #: The model name in tools.BODY, which the peer copies into its routing header.
 MODEL = "judge"
-OURS_SHIPPED = handoffs.Variant("ours, one message (shipped)", loop="uvloop")
-OURS_TWO = handoffs.Variant("ours, two messages", mode="two", loop="uvloop")
+OURS_SHIPPED = handoffs.Variant("ours, one message (shipped)")
+OURS_TWO = handoffs.Variant("ours, two messages", mode="two")
 PEER_NAME = "peer, two messages"
 
 

@@ -2,36 +2,55 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from devstack.procs import PROJECT_ROOT
+
 BODY = (b'{"model":"judge","messages":[{"role":"user","content":"Say hello in one word."}],'
         b'"max_tokens":4}')
 _PACKAGES = {"wrk": "wrk", "h2load": "nghttp2-client"}
+# Their shared libraries a Debian 12 base may lack (libssl and libc are there).
+_LIBRARIES = ("libluajit-5.1-2", "libnghttp2-14", "libev4", "libjemalloc2", "libc-ares2")
+_ROOT = PROJECT_ROOT / ".tools" / "bench"
+_LIB = _ROOT / "usr" / "lib" / "x86_64-linux-gnu"
 
 
 def ensure_tools() -> dict[str, str]:
-    """Install wrk and h2load with apt-get if missing; return each tool's version line."""
-    missing = [pkg for tool, pkg in _PACKAGES.items() if shutil.which(tool) is None]
-    if missing:
-        # Debian packages; the image runs the benchmark as root.
-        subprocess.run(["apt-get", "install", "-y", "-q", *missing], check=False,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        if any(shutil.which(t) is None for t in _PACKAGES):
-            subprocess.run(["apt-get", "update", "-q"], check=False, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.STDOUT)
-            subprocess.run(["apt-get", "install", "-y", "-q", *missing], check=False,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    """Make wrk and h2load runnable (Debian's packages unpacked into ``.tools/bench`` when
+    the machine lacks them: no root, nothing installed on the system); their versions."""
+    if any(shutil.which(tool) is None for tool in _PACKAGES):
+        _unpack_packages()
+        os.environ["PATH"] = f"{_ROOT / 'usr' / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
+        os.environ["LD_LIBRARY_PATH"] = os.pathsep.join(
+            filter(None, (str(_LIB), os.environ.get("LD_LIBRARY_PATH"))))
     lost = [t for t in _PACKAGES if shutil.which(t) is None]
     if lost:
-        raise SystemExit(f"bench: could not install {', '.join(lost)} with apt-get")
+        raise SystemExit(f"bench: {', '.join(lost)} not found, and not in Debian's packages")
     wrk = subprocess.run(["wrk", "-v"], capture_output=True, text=True)
     h2 = subprocess.run(["h2load", "--version"], capture_output=True, text=True)
+    if "error while loading shared libraries" in wrk.stderr + h2.stderr:
+        raise SystemExit(f"bench: wrk or h2load cannot start: {wrk.stderr}{h2.stderr}")
     return {"wrk": (wrk.stdout + wrk.stderr).splitlines()[0].strip(),
             "h2load": h2.stdout.strip().splitlines()[0]}
+
+
+def _unpack_packages() -> None:
+    """``apt-get download`` (a user's command: no root) and ``dpkg -x`` into ``.tools``."""
+    if (_ROOT / "usr" / "bin" / "wrk").exists() and (_ROOT / "usr" / "bin" / "h2load").exists():
+        return
+    debs = _ROOT.parent / "bench-debs"
+    debs.mkdir(parents=True, exist_ok=True)
+    fetched = subprocess.run(["apt-get", "download", *_PACKAGES.values(), *_LIBRARIES],
+                             cwd=debs, capture_output=True, text=True)
+    if fetched.returncode:
+        raise SystemExit(f"bench: apt-get download failed: {fetched.stderr.strip()[-500:]}")
+    for deb in sorted(debs.glob("*.deb")):
+        subprocess.run(["dpkg", "-x", str(deb), str(_ROOT)], check=True)
 
 
 def wrk_script(workdir: Path, body: bytes = BODY, name: str = "post.lua") -> Path:

@@ -136,8 +136,10 @@ def helm_values(routes: list[MemberRoute]) -> dict[str, Any]:
 
 
 def envoy_clusters(routes: list[MemberRoute]) -> list[dict[str, Any]]:
-    """Standalone Envoy clusters, named by routing-header value, resolved by cluster DNS."""
-    return [{"name": r.value, "type": "STRICT_DNS", "connect_timeout": "2s",
+    """Standalone Envoy clusters, named by routing-header value, resolved by cluster DNS
+    (connect timeout 5 s: a release's burst of connections may overflow a member's accept
+    queue, and the resent SYNs come after 1 s and 3 s)."""
+    return [{"name": r.value, "type": "STRICT_DNS", "connect_timeout": "5s",
              "circuit_breakers": {"thresholds": [dict(_BREAKER)]},
              "load_assignment": {"cluster_name": r.value, "endpoints": [{"lb_endpoints": [{
                  "endpoint": {"address": {"socket_address": {
