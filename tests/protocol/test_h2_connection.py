@@ -571,3 +571,48 @@ def test_the_table_size_update_precedes_the_first_block_and_follows_a_change() -
     server.send_headers(5, HEAD)
     blocks = [p for k, _fl, _s, p in frames_of(server.data_to_send()) if k == f.HEADERS]
     assert blocks == [f.TABLE_SIZE_ZERO + HEAD]
+
+
+# ---- faults found (each test failed before its fix) ------------------------------------------
+
+
+def drain_to_trailers(pair: Pair, sid: int) -> bytes:
+    """Acknowledge what arrives on ``sid`` until its trailers come (bounded); the data."""
+    got = b""
+    for _ in range(200):
+        got += pair.received(sid)
+        if any(isinstance(e, ev.TrailersReceived) for e in pair.client_events):
+            return got
+        pair.pump()
+    raise AssertionError(f"no trailers; {len(got)} bytes of data")
+
+
+def test_output_waiting_on_the_window_survives_the_peer_ending_its_side() -> None:
+    pair = Pair({S.INITIAL_WINDOW_SIZE: 10})
+    sid = pair.open()
+    body = bytes(range(100))
+    pair.server.send_headers(sid, HEAD)
+    pair.server.send_data(sid, body)
+    pair.server.send_headers(sid, TRAILERS, end_stream=True)
+    pair.pump()
+    pair.client.end_stream(sid)  # the peer ends while the reply still waits for its window
+    pair.pump()
+    assert pair.server_events[-1] == Data(sid, b"", True)
+    assert drain_to_trailers(pair, sid) == body
+    assert pair.server.open_streams == 0
+
+
+def test_output_ended_by_data_survives_the_peer_ending_its_side() -> None:
+    pair = Pair({S.INITIAL_WINDOW_SIZE: 10})
+    sid = pair.open()
+    pair.server.send_headers(sid, HEAD)
+    pair.server.send_data(sid, b"x" * 50, end_stream=True)
+    pair.pump()
+    pair.client.end_stream(sid)
+    pair.pump()
+    got = b""
+    for _ in range(20):
+        got += pair.received(sid)
+        pair.pump()
+    assert got == b"x" * 50 and pair.take(ev.StreamEnded)
+    assert pair.server.open_streams == 0

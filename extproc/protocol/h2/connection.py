@@ -314,7 +314,7 @@ class ServerConnection:
 
     def _remote_close(self, sid: int, stream: _Stream) -> None:
         stream.remote_closed = True
-        if stream.local_closed:
+        if stream.local_closed and not stream.pending:  # else the rest still goes out
             self._forget(sid)
 
     def _forget(self, sid: int) -> bool:
