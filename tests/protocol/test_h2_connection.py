@@ -616,3 +616,15 @@ def test_output_ended_by_data_survives_the_peer_ending_its_side() -> None:
         pair.pump()
     assert got == b"x" * 50 and pair.take(ev.StreamEnded)
     assert pair.server.open_streams == 0
+
+
+@pytest.mark.parametrize("increment,code", [(0, f.PROTOCOL_ERROR),
+                                            (2**31 - 1, f.FLOW_CONTROL_ERROR)])
+def test_a_stream_reset_over_its_window_update_is_reported(increment: int, code: int) -> None:
+    server = raw_server()
+    server.receive(headers_frame(1, end=False))
+    events = server.receive(f.window_update(1, increment))
+    assert events == [Reset(1, code)]  # else the handler would wait for a stream now gone
+    assert (f.RST_STREAM, 1, struct.pack(">I", code)) in \
+        [(k, s, p) for k, _fl, s, p in frames_of(server.data_to_send())]
+    assert server.open_streams == 0

@@ -172,7 +172,7 @@ class ServerConnection:
         elif kind == f.SETTINGS:
             self._settings(flags, sid, payload)
         elif kind == f.WINDOW_UPDATE:
-            self._window_update(sid, payload)
+            self._window_update(sid, payload, events)
         elif kind == f.PING:
             if sid or len(payload) != 8:
                 raise ConnectionError_(f.PROTOCOL_ERROR, "malformed PING")
@@ -292,7 +292,7 @@ class ServerConnection:
         self._out += f.frame(f.SETTINGS, f.ACK, 0)
         self._flush_blocked()
 
-    def _window_update(self, sid: int, payload: bytes) -> None:
+    def _window_update(self, sid: int, payload: bytes, events: list) -> None:
         if len(payload) != 4:
             raise ConnectionError_(f.FRAME_SIZE_ERROR, "WINDOW_UPDATE of a wrong size")
         increment = _U32.unpack(payload)[0] & 0x7FFFFFFF
@@ -308,7 +308,9 @@ class ServerConnection:
                 return
             stream.send_window += increment
             if not increment or stream.send_window > f.MAX_WINDOW:
-                self._reset(sid, f.PROTOCOL_ERROR if not increment else f.FLOW_CONTROL_ERROR)
+                code = f.PROTOCOL_ERROR if not increment else f.FLOW_CONTROL_ERROR
+                self._reset(sid, code)
+                events.append(Reset(sid, code))  # its handler must stop waiting on it
                 return
         self._flush_blocked()
 
