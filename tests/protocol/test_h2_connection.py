@@ -512,7 +512,8 @@ def test_hpack_state_is_kept_across_refused_streams() -> None:
 def test_even_or_decreasing_stream_ids_are_protocol_errors(first: int, second: int) -> None:
     server = raw_server()
     server.receive(headers_frame(first))
-    events = server.receive(headers_frame(second))
+    # without END_STREAM: a lower id so ended could be a reset stream's trailers (ignored)
+    events = server.receive(headers_frame(second, end=False))
     assert [type(e) for e in events] == [Closed] and events[0].code == f.PROTOCOL_ERROR
     assert goaway_code(server.data_to_send()) == f.PROTOCOL_ERROR
 
@@ -628,3 +629,21 @@ def test_a_stream_reset_over_its_window_update_is_reported(increment: int, code:
     assert (f.RST_STREAM, 1, struct.pack(">I", code)) in \
         [(k, s, p) for k, _fl, s, p in frames_of(server.data_to_send())]
     assert server.open_streams == 0
+
+
+def test_trailers_on_a_stream_the_server_reset_are_ignored() -> None:
+    server = raw_server(max_concurrent_streams=1)
+    encoder = hpack.Encoder()  # the peer's: its table must stay in step with our decoder
+    server.receive(f.frame(f.HEADERS, f.END_HEADERS, 1, encoder.encode(REQUEST)))
+    server.reset(1)
+    trailers = encoder.encode([(b"x-trailer", b"late")])
+    assert server.receive(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1, trailers)) == []
+    server.receive(f.frame(f.HEADERS, f.END_HEADERS, 3, encoder.encode(REQUEST)))
+    server.receive(f.frame(f.HEADERS, f.END_HEADERS, 5, encoder.encode(REQUEST)))  # refused
+    events = server.receive(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 5,
+                                    encoder.encode([(b"x-trailer", b"late")])))
+    assert events == [] and not server.closed  # the connection (Envoy's streams) lives on
+    server.receive(f.rst_stream(3, f.CANCEL))
+    fields = REQUEST + [(b"x-trailer", b"late")]
+    events = server.receive(f.frame(f.HEADERS, f.END_HEADERS, 7, encoder.encode(fields)))
+    assert events == [Request(7, fields, False)]

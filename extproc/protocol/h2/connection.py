@@ -254,6 +254,11 @@ class ServerConnection:
                 self._remote_close(sid, stream)
                 events.append(Data(sid, b"", True))
             return
+        if sid <= self._last_stream and sid % 2 and ended:
+            # Trailers of a stream we reset, refused or finished: the peer may have sent them
+            # before it saw that (RFC 9113 §5.1, "closed"), so they are ignored as its DATA
+            # is; a connection error would end every other stream of the connection.
+            return
         if sid % 2 == 0 or sid <= self._last_stream:
             raise ConnectionError_(f.PROTOCOL_ERROR, f"stream {sid} cannot be opened")
         self._last_stream = sid
