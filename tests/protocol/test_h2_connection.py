@@ -647,3 +647,17 @@ def test_trailers_on_a_stream_the_server_reset_are_ignored() -> None:
     fields = REQUEST + [(b"x-trailer", b"late")]
     events = server.receive(f.frame(f.HEADERS, f.END_HEADERS, 7, encoder.encode(fields)))
     assert events == [Request(7, fields, False)]
+
+
+def test_a_continuation_flood_is_cut() -> None:
+    limit = 1 << 14
+    server = raw_server(max_header_list_size=limit)
+    fragment = b"\x00" * f.DEFAULT_FRAME_SIZE
+    events = server.receive(f.frame(f.HEADERS, 0, 1, fragment))
+    fed = len(fragment)
+    while not events and fed < 1000 * limit:
+        events = server.receive(f.frame(f.CONTINUATION, 0, 1, fragment))
+        fed += len(fragment)
+    assert [type(e) for e in events] == [Closed]
+    assert fed <= 4 * limit  # the block was not kept growing
+    assert goaway_code(server.data_to_send()) is not None

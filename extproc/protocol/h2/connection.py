@@ -84,6 +84,10 @@ class ServerConnection:
         self._preface = False
         self._out = bytearray()
         self._decoder = hpack.Decoder(max_header_list_size)
+        # An encoded block is no longer than the list it decodes to (each field counts 32
+        # bytes more there); twice that leaves room for odd encoders. Without a bound, a peer
+        # sending CONTINUATION frames without END_HEADERS grows the block for ever.
+        self._max_block = 2 * max_header_list_size
         self._max_streams = max_concurrent_streams
         self._initial_recv = initial_window
         self._max_frame = max_frame_size
@@ -165,6 +169,9 @@ class ServerConnection:
             if self._block is None:
                 raise ConnectionError_(f.PROTOCOL_ERROR, "CONTINUATION without HEADERS")
             self._block[2].extend(payload)
+            if len(self._block[2]) > self._max_block:
+                raise ConnectionError_(f.PROTOCOL_ERROR,
+                                       f"header block over {self._max_block} bytes")
             if flags & f.END_HEADERS:
                 block_sid, block_flags, fragments = self._block
                 self._block = None
