@@ -661,3 +661,18 @@ def test_a_continuation_flood_is_cut() -> None:
     assert [type(e) for e in events] == [Closed]
     assert fed <= 4 * limit  # the block was not kept growing
     assert goaway_code(server.data_to_send()) is not None
+
+
+def test_finish_waits_for_pending_output_then_stops_the_peer() -> None:
+    pair = Pair({S.INITIAL_WINDOW_SIZE: 10})
+    sid = pair.open()
+    pair.server.send_headers(sid, HEAD)
+    pair.server.send_data(sid, b"y" * 100)
+    pair.server.send_headers(sid, TRAILERS, end_stream=True)
+    pair.server.finish(sid)  # the peer is still sending; the reply still waits
+    pair.pump()
+    assert not pair.take(ev.StreamReset)
+    assert drain_to_trailers(pair, sid) == b"y" * 100
+    pair.pump()
+    assert [e.error_code for e in pair.take(ev.StreamReset)] == [f.NO_ERROR]
+    assert pair.server.open_streams == 0

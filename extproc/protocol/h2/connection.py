@@ -64,7 +64,8 @@ class ConnectionError_(Exception):
 
 
 class _Stream:
-    __slots__ = ("send_window", "recv_window", "pending", "remote_closed", "local_closed")
+    __slots__ = ("send_window", "recv_window", "pending", "remote_closed", "local_closed",
+                 "finishing")
 
     def __init__(self, send_window: int, recv_window: int) -> None:
         self.send_window = send_window
@@ -72,6 +73,7 @@ class _Stream:
         self.pending: deque[tuple[bytes, bool, bool]] = deque()  # (payload, is_headers, end)
         self.remote_closed = False
         self.local_closed = False
+        self.finishing = False  # finish() came while output was pending: reset once it went
 
 
 class ServerConnection:
@@ -417,7 +419,9 @@ class ServerConnection:
                 stream.pending.popleft()
             if not stream.pending:
                 self._blocked.discard(sid)
-                if stream.local_closed:
+                if stream.finishing and not stream.remote_closed:
+                    self._reset(sid, f.NO_ERROR)
+                elif stream.local_closed:
                     self._local_close(sid, stream)
 
     def _local_close(self, sid: int, stream: _Stream) -> None:
@@ -438,8 +442,11 @@ class ServerConnection:
         """Our side is done: a peer still sending is asked to stop (RST_STREAM NO_ERROR,
         §8.1), once what is pending has gone."""
         stream = self._streams.get(sid)
-        if stream is not None and not stream.remote_closed and not stream.pending:
-            self._reset(sid, f.NO_ERROR)
+        if stream is not None and not stream.remote_closed:
+            if stream.pending:
+                stream.finishing = True  # else the stream stays while the peer keeps it open
+            else:
+                self._reset(sid, f.NO_ERROR)
 
     def goaway(self, code: int = f.NO_ERROR) -> None:
         """Say no new stream will be served (graceful: the open ones continue)."""
