@@ -1,0 +1,530 @@
+"""Our gRPC server (extproc/protocol/h2/server.py) on loopback: a real grpcio aio client, and
+raw sockets speaking HTTP/2 through the independent ``h2`` library where a test needs frames
+a gRPC client would not send."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import grpc
+import h2.config
+import h2.connection
+import h2.events as ev
+import hpack
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+
+from extproc.protocol.h2 import frames as f
+from extproc.protocol.h2.server import Server
+
+WAIT = 10  # seconds: a bound on every wait, never a measured time
+
+REQUEST = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/t.S/Hang"),
+           (b":authority", b"test"), (b"content-type", b"application/grpc"),
+           (b"te", b"trailers")]
+
+
+@dataclass
+class State:
+    """What the handlers saw."""
+
+    started: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: list[str] = field(default_factory=list)
+    finally_ran: list[str] = field(default_factory=list)
+    done_callbacks: list[str] = field(default_factory=list)
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    received: list[int] = field(default_factory=list)
+
+
+def handlers(state: State) -> grpc.GenericRpcHandler:
+    """The test service ``t.S``: bytes in, bytes out (no serializers)."""
+
+    async def echo(request: bytes, context: Any) -> bytes:
+        return request
+
+    async def length(request: bytes, context: Any) -> bytes:
+        state.received.append(len(request))
+        return hashlib.sha256(request).hexdigest().encode()
+
+    async def big(request: bytes, context: Any) -> bytes:
+        return bytes(range(256)) * (int(request) // 256)
+
+    async def chunks(request: bytes, context: Any) -> AsyncIterator[bytes]:
+        for i in range(int(request)):
+            yield b"%d" % i
+
+    async def bidi(requests: Any, context: Any) -> AsyncIterator[bytes]:
+        async for message in requests:
+            yield message.upper()
+
+    async def abort(request: bytes, context: Any) -> bytes:
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, request.decode())
+        raise AssertionError("abort returned")
+
+    async def fail(request: bytes, context: Any) -> bytes:
+        raise ValueError("boom")
+
+    async def self_cancel(request: bytes, context: Any) -> bytes:
+        raise asyncio.CancelledError
+
+    async def hang(request: bytes, context: Any) -> bytes:
+        name = request.decode() or "hang"
+        context.add_done_callback(lambda _ctx: state.done_callbacks.append(name))
+        state.started.put_nowait(name)
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            state.cancelled.append(name)
+            raise
+        finally:
+            state.finally_ran.append(name)
+        return b""
+
+    async def slow(request: bytes, context: Any) -> bytes:
+        state.started.put_nowait("slow")
+        await state.release.wait()
+        return b"slow done"
+
+    unary = grpc.unary_unary_rpc_method_handler
+    return grpc.method_handlers_generic_handler("t.S", {
+        "Echo": unary(echo), "Len": unary(length), "Big": unary(big),
+        "Abort": unary(abort), "Fail": unary(fail), "SelfCancel": unary(self_cancel),
+        "Hang": unary(hang), "Slow": unary(slow),
+        "Chunks": grpc.unary_stream_rpc_method_handler(chunks),
+        "Bidi": grpc.stream_stream_rpc_method_handler(bidi),
+    })
+
+
+@dataclass
+class Served:
+    """A started server, where it listens, and its handlers' state."""
+
+    server: Server
+    target: str
+    port: int
+    state: State
+    health: health_aio.HealthServicer
+
+    def channel(self, **options: int) -> grpc.aio.Channel:
+        """A grpcio client channel to the server."""
+        return grpc.aio.insecure_channel(self.target, options=list(options.items()))
+
+    def open_calls(self) -> int:
+        """Calls and streams the server still keeps, over all its connections."""
+        return sum(len(p.calls) + p.conn.open_streams for p in self.server.connections)
+
+
+Factory = Callable[..., Awaitable[Served]]
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Factory]:
+    """Start servers (stopped at the end of the test)."""
+    started: list[Server] = []
+
+    async def start(listen: str = "127.0.0.1:0", **kw: int) -> Served:
+        kw.setdefault("max_message", 64 << 20)
+        server = Server(**kw)
+        state = State()
+        server.add_generic_rpc_handlers((handlers(state),))
+        health = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        port = await server.start(listen)
+        started.append(server)
+        target = listen if listen.startswith("unix:") else f"127.0.0.1:{port}"
+        return Served(server, target, port, state, health)
+
+    yield start
+    for server in started:
+        await asyncio.wait_for(server.stop(0), WAIT)
+
+
+async def settle(predicate: Callable[[], bool]) -> bool:
+    """Wait (bounded) until ``predicate()`` holds."""
+    for _ in range(WAIT * 100):
+        if predicate():
+            return True
+        await asyncio.sleep(0.01)
+    return predicate()
+
+
+def method(channel: grpc.aio.Channel, name: str, kind: str = "unary_unary") -> Any:
+    """A bytes-in, bytes-out client stub for ``/t.S/name``."""
+    return getattr(channel, kind)(f"/t.S/{name}")
+
+
+# ---- calls through a grpcio client -----------------------------------------------------------
+
+
+async def test_unary_server_streaming_and_bidi_calls(serve: Factory) -> None:
+    served = await serve()
+    async with served.channel() as channel:
+        assert await method(channel, "Echo")(b"hello", timeout=WAIT) == b"hello"
+        assert await method(channel, "Echo")(b"", timeout=WAIT) == b""
+        got = [m async for m in method(channel, "Chunks", "unary_stream")(b"100", timeout=WAIT)]
+        assert got == [b"%d" % i for i in range(100)]
+        call = method(channel, "Bidi", "stream_stream")(timeout=WAIT)
+        for word in (b"a", b"bc", b"def"):
+            await call.write(word)
+            assert await call.read() == word.upper()
+        await call.done_writing()
+        assert await call.read() is grpc.aio.EOF
+        assert await call.code() == grpc.StatusCode.OK
+    assert await settle(lambda: served.open_calls() == 0)
+
+
+async def test_calls_over_a_unix_socket(serve: Factory, tmp_path: Path) -> None:
+    served = await serve(f"unix:{tmp_path / 'grpc.sock'}")
+    assert served.port == 0
+    async with served.channel() as channel:
+        assert await method(channel, "Echo")(b"over unix", timeout=WAIT) == b"over unix"
+
+
+async def test_a_40_mb_request_reaches_its_handler(serve: Factory) -> None:
+    served = await serve()
+    body = bytes(range(256)) * (40 * 4096)  # 40 MiB: past the 16 MiB connection window
+    async with served.channel() as channel:
+        digest = await method(channel, "Len")(body, timeout=60)
+    assert digest == hashlib.sha256(body).hexdigest().encode()
+    assert served.state.received == [len(body)]
+
+
+async def test_a_reply_larger_than_the_client_windows_arrives_whole(serve: Factory) -> None:
+    served = await serve()
+    size = 20 << 20
+    async with served.channel(**{"grpc.max_receive_message_length": 32 << 20}) as channel:
+        reply = await method(channel, "Big")(b"%d" % size, timeout=60)
+        assert reply == bytes(range(256)) * (size // 256)
+        # the connection still serves calls after it
+        assert await method(channel, "Echo")(b"after", timeout=WAIT) == b"after"
+
+
+async def test_many_concurrent_calls_on_one_connection(serve: Factory) -> None:
+    served = await serve()
+    async with served.channel() as channel:
+        echo = method(channel, "Echo")
+        replies = await asyncio.gather(*(echo(b"m%d" % i * 1000, timeout=WAIT)
+                                         for i in range(200)))
+    assert replies == [b"m%d" % i * 1000 for i in range(200)]
+    assert await settle(lambda: served.open_calls() == 0)
+
+
+async def test_an_unknown_method_is_unimplemented(serve: Factory) -> None:
+    served = await serve()
+    async with served.channel() as channel:
+        for name in ("/t.S/Nope", "/other.Service/Echo", "/"):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await channel.unary_unary(name)(b"x", timeout=WAIT)
+            assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            assert name in caught.value.details()
+    assert await settle(lambda: served.open_calls() == 0)
+
+
+@pytest.mark.parametrize("details", ["plain words", "100% sure", "naïve — ünïcödé ✓",
+                                     "line\nbreak\ttab", "%41 stays literal"])
+async def test_abort_sends_its_status_and_a_percent_encoded_message(
+        serve: Factory, details: str) -> None:
+    served = await serve()
+    async with served.channel() as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await method(channel, "Abort")(details.encode(), timeout=WAIT)
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert caught.value.details() == details
+
+
+async def test_a_message_over_the_limit_is_resource_exhausted(serve: Factory) -> None:
+    served = await serve(max_message=1 << 20)
+    async with served.channel() as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await method(channel, "Len")(b"x" * ((1 << 20) + 1), timeout=WAIT)
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert served.state.received == []
+        # the limit itself passes, and the connection lives on
+        await method(channel, "Len")(b"x" * (1 << 20), timeout=WAIT)
+        assert served.state.received == [1 << 20]
+    assert await settle(lambda: served.open_calls() == 0)
+
+
+async def test_a_handler_exception_is_unknown(serve: Factory) -> None:
+    served = await serve()
+    async with served.channel() as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await method(channel, "Fail")(b"", timeout=WAIT)
+        assert caught.value.code() == grpc.StatusCode.UNKNOWN
+        assert "boom" not in caught.value.details()  # no internals to the peer
+        assert await method(channel, "Echo")(b"still", timeout=WAIT) == b"still"
+
+
+async def test_a_cancelled_call_cancels_its_handler_and_runs_done_callbacks(
+        serve: Factory) -> None:
+    served = await serve()
+    async with served.channel() as channel:
+        call = method(channel, "Hang")(b"c1", timeout=WAIT)
+        assert await asyncio.wait_for(served.state.started.get(), WAIT) == "c1"
+        call.cancel()  # RST_STREAM CANCEL from the client
+        assert await settle(lambda: served.state.finally_ran == ["c1"])
+        assert served.state.cancelled == ["c1"]
+        assert served.state.done_callbacks == ["c1"]
+        assert await settle(lambda: served.open_calls() == 0)
+        assert await method(channel, "Echo")(b"next", timeout=WAIT) == b"next"
+
+
+async def test_health_check_and_watch(serve: Factory) -> None:
+    served = await serve()
+    serving, not_serving = (health_pb2.HealthCheckResponse.SERVING,
+                            health_pb2.HealthCheckResponse.NOT_SERVING)
+    await served.health.set("pool", serving)
+    async with served.channel() as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        reply = await stub.Check(health_pb2.HealthCheckRequest(service="pool"), timeout=WAIT)
+        assert reply.status == serving
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.Check(health_pb2.HealthCheckRequest(service="nope"), timeout=WAIT)
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+        watch = stub.Watch(health_pb2.HealthCheckRequest(service="pool"), timeout=WAIT)
+        assert (await watch.read()).status == serving
+        await served.health.set("pool", not_serving)
+        assert (await watch.read()).status == not_serving
+        await served.health.set("pool", serving)
+        assert (await watch.read()).status == serving
+        watch.cancel()
+        assert await settle(lambda: served.open_calls() == 0)
+
+
+async def test_stop_lets_calls_finish_within_grace_and_cuts_the_rest(serve: Factory) -> None:
+    served = await serve()
+    async with served.channel() as channel:
+        slow = asyncio.ensure_future(method(channel, "Slow")(b"", timeout=WAIT))
+        hung = asyncio.ensure_future(method(channel, "Hang")(b"cut", timeout=WAIT))
+        assert {await asyncio.wait_for(served.state.started.get(), WAIT)
+                for _ in range(2)} == {"slow", "cut"}
+        stopping = asyncio.ensure_future(served.server.stop(1.0))
+        await asyncio.sleep(0)  # GOAWAY said; the slow call may still end well
+        served.state.release.set()
+        assert await asyncio.wait_for(slow, WAIT) == b"slow done"
+        await asyncio.wait_for(stopping, WAIT)
+        # the cut handler unwound before stop() returned
+        assert served.state.cancelled == ["cut"] and served.state.finally_ran == ["cut"]
+        assert served.state.done_callbacks == ["cut"]
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await asyncio.wait_for(hung, WAIT)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert not served.server.connections
+
+
+async def test_no_new_connection_after_stop(serve: Factory) -> None:
+    served = await serve()
+    await served.server.stop(0)
+    with pytest.raises(OSError):
+        _r, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        writer.close()
+
+
+# ---- raw HTTP/2 on the socket ----------------------------------------------------------------
+
+
+class Raw:
+    """An h2 client connection on a real socket to the server."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        config = h2.config.H2Configuration(client_side=True, header_encoding=None)
+        self.h2 = h2.connection.H2Connection(config)
+        self.events: list = []
+        self.eof = False
+
+    @classmethod
+    async def open(cls, port: int) -> "Raw":
+        """Connect and send the preface and SETTINGS."""
+        raw = cls(*await asyncio.open_connection("127.0.0.1", port))
+        raw.h2.initiate_connection()
+        raw.flush()
+        return raw
+
+    def flush(self) -> None:
+        """Write what the h2 client has to say."""
+        data = self.h2.data_to_send()
+        if data:
+            self.writer.write(data)
+
+    def send_raw(self, data: bytes) -> None:
+        """Bytes h2 would not send."""
+        self.writer.write(data)
+
+    async def until(self, predicate: Callable[[list], bool]) -> list:
+        """Read (bounded) until ``predicate(events)`` holds or the server closes; the events."""
+        async def read() -> None:
+            while not predicate(self.events):
+                data = await self.reader.read(65536)
+                if not data:
+                    self.eof = True
+                    return
+                self.events += self.h2.receive_data(data)
+                self.flush()
+        await asyncio.wait_for(read(), WAIT)
+        return self.events
+
+    def request(self, path: bytes = b"/t.S/Hang", message: bytes = b"",
+                end: bool = True) -> int:
+        """Open a stream with one gRPC message."""
+        sid = self.h2.get_next_available_stream_id()
+        headers = [(n, path if n == b":path" else v) for n, v in REQUEST]
+        self.h2.send_headers(sid, headers)
+        self.h2.send_data(sid, struct.pack(">BI", 0, len(message)) + message, end_stream=end)
+        self.flush()
+        return sid
+
+    def close(self) -> None:
+        """Close the socket."""
+        self.writer.close()
+
+
+def of(events: list, kind: type) -> list:
+    """The events of one kind."""
+    return [e for e in events if isinstance(e, kind)]
+
+
+async def test_ping_is_acknowledged(serve: Factory) -> None:
+    served = await serve()
+    raw = await Raw.open(served.port)
+    raw.h2.ping(b"pingpong")
+    raw.flush()
+    events = await raw.until(lambda es: of(es, ev.PingAckReceived))
+    assert of(events, ev.PingAckReceived)[0].ping_data == b"pingpong"
+    raw.close()
+
+
+@pytest.mark.parametrize("garbage", [b"GET / HTTP/1.1\r\nhost: x\r\n\r\n",
+                                     b"PRI * HTTP/2.0\r\n\r\nXX\r\n\r\n"])
+async def test_a_wrong_preface_gets_goaway_and_close(serve: Factory, garbage: bytes) -> None:
+    served = await serve()
+    reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+    writer.write(garbage)
+    data = await asyncio.wait_for(reader.read(), WAIT)  # to EOF: the server closes
+    writer.close()
+    kinds, at = [], 0
+    while at < len(data):
+        first, _flags, _sid = f.HEADER.unpack_from(data, at)
+        kinds.append((first & 0xFF, data[at + 9:at + 9 + (first >> 8)]))
+        at += 9 + (first >> 8)
+    assert kinds[0][0] == f.SETTINGS and kinds[-1][0] == f.GOAWAY
+    assert struct.unpack(">II", kinds[-1][1][:8])[1] == f.PROTOCOL_ERROR
+    assert await settle(lambda: not served.server.connections)
+
+
+async def test_hpack_garbage_gets_compression_error_and_cuts_the_calls(serve: Factory) -> None:
+    served = await serve()
+    raw = await Raw.open(served.port)
+    raw.request(message=b"victim")
+    assert await asyncio.wait_for(served.state.started.get(), WAIT) == "victim"
+    raw.send_raw(f.frame(f.HEADERS, f.END_HEADERS, 3, b"\xff\xff\xff\xff\xff"))
+    events = await raw.until(lambda es: raw.eof)
+    assert [e.error_code for e in of(events, ev.ConnectionTerminated)] == [f.COMPRESSION_ERROR]
+    assert await settle(lambda: served.state.finally_ran == ["victim"])
+    assert served.state.cancelled == ["victim"]
+    assert await settle(lambda: not served.server.connections)
+
+
+async def test_streams_over_the_limit_are_refused(serve: Factory) -> None:
+    served = await serve(max_concurrent_streams=2)
+    raw = await Frames.open(served.port)
+    for sid, message in ((1, b"one"), (3, b"two"), (5, b"three")):
+        raw.request(sid, message)
+    frames = await raw.until(lambda fs: kind(fs, f.RST_STREAM))
+    assert kind(frames, f.RST_STREAM) == [(5, struct.pack(">I", f.REFUSED_STREAM))]
+    assert sorted([await asyncio.wait_for(served.state.started.get(), WAIT)
+                   for _ in range(2)]) == ["one", "two"]
+    raw.writer.write(f.rst_stream(1, f.CANCEL))
+    assert await settle(lambda: served.state.finally_ran == ["one"])
+    raw.request(7, b"four")  # room again
+    assert await asyncio.wait_for(served.state.started.get(), WAIT) == "four"
+    assert len(kind(raw.frames, f.RST_STREAM)) == 1
+    raw.writer.close()
+
+
+class Frames:
+    """A socket to the server spoken in hand-made frames; what comes back, parsed."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.encoder = hpack.Encoder()
+        self.frames: list[tuple[int, int, int, bytes]] = []
+        self._inbox = b""
+        self.eof = False
+
+    @classmethod
+    async def open(cls, port: int) -> "Frames":
+        """Connect, send the preface and empty SETTINGS."""
+        frames = cls(*await asyncio.open_connection("127.0.0.1", port))
+        frames.writer.write(f.PREFACE + f.settings({}))
+        return frames
+
+    def request(self, sid: int, message: bytes) -> None:
+        """A gRPC request for /t.S/Hang on ``sid``, ended."""
+        self.writer.write(
+            f.frame(f.HEADERS, f.END_HEADERS, sid, self.encoder.encode(REQUEST))
+            + f.frame(f.DATA, f.END_STREAM, sid, struct.pack(">BI", 0, len(message)) + message))
+
+    async def until(self, predicate: Callable[[list], bool]) -> list:
+        """Read (bounded) until ``predicate(frames)`` holds or the server closes."""
+        async def read() -> None:
+            while not predicate(self.frames):
+                data = await self.reader.read(65536)
+                if not data:
+                    self.eof = True
+                    return
+                self._inbox += data
+                while len(self._inbox) >= 9:
+                    first, flags, sid = f.HEADER.unpack_from(self._inbox)
+                    if len(self._inbox) < 9 + (first >> 8):
+                        break
+                    payload = self._inbox[9:9 + (first >> 8)]
+                    self._inbox = self._inbox[9 + (first >> 8):]
+                    self.frames.append((first & 0xFF, flags, sid, payload))
+        await asyncio.wait_for(read(), WAIT)
+        return self.frames
+
+
+def kind(frames: list, wanted: int) -> list[tuple[int, bytes]]:
+    """(stream, payload) of the frames of one type."""
+    return [(sid, payload) for k, _fl, sid, payload in frames if k == wanted]
+
+
+async def test_stop_says_goaway_and_refuses_new_streams(serve: Factory) -> None:
+    served = await serve()
+    raw = await Frames.open(served.port)
+    raw.request(1, b"open")
+    assert await asyncio.wait_for(served.state.started.get(), WAIT) == "open"
+    stopping = asyncio.ensure_future(served.server.stop(WAIT))
+    frames = await raw.until(lambda fs: kind(fs, f.GOAWAY))
+    assert kind(frames, f.GOAWAY) == [(0, struct.pack(">II", 1, f.NO_ERROR))]
+    raw.request(3, b"late")  # sent before the client saw the GOAWAY
+    frames = await raw.until(lambda fs: kind(fs, f.RST_STREAM))
+    assert kind(frames, f.RST_STREAM) == [(3, struct.pack(">I", f.REFUSED_STREAM))]
+    assert not stopping.done()  # the open call still has its grace
+    raw.writer.write(f.rst_stream(1, f.CANCEL))  # it ends: stop() need not wait out the grace
+    await asyncio.wait_for(stopping, WAIT)
+    assert served.state.cancelled == ["open"] and served.state.finally_ran == ["open"]
+    await raw.until(lambda fs: False)
+    assert raw.eof  # and the connection is closed
+    raw.writer.close()
+
+
+async def test_a_request_that_is_not_grpc_gets_415(serve: Factory) -> None:
+    served = await serve()
+    raw = await Raw.open(served.port)
+    sid = raw.h2.get_next_available_stream_id()
+    raw.h2.send_headers(sid, [(n, b"application/json" if n == b"content-type" else v)
+                              for n, v in REQUEST], end_stream=True)
+    raw.flush()
+    events = await raw.until(lambda es: of(es, ev.StreamEnded))
+    assert of(events, ev.ResponseReceived)[0].headers == [(b":status", b"415")]
+    assert served.state.started.empty()
+    assert await settle(lambda: served.open_calls() == 0)
+    raw.close()
