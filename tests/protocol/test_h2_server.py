@@ -275,6 +275,16 @@ async def test_a_cancelled_call_cancels_its_handler_and_runs_done_callbacks(
         assert await method(channel, "Echo")(b"next", timeout=WAIT) == b"next"
 
 
+async def test_a_handler_raising_cancelled_error_ends_its_call(serve: Factory) -> None:
+    served = await serve()
+    async with served.channel() as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await method(channel, "SelfCancel")(b"", timeout=WAIT)
+        # the stream is reset (CANCEL), not left open for the client to wait out its deadline
+        assert caught.value.code() == grpc.StatusCode.CANCELLED
+        assert await settle(lambda: served.open_calls() == 0)
+
+
 async def test_health_check_and_watch(serve: Factory) -> None:
     served = await serve()
     serving, not_serving = (health_pb2.HealthCheckResponse.SERVING,

@@ -165,6 +165,9 @@ class Call:
 
     def cancel(self) -> None:
         """The call is over without a status (reset, lost connection, server stop)."""
+        if not self._finished:  # a handler's own CancelledError: no status will come, and
+            self._protocol.conn.reset(self._sid)  # the peer must not wait for one
+            self._protocol.schedule_flush()
         self._finished = True
         self._done()
         if self.task is not None:
