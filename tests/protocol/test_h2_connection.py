@@ -390,11 +390,35 @@ def test_the_receive_windows_are_replenished_for_a_large_request() -> None:
             room = min(pair.client.local_flow_control_window(sid), total - sent)
         events = pair.server.receive(pair.client.data_to_send())
         assert not any(isinstance(e, (Reset, Closed)) for e in events)
-        got += sum(len(e.data) for e in events if isinstance(e, Data))
+        for event in events:
+            if isinstance(event, Data):
+                got += len(event.data)
+                pair.server.consumed(sid, len(event.data))  # the handler took it
         pair.client.receive_data(pair.server.data_to_send())
         if got == total:
             break
     assert got == total and events[-1].ended
+
+
+def test_a_stream_window_is_given_back_only_for_consumed_data() -> None:
+    server = raw_server(initial_window=1000, connection_window=f.DEFAULT_WINDOW)
+    server.receive(headers_frame(1, end=False) + headers_frame(3, end=False))
+    events = server.receive(f.frame(f.DATA, 0, 1, b"x" * 1000))
+    assert events == [Data(1, b"x" * 1000, False)]
+    assert server.data_to_send() == b""  # not taken: the peer must wait
+    assert server.receive(f.frame(f.DATA, 0, 1, b"x")) == [Reset(1, f.FLOW_CONTROL_ERROR)]
+    server.data_to_send()
+    # padding is returned at once; taken data once half the window is owed
+    server.receive(f.frame(f.DATA, f.PADDED, 3, bytes((199,)) + b"y" * 300 + b"\0" * 199))
+    server.consumed(3, 299)
+    assert server.data_to_send() == b""
+    server.consumed(3, 1)
+    assert frames_of(server.data_to_send()) == [(f.WINDOW_UPDATE, 0, 3,
+                                                 struct.pack(">I", 500))]
+    server.receive(f.frame(f.DATA, 0, 3, b"z" * 1000))  # the window is whole again
+    assert not server.closed and server.open_streams == 1
+    server.consumed(1, 10)  # a stream gone: nothing
+    assert server.data_to_send() == b""
 
 
 def test_data_past_the_windows_is_a_flow_control_error() -> None:

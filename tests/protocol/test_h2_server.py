@@ -91,6 +91,15 @@ def handlers(state: State) -> grpc.GenericRpcHandler:
         await state.release.wait()
         return b"slow done"
 
+    async def lazy(requests: Any, context: Any) -> AsyncIterator[bytes]:
+        count = 0
+        async for _message in requests:
+            count += 1
+            if count == 1:  # then reads nothing until released
+                state.started.put_nowait("lazy")
+                await state.release.wait()
+        yield b"%d" % count
+
     unary = grpc.unary_unary_rpc_method_handler
     return grpc.method_handlers_generic_handler("t.S", {
         "Echo": unary(echo), "Len": unary(length), "Big": unary(big),
@@ -98,6 +107,7 @@ def handlers(state: State) -> grpc.GenericRpcHandler:
         "Hang": unary(hang), "Slow": unary(slow),
         "Chunks": grpc.unary_stream_rpc_method_handler(chunks),
         "Bidi": grpc.stream_stream_rpc_method_handler(bidi),
+        "Lazy": grpc.stream_stream_rpc_method_handler(lazy),
     })
 
 
@@ -536,5 +546,46 @@ async def test_a_request_that_is_not_grpc_gets_415(serve: Factory) -> None:
     events = await raw.until(lambda es: of(es, ev.StreamEnded))
     assert of(events, ev.ResponseReceived)[0].headers == [(b":status", b"415")]
     assert served.state.started.empty()
+    assert await settle(lambda: served.open_calls() == 0)
+    raw.close()
+
+
+async def test_a_handler_not_reading_stops_its_peer_sending(serve: Factory) -> None:
+    served = await serve()
+    raw = await Raw.open(served.port)
+    sid = raw.request(b"/t.S/Lazy", b"first", end=False)
+    assert await asyncio.wait_for(served.state.started.get(), WAIT) == "lazy"
+    message = struct.pack(">BI", 0, 1019) + b"m" * 1019
+    count, cap = 1 + (16 << 20) // len(message), 64 << 20
+    blob, sent, pings = message * (count - 1), 0, 0
+    while sent < cap:
+        window = raw.h2.local_flow_control_window(sid)
+        if window:
+            n = min(window, 16_384, len(blob) - sent % len(blob))
+            raw.h2.send_data(sid, blob[sent % len(blob):sent % len(blob) + n])
+            sent += n
+            raw.flush()
+            await raw.writer.drain()
+            continue
+        # no window: whatever the server said before its PING ACK is in
+        pings += 1
+        raw.h2.ping(b"%08d" % pings)
+        raw.flush()
+        await raw.until(lambda es: len(of(es, ev.PingAckReceived)) == pings)
+        if not raw.h2.local_flow_control_window(sid):
+            break
+    # the messages the handler has not read are bounded, not the whole 64 MiB sent
+    assert sent < 4 << 20, sent  # 1 MiB unread, one 1 MiB window, the partial message
+    served.state.release.set()  # the rest goes once the handler reads again
+    total = len(blob)
+    while sent < total:
+        await raw.until(lambda es: raw.h2.local_flow_control_window(sid) > 0)
+        n = min(raw.h2.local_flow_control_window(sid), 16_384, total - sent)
+        raw.h2.send_data(sid, blob[sent:sent + n], end_stream=sent + n == total)
+        sent += n
+        raw.flush()
+    events = await raw.until(lambda es: of(es, ev.StreamEnded))
+    reply = b"".join(e.data for e in of(events, ev.DataReceived) if e.stream_id == sid)
+    assert reply == struct.pack(">BI", 0, len(b"%d" % count)) + b"%d" % count
     assert await settle(lambda: served.open_calls() == 0)
     raw.close()

@@ -6,9 +6,10 @@ Bytes go in through ``receive``, which returns what happened (``Request``, ``Dat
 control both ways, SETTINGS, PING, CONTINUATION and the stream states (RFC 9113 §5.1) are
 kept here, so the asyncio side (``server.py``) only moves bytes and runs handlers.
 
-Receive windows are replenished as data arrives: the messages go to their stream's handler
-at once, and a gRPC message above the server's size limit ends its stream (``server.py``),
-so a peer cannot make this side buffer without bound.
+The connection's receive window is replenished as data arrives, a stream's once the
+application says it has taken the data (``consumed``): a handler that does not read stops
+its peer after one stream window, so a peer cannot make this side buffer without bound (a
+gRPC message above the server's size limit ends its stream, ``server.py``).
 """
 
 from __future__ import annotations
@@ -64,12 +65,13 @@ class ConnectionError_(Exception):
 
 
 class _Stream:
-    __slots__ = ("send_window", "recv_window", "pending", "remote_closed", "local_closed",
-                 "finishing")
+    __slots__ = ("send_window", "recv_window", "returned", "pending", "remote_closed",
+                 "local_closed", "finishing")
 
     def __init__(self, send_window: int, recv_window: int) -> None:
         self.send_window = send_window
         self.recv_window = recv_window
+        self.returned = 0  # consumed, not yet given back to the peer in a WINDOW_UPDATE
         self.pending: deque[tuple[bytes, bool, bool]] = deque()  # (payload, is_headers, end)
         self.remote_closed = False
         self.local_closed = False
@@ -230,13 +232,26 @@ class ServerConnection:
             events.append(Reset(sid, f.FLOW_CONTROL_ERROR))
             return
         ended = bool(flags & f.END_STREAM)
-        if not ended and stream.recv_window < self._initial_recv // 2:
-            self._out += f.window_update(sid, self._initial_recv - stream.recv_window)
-            stream.recv_window = self._initial_recv
         data = self._unpad(flags, payload)
         if ended:
             self._remote_close(sid, stream)
+        elif size > len(data):
+            self._give_back(sid, stream, size - len(data))  # padding: never the application's
         events.append(Data(sid, data, ended))
+
+    def consumed(self, sid: int, size: int) -> None:
+        """The application has taken ``size`` bytes of a stream's data: the peer may send as
+        much more (said once half the stream window is owed)."""
+        stream = self._streams.get(sid)
+        if stream is not None and not stream.remote_closed:
+            self._give_back(sid, stream, size)
+
+    def _give_back(self, sid: int, stream: _Stream, size: int) -> None:
+        stream.returned += size
+        if stream.returned and stream.returned >= self._initial_recv // 2:
+            self._out += f.window_update(sid, stream.returned)
+            stream.recv_window += stream.returned
+            stream.returned = 0
 
     def _headers(self, flags: int, sid: int, payload: bytes, events: list) -> None:
         if not sid:

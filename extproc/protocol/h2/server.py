@@ -35,6 +35,10 @@ _PREFIX = struct.Struct(">BI")
 _GRPC = b"application/grpc"
 _RESPONSE_HEAD = f.STATUS_200 + f.literal(b"content-type", _GRPC)
 _OK_TRAILERS = f.literal(b"grpc-status", b"0")
+#: Bytes of whole messages a handler has not read yet past which its stream's window is no
+#: longer given back: the peer then stops after one more window, instead of this side
+#: buffering whatever it sends.
+_UNREAD_LIMIT = 1 << 20
 
 
 def _trailers(code: grpc.StatusCode, message: str) -> bytes:
@@ -61,7 +65,8 @@ class Call:
     """One RPC: its incoming messages, and the servicer context its handler is given."""
 
     __slots__ = ("_protocol", "_sid", "_deserialize", "_serialize", "_messages", "_waiter",
-                 "_buffer", "_ended", "_headers_sent", "_finished", "_callbacks", "task")
+                 "_buffer", "_unread", "_owed", "_ended", "_headers_sent", "_finished",
+                 "_callbacks", "task")
 
     def __init__(self, protocol: "_Protocol", sid: int, deserialize: Callable | None,
                  serialize: Callable | None) -> None:
@@ -70,6 +75,8 @@ class Call:
         self._messages: deque[bytes] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._buffer = b""
+        self._unread = 0  # bytes in _messages
+        self._owed = 0  # bytes received, not yet given back to the stream window
         self._ended = False
         self._headers_sent = False
         self._finished = False
@@ -89,6 +96,10 @@ class Call:
             finally:
                 self._waiter = None
         raw = self._messages.popleft()
+        self._unread -= len(raw)
+        if self._owed and self._unread <= _UNREAD_LIMIT:
+            self._give_back()
+            self._protocol.schedule_flush()
         return self._deserialize(raw) if self._deserialize is not None else raw
 
     async def write(self, message: Any) -> None:
@@ -128,6 +139,8 @@ class Call:
 
     def feed(self, data: bytes, ended: bool, limit: int) -> None:
         """Bytes of the request stream; whole messages become readable."""
+        if self._finished:
+            return  # its status is said: nothing more to read (nor to keep)
         buffer = self._buffer + data if self._buffer else data
         at = 0
         while len(buffer) - at >= 5:
@@ -142,12 +155,20 @@ class Call:
             if len(buffer) - at - 5 < length:
                 break
             self._messages.append(buffer[at + 5:at + 5 + length])
+            self._unread += length
             at += 5 + length
         self._buffer = buffer[at:] if at < len(buffer) else b""
+        self._owed += len(data)
+        if self._unread <= _UNREAD_LIMIT:  # (the caller, data_received, writes it out)
+            self._give_back()
         if ended:
             self._ended = True
         if self._waiter is not None and not self._waiter.done() and (self._messages or ended):
             self._waiter.set_result(None)
+
+    def _give_back(self) -> None:
+        self._protocol.conn.consumed(self._sid, self._owed)
+        self._owed = 0
 
     def finish(self, code: grpc.StatusCode, message: str = "") -> None:
         """Send the call's status (trailers) once; later calls do nothing."""
