@@ -15,6 +15,7 @@ import grpc
 import h2.config
 import h2.connection
 import h2.events as ev
+import h2.settings
 import hpack
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -40,6 +41,7 @@ class State:
     done_callbacks: list[str] = field(default_factory=list)
     release: asyncio.Event = field(default_factory=asyncio.Event)
     received: list[int] = field(default_factory=list)
+    yielded: int = 0
 
 
 def handlers(state: State) -> grpc.GenericRpcHandler:
@@ -57,6 +59,7 @@ def handlers(state: State) -> grpc.GenericRpcHandler:
 
     async def chunks(request: bytes, context: Any) -> AsyncIterator[bytes]:
         for i in range(int(request)):
+            state.yielded += 1
             yield b"%d" % i
 
     async def bidi(requests: Any, context: Any) -> AsyncIterator[bytes]:
@@ -360,9 +363,10 @@ class Raw:
         self.eof = False
 
     @classmethod
-    async def open(cls, port: int) -> "Raw":
+    async def open(cls, port: int, settings: dict[int, int] | None = None) -> "Raw":
         """Connect and send the preface and SETTINGS."""
         raw = cls(*await asyncio.open_connection("127.0.0.1", port))
+        raw.h2.local_settings = h2.settings.Settings(client=True, initial_values=settings or {})
         raw.h2.initiate_connection()
         raw.flush()
         return raw
@@ -587,5 +591,33 @@ async def test_a_handler_not_reading_stops_its_peer_sending(serve: Factory) -> N
     events = await raw.until(lambda es: of(es, ev.StreamEnded))
     reply = b"".join(e.data for e in of(events, ev.DataReceived) if e.stream_id == sid)
     assert reply == struct.pack(">BI", 0, len(b"%d" % count)) + b"%d" % count
+    assert await settle(lambda: served.open_calls() == 0)
+    raw.close()
+
+
+async def test_a_handler_writing_past_the_peer_window_waits_for_it(serve: Factory) -> None:
+    served = await serve()
+    raw = await Raw.open(served.port, {h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1000})
+    count = 20_000
+    sid = raw.request(b"/t.S/Chunks", b"%d" % count)
+    events = await raw.until(lambda es: of(es, ev.DataReceived))
+    for _ in range(20):
+        await asyncio.sleep(0)  # the handler's turns, were it not waiting
+    # suspended in write() once the window was used, not queueing all it has to say
+    assert served.state.yielded < 1000
+    got = b""
+    while not of(raw.events, ev.StreamEnded):
+        for event in of(raw.events, ev.DataReceived):
+            got += event.data
+            raw.h2.acknowledge_received_data(event.flow_controlled_length, sid)
+        raw.events = [e for e in raw.events if not isinstance(e, ev.DataReceived)]
+        raw.flush()
+        await raw.until(lambda es: of(es, ev.DataReceived) or of(es, ev.StreamEnded))
+    got += b"".join(e.data for e in of(raw.events, ev.DataReceived))
+    expected = b"".join(struct.pack(">BI", 0, len(b"%d" % i)) + b"%d" % i
+                        for i in range(count))
+    assert got == expected
+    trailers = of(events + raw.events, ev.TrailersReceived)
+    assert trailers[-1].headers == [(b"grpc-status", b"0")]
     assert await settle(lambda: served.open_calls() == 0)
     raw.close()

@@ -399,6 +399,10 @@ class ServerConnection:
         elif end_stream:
             self._local_close(sid, stream)
 
+    def blocked(self, sid: int) -> bool:
+        """Whether output on the stream waits for the peer's windows."""
+        return sid in self._blocked
+
     def _emit_data(self, sid: int, stream: _Stream, data: bytes, end: bool) -> bytes | None:
         """Send what the windows allow; the unsent rest, or None when all went."""
         at, size = 0, len(data)

@@ -112,6 +112,8 @@ class Call:
             self._headers_sent = True
             conn.send_headers(self._sid, _RESPONSE_HEAD)
         conn.send_data(self._sid, _PREFIX.pack(0, len(raw)) + raw)
+        if conn.blocked(self._sid):  # the peer reads slower: wait, as grpc.aio does, not queue
+            await self._protocol.unblocked(self._sid)
         await self._protocol.flushed()
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
@@ -211,6 +213,7 @@ class _Protocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._flush_due = False
         self._writable: asyncio.Future[None] | None = None
+        self._stalled: dict[int, asyncio.Future[None]] = {}  # streams waiting on the peer
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -232,6 +235,8 @@ class _Protocol(asyncio.Protocol):
                     call.cancel()
             elif type(event) is Closed:
                 log.warning("HTTP/2 connection error from the peer", error=event.why)
+        if self._stalled:  # a WINDOW_UPDATE or SETTINGS may have let their output go
+            self._wake(lambda sid: not self.conn.blocked(sid))
         self._flush()
         if self.conn.closed and self.transport is not None:
             self.transport.close()
@@ -289,6 +294,21 @@ class _Protocol(asyncio.Protocol):
         finally:
             self.calls.pop(call._sid, None)  # noqa: SLF001 (the protocol owns its calls)
 
+    async def unblocked(self, sid: int) -> None:
+        """Return once the stream's output no longer waits for the peer's windows (or the
+        stream, or the connection, is gone)."""
+        self.schedule_flush()
+        waiter = self._stalled.get(sid)
+        if waiter is None:
+            waiter = self._stalled[sid] = self.loop.create_future()
+        await waiter  # (a cancelled one stays in _stalled until its stream is gone or free)
+
+    def _wake(self, which: Callable[[int], bool]) -> None:
+        for sid in [sid for sid in self._stalled if which(sid)]:
+            waiter = self._stalled.pop(sid)
+            if not waiter.done():
+                waiter.set_result(None)
+
     def schedule_flush(self) -> None:
         """Write what the connection has to send, once, later in this turn of the loop."""
         if not self._flush_due:
@@ -318,6 +338,7 @@ class _Protocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
         self.resume_writing()
+        self._wake(lambda sid: True)
         calls, self.calls = self.calls, {}
         for call in calls.values():
             call.cancel()
