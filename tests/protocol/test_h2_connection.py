@@ -700,3 +700,11 @@ def test_finish_waits_for_pending_output_then_stops_the_peer() -> None:
     pair.pump()
     assert [e.error_code for e in pair.take(ev.StreamReset)] == [f.NO_ERROR]
     assert pair.server.open_streams == 0
+
+
+def test_a_settings_change_overflowing_a_stream_window_is_a_flow_control_error() -> None:
+    server = raw_server()
+    server.receive(headers_frame(1, end=False))
+    assert server.receive(f.window_update(1, f.MAX_WINDOW - f.DEFAULT_WINDOW)) == []
+    events = server.receive(f.settings({f.INITIAL_WINDOW_SIZE: f.DEFAULT_WINDOW + 1}))
+    assert [type(e) for e in events] == [Closed] and events[0].code == f.FLOW_CONTROL_ERROR

@@ -312,6 +312,8 @@ class ServerConnection:
                 delta, self._peer_initial = value - self._peer_initial, value
                 for stream in self._streams.values():
                     stream.send_window += delta
+                    if stream.send_window > f.MAX_WINDOW:  # §6.9.2
+                        raise ConnectionError_(f.FLOW_CONTROL_ERROR, "a stream window overflows")
             elif key == f.MAX_FRAME_SIZE:
                 if not f.DEFAULT_FRAME_SIZE <= value <= f.MAX_FRAME_SIZE_LIMIT:
                     raise ConnectionError_(f.PROTOCOL_ERROR, "max frame size out of range")
