@@ -89,6 +89,14 @@ def handlers(state: State) -> grpc.GenericRpcHandler:
             state.finally_ran.append(name)
         return b""
 
+    async def bad_callback(request: bytes, context: Any) -> bytes:
+        def callback(_ctx: Any) -> None:
+            raise RuntimeError("a done callback failing")
+        context.add_done_callback(callback)
+        state.started.put_nowait("bad callback")
+        await asyncio.Event().wait()
+        return b""
+
     async def slow(request: bytes, context: Any) -> bytes:
         state.started.put_nowait("slow")
         await state.release.wait()
@@ -107,7 +115,7 @@ def handlers(state: State) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler("t.S", {
         "Echo": unary(echo), "Len": unary(length), "Big": unary(big),
         "Abort": unary(abort), "Fail": unary(fail), "SelfCancel": unary(self_cancel),
-        "Hang": unary(hang), "Slow": unary(slow),
+        "Hang": unary(hang), "Slow": unary(slow), "BadCallback": unary(bad_callback),
         "Chunks": grpc.unary_stream_rpc_method_handler(chunks),
         "Bidi": grpc.stream_stream_rpc_method_handler(bidi),
         "Lazy": grpc.stream_stream_rpc_method_handler(lazy),
@@ -286,6 +294,19 @@ async def test_a_cancelled_call_cancels_its_handler_and_runs_done_callbacks(
         assert served.state.done_callbacks == ["c1"]
         assert await settle(lambda: served.open_calls() == 0)
         assert await method(channel, "Echo")(b"next", timeout=WAIT) == b"next"
+
+
+async def test_a_failing_done_callback_harms_no_other_call(serve: Factory) -> None:
+    served = await serve()
+    async with served.channel() as channel:
+        slow = asyncio.ensure_future(method(channel, "Slow")(b"", timeout=WAIT))
+        bad = method(channel, "BadCallback")(b"", timeout=WAIT)
+        assert {await asyncio.wait_for(served.state.started.get(), WAIT)
+                for _ in range(2)} == {"slow", "bad callback"}
+        bad.cancel()  # its callback runs where the connection reads (the RST_STREAM)
+        assert await settle(lambda: sum(len(p.calls) for p in served.server.connections) == 1)
+        served.state.release.set()
+        assert await asyncio.wait_for(slow, WAIT) == b"slow done"  # same connection
 
 
 async def test_a_handler_raising_cancelled_error_ends_its_call(serve: Factory) -> None:

@@ -199,7 +199,10 @@ class Call:
     def _done(self) -> None:
         callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
-            callback(self)
+            try:
+                callback(self)
+            except Exception:  # run where the connection reads: raised, it would cut it
+                log.error("gRPC done callback failed", exc_info=True)
 
 
 class _Protocol(asyncio.Protocol):
