@@ -642,3 +642,24 @@ async def test_a_handler_writing_past_the_peer_window_waits_for_it(serve: Factor
     assert trailers[-1].headers == [(b"grpc-status", b"0")]
     assert await settle(lambda: served.open_calls() == 0)
     raw.close()
+
+
+async def test_a_peer_not_reading_cannot_grow_the_servers_output(serve: Factory) -> None:
+    served = await serve()
+    reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+    writer.write(f.PREFACE + f.settings({}))
+    pings = f.frame(f.PING, 0, 0, b"12345678") * 4096  # 68 KiB; each PING asks for an ACK
+    largest, sent = 0, 0
+    while sent < 16 << 20:  # never reading what the server says
+        writer.write(pings)
+        sent += len(pings)
+        try:
+            await asyncio.wait_for(writer.drain(), 2)
+        except asyncio.TimeoutError:
+            break  # the server stopped reading us: the bound this test wants
+        largest = max([largest] + [p.transport.get_write_buffer_size()
+                                   for p in served.server.connections])
+    assert largest < 4 << 20, f"{largest} bytes of output held for a peer not reading"
+    writer.transport.abort()
+    assert await settle(lambda: not served.server.connections)
+    del reader

@@ -332,11 +332,15 @@ class _Protocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._writable = self.loop.create_future()
+        if self.transport is not None:  # else each PING, SETTINGS... of a peer not reading
+            self.transport.pause_reading()  # adds its answer to what we hold, without bound
 
     def resume_writing(self) -> None:
         writable, self._writable = self._writable, None
         if writable is not None and not writable.done():
             writable.set_result(None)
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
