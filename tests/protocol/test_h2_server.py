@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import shutil
+import ssl
+import subprocess
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from extproc.protocol.h2 import frames as f
-from extproc.protocol.h2.server import Server
+from extproc.protocol.h2.server import Server, tls_context
 
 WAIT = 10  # seconds: a bound on every wait, never a measured time
 
@@ -663,3 +666,61 @@ async def test_a_peer_not_reading_cannot_grow_the_servers_output(serve: Factory)
     writer.transport.abort()
     assert await settle(lambda: not served.server.connections)
     del reader
+
+
+def self_signed(directory: Path) -> tuple[Path, Path]:
+    """A throwaway certificate for 127.0.0.1 (openssl CLI)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl CLI not installed")
+    cert, key = directory / "server.crt", directory / "server.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:P-256", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=30)
+    return cert, key
+
+
+async def test_a_tls_handshake_ending_after_stop_is_not_served(tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path)
+    server = Server(max_message=1 << 20)
+    server.add_generic_rpc_handlers((handlers(State()),))
+    port = await server.start("127.0.0.1:0", tls_context(str(cert), str(key)))
+    client = ssl.create_default_context(cafile=str(cert))
+    client.set_alpn_protocols(["h2"])
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = client.wrap_bio(incoming, outgoing, server_hostname="127.0.0.1")
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+
+    def step() -> bool:
+        try:
+            tls.do_handshake()
+            return True
+        except ssl.SSLWantReadError:
+            return False
+        finally:
+            writer.write(outgoing.read())
+
+    assert not step()  # ClientHello out
+    incoming.write(await asyncio.wait_for(reader.read(65536), WAIT))  # the server's answer:
+    await asyncio.wait_for(server.stop(1), WAIT)  # the connection is accepted, mid-handshake
+    assert step()  # our Finished out: the server's side of the handshake can end
+    received = b""
+    try:
+        while len(received) < f.HEADER_SIZE:  # the server's SETTINGS, were it served
+            data = await asyncio.wait_for(reader.read(65536), WAIT)
+            if not data:
+                break
+            incoming.write(data)
+            try:
+                plain = tls.read(65536)
+            except ssl.SSLWantReadError:
+                continue
+            if not plain:
+                break  # the server's close_notify
+            received += plain
+    except (ssl.SSLError, ConnectionError):
+        pass
+    writer.close()
+    assert received == b"", "a connection served after stop() returned"
+    assert not server.connections

@@ -220,6 +220,9 @@ class _Protocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        if self.server.stopping:  # accepted before stop(), its TLS handshake ending after it:
+            transport.close()  # stop() did not see it, so it would be served on after stop()
+            return
         self.server.connections.add(self)
         self.schedule_flush()  # our SETTINGS
 
@@ -369,6 +372,7 @@ class Server:
         self.max_message = max_message
         self.max_concurrent_streams = max_concurrent_streams
         self.connections: set[_Protocol] = set()
+        self.stopping = False  # stop() has begun: a connection made now is closed at once
         self._generic: list[grpc.GenericRpcHandler] = []
         self._registered: dict[str, Any] = {}
         self._methods: dict[str, Any] = {}
@@ -415,6 +419,7 @@ class Server:
 
     async def stop(self, grace: float | None) -> None:
         """Take no new calls; give open ones ``grace`` seconds, then cut them."""
+        self.stopping = True
         for listener in self._listeners:
             listener.close()
         for protocol in list(self.connections):
