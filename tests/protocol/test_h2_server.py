@@ -724,3 +724,19 @@ async def test_a_tls_handshake_ending_after_stop_is_not_served(tmp_path: Path) -
     writer.close()
     assert received == b"", "a connection served after stop() returned"
     assert not server.connections
+
+
+async def test_an_over_limit_message_with_its_headers_leaves_no_call(serve: Factory) -> None:
+    served = await serve(max_message=1024)
+    raw = await Frames.open(served.port)
+    # headers and the too-long message in one write: the call ends before its task ran
+    raw.writer.write(f.frame(f.HEADERS, f.END_HEADERS, 1, raw.encoder.encode(REQUEST))
+                     + f.frame(f.DATA, 0, 1, struct.pack(">BI", 0, 1025) + b"x" * 100))
+    frames = await raw.until(lambda fs: kind(fs, f.RST_STREAM))
+    trailers = hpack.Decoder().decode(kind(frames, f.HEADERS)[0][1])
+    assert ("grpc-status", str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])) in trailers
+    assert served.state.started.empty()
+    assert await settle(lambda: served.open_calls() == 0)
+    # and stop() has no call to wait for
+    await asyncio.wait_for(served.server.stop(WAIT * 10), WAIT)
+    raw.writer.close()

@@ -192,6 +192,9 @@ class Call:
             self._protocol.conn.reset(self._sid)  # the peer must not wait for one
             self._protocol.schedule_flush()
         self._finished = True
+        # A task cancelled before its first step never runs _run's finally: the call would
+        # stay in calls (and stop() would wait out its grace for it).
+        self._protocol.calls.pop(self._sid, None)
         self._done()
         if self.task is not None:
             self.task.cancel()
