@@ -351,7 +351,7 @@ async def test_stop_lets_calls_finish_within_grace_and_cuts_the_rest(serve: Fact
         hung = asyncio.ensure_future(method(channel, "Hang")(b"cut", timeout=WAIT))
         assert {await asyncio.wait_for(served.state.started.get(), WAIT)
                 for _ in range(2)} == {"slow", "cut"}
-        stopping = asyncio.ensure_future(served.server.stop(1.0))
+        stopping = asyncio.ensure_future(served.server.stop(3.0))  # ample for the slow one
         await asyncio.sleep(0)  # GOAWAY said; the slow call may still end well
         served.state.release.set()
         assert await asyncio.wait_for(slow, WAIT) == b"slow done"
@@ -739,4 +739,26 @@ async def test_an_over_limit_message_with_its_headers_leaves_no_call(serve: Fact
     assert await settle(lambda: served.open_calls() == 0)
     # and stop() has no call to wait for
     await asyncio.wait_for(served.server.stop(WAIT * 10), WAIT)
+    raw.writer.close()
+
+
+async def test_a_request_in_continuation_and_padded_frames_is_served(serve: Factory) -> None:
+    served = await serve()
+    raw = await Frames.open(served.port)
+    fields = [(n, b"/t.S/Echo" if n == b":path" else v) for n, v in REQUEST]
+    block = raw.encoder.encode(fields + [(b"x-filler", b"f" * 40_000)])
+    message = struct.pack(">BI", 0, 6) + b"padded"
+    raw.writer.write(
+        f.frame(f.HEADERS, f.PADDED, 1, bytes((10,)) + block[:100] + b"\0" * 10)
+        + f.frame(f.CONTINUATION, 0, 1, block[100:20_000])
+        + f.frame(f.CONTINUATION, f.END_HEADERS, 1, block[20_000:])
+        + f.frame(f.DATA, f.PADDED, 1, bytes((200,)) + message[:4] + b"\0" * 200)
+        + f.frame(f.DATA, f.PADDED | f.END_STREAM, 1, bytes((0,)) + message[4:]))
+    frames = await raw.until(lambda fs: any(k == f.HEADERS and fl & f.END_STREAM
+                                            for k, fl, _s, _p in fs))
+    assert b"".join(p for s, p in kind(frames, f.DATA) if s == 1) == message
+    decoder = hpack.Decoder()
+    blocks = [decoder.decode(p) for s, p in kind(frames, f.HEADERS)]
+    assert blocks[-1] == [("grpc-status", "0")]
+    assert await settle(lambda: served.open_calls() == 0)
     raw.writer.close()
