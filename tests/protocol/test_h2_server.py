@@ -762,3 +762,19 @@ async def test_a_request_in_continuation_and_padded_frames_is_served(serve: Fact
     assert blocks[-1] == [("grpc-status", "0")]
     assert await settle(lambda: served.open_calls() == 0)
     raw.writer.close()
+
+
+async def test_grpc_message_is_percent_encoded_on_the_wire(serve: Factory) -> None:
+    served = await serve()
+    raw = await Frames.open(served.port)
+    fields = [(n, b"/t.S/Abort" if n == b":path" else v) for n, v in REQUEST]
+    details = "50% off ✓\n".encode()
+    raw.writer.write(f.frame(f.HEADERS, f.END_HEADERS, 1, raw.encoder.encode(fields))
+                     + f.frame(f.DATA, f.END_STREAM, 1,
+                               struct.pack(">BI", 0, len(details)) + details))
+    frames = await raw.until(lambda fs: kind(fs, f.HEADERS))
+    trailers = dict(hpack.Decoder().decode(kind(frames, f.HEADERS)[0][1], raw=True))
+    assert trailers[b":status"] == b"200"  # trailers-only: no message was sent
+    assert trailers[b"grpc-status"] == b"%d" % grpc.StatusCode.FAILED_PRECONDITION.value[0]
+    assert trailers[b"grpc-message"] == b"50%25 off %E2%9C%93%0A"
+    raw.writer.close()
