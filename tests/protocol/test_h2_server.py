@@ -778,3 +778,22 @@ async def test_grpc_message_is_percent_encoded_on_the_wire(serve: Factory) -> No
     assert trailers[b"grpc-status"] == b"%d" % grpc.StatusCode.FAILED_PRECONDITION.value[0]
     assert trailers[b"grpc-message"] == b"50%25 off %E2%9C%93%0A"
     raw.writer.close()
+
+
+async def test_stop_cuts_the_calls_of_a_peer_not_reading(serve: Factory) -> None:
+    served = await serve()
+    raw = await Frames.open(served.port)
+    raw.request(1, b"stuck")
+    assert await asyncio.wait_for(served.state.started.get(), WAIT) == "stuck"
+    pings = f.frame(f.PING, 0, 0, b"12345678") * 4096
+    for _ in range(1000):  # until the server holds answers it cannot write
+        raw.writer.write(pings)
+        try:
+            await asyncio.wait_for(raw.writer.drain(), 2)
+        except asyncio.TimeoutError:
+            break
+    assert any(p.transport.get_write_buffer_size() for p in served.server.connections)
+    await asyncio.wait_for(served.server.stop(0), WAIT)
+    # cut when stop() returns, though the transport still waits to flush to the peer
+    assert served.state.cancelled == ["stuck"] and served.state.finally_ran == ["stuck"]
+    raw.writer.transport.abort()

@@ -365,6 +365,11 @@ class _Protocol(asyncio.Protocol):
         """Cut the connection (and with it every call still open)."""
         if self.transport is not None:
             self.transport.close()
+        # Now, not at connection_lost: the transport first flushes what it holds, and a peer
+        # not reading would keep these calls running after stop().
+        calls, self.calls = self.calls, {}
+        for call in calls.values():
+            call.cancel()
 
 
 class Server:
