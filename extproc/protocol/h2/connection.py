@@ -6,9 +6,10 @@ Bytes go in through ``receive``, which returns what happened (``Request``, ``Dat
 control both ways, SETTINGS, PING, CONTINUATION and the stream states (RFC 9113 §5.1) are
 kept here, so the asyncio side (``server.py``) only moves bytes and runs handlers.
 
-Receive windows are replenished as data arrives: the messages go to their stream's handler
-at once, and a gRPC message above the server's size limit ends its stream (``server.py``),
-so a peer cannot make this side buffer without bound.
+The connection's receive window is replenished as data arrives, a stream's once the
+application says it has taken the data (``consumed``): a handler that does not read stops
+its peer after one stream window, so a peer cannot make this side buffer without bound (a
+gRPC message above the server's size limit ends its stream, ``server.py``).
 """
 
 from __future__ import annotations
@@ -64,14 +65,17 @@ class ConnectionError_(Exception):
 
 
 class _Stream:
-    __slots__ = ("send_window", "recv_window", "pending", "remote_closed", "local_closed")
+    __slots__ = ("send_window", "recv_window", "returned", "pending", "remote_closed",
+                 "local_closed", "finishing")
 
     def __init__(self, send_window: int, recv_window: int) -> None:
         self.send_window = send_window
         self.recv_window = recv_window
+        self.returned = 0  # consumed, not yet given back to the peer in a WINDOW_UPDATE
         self.pending: deque[tuple[bytes, bool, bool]] = deque()  # (payload, is_headers, end)
         self.remote_closed = False
         self.local_closed = False
+        self.finishing = False  # finish() came while output was pending: reset once it went
 
 
 class ServerConnection:
@@ -84,6 +88,10 @@ class ServerConnection:
         self._preface = False
         self._out = bytearray()
         self._decoder = hpack.Decoder(max_header_list_size)
+        # An encoded block is no longer than the list it decodes to (each field counts 32
+        # bytes more there); twice that leaves room for odd encoders. Without a bound, a peer
+        # sending CONTINUATION frames without END_HEADERS grows the block for ever.
+        self._max_block = 2 * max_header_list_size
         self._max_streams = max_concurrent_streams
         self._initial_recv = initial_window
         self._max_frame = max_frame_size
@@ -165,6 +173,9 @@ class ServerConnection:
             if self._block is None:
                 raise ConnectionError_(f.PROTOCOL_ERROR, "CONTINUATION without HEADERS")
             self._block[2].extend(payload)
+            if len(self._block[2]) > self._max_block:
+                raise ConnectionError_(f.PROTOCOL_ERROR,
+                                       f"header block over {self._max_block} bytes")
             if flags & f.END_HEADERS:
                 block_sid, block_flags, fragments = self._block
                 self._block = None
@@ -172,7 +183,7 @@ class ServerConnection:
         elif kind == f.SETTINGS:
             self._settings(flags, sid, payload)
         elif kind == f.WINDOW_UPDATE:
-            self._window_update(sid, payload)
+            self._window_update(sid, payload, events)
         elif kind == f.PING:
             if sid or len(payload) != 8:
                 raise ConnectionError_(f.PROTOCOL_ERROR, "malformed PING")
@@ -221,13 +232,26 @@ class ServerConnection:
             events.append(Reset(sid, f.FLOW_CONTROL_ERROR))
             return
         ended = bool(flags & f.END_STREAM)
-        if not ended and stream.recv_window < self._initial_recv // 2:
-            self._out += f.window_update(sid, self._initial_recv - stream.recv_window)
-            stream.recv_window = self._initial_recv
         data = self._unpad(flags, payload)
         if ended:
             self._remote_close(sid, stream)
+        elif size > len(data):
+            self._give_back(sid, stream, size - len(data))  # padding: never the application's
         events.append(Data(sid, data, ended))
+
+    def consumed(self, sid: int, size: int) -> None:
+        """The application has taken ``size`` bytes of a stream's data: the peer may send as
+        much more (said once half the stream window is owed)."""
+        stream = self._streams.get(sid)
+        if stream is not None and not stream.remote_closed:
+            self._give_back(sid, stream, size)
+
+    def _give_back(self, sid: int, stream: _Stream, size: int) -> None:
+        stream.returned += size
+        if stream.returned and stream.returned >= self._initial_recv // 2:
+            self._out += f.window_update(sid, stream.returned)
+            stream.recv_window += stream.returned
+            stream.returned = 0
 
     def _headers(self, flags: int, sid: int, payload: bytes, events: list) -> None:
         if not sid:
@@ -253,6 +277,11 @@ class ServerConnection:
             if not stream.remote_closed:
                 self._remote_close(sid, stream)
                 events.append(Data(sid, b"", True))
+            return
+        if sid <= self._last_stream and sid % 2 and ended:
+            # Trailers of a stream we reset, refused or finished: the peer may have sent them
+            # before it saw that (RFC 9113 §5.1, "closed"), so they are ignored as its DATA
+            # is; a connection error would end every other stream of the connection.
             return
         if sid % 2 == 0 or sid <= self._last_stream:
             raise ConnectionError_(f.PROTOCOL_ERROR, f"stream {sid} cannot be opened")
@@ -283,6 +312,8 @@ class ServerConnection:
                 delta, self._peer_initial = value - self._peer_initial, value
                 for stream in self._streams.values():
                     stream.send_window += delta
+                    if stream.send_window > f.MAX_WINDOW:  # §6.9.2
+                        raise ConnectionError_(f.FLOW_CONTROL_ERROR, "a stream window overflows")
             elif key == f.MAX_FRAME_SIZE:
                 if not f.DEFAULT_FRAME_SIZE <= value <= f.MAX_FRAME_SIZE_LIMIT:
                     raise ConnectionError_(f.PROTOCOL_ERROR, "max frame size out of range")
@@ -292,7 +323,7 @@ class ServerConnection:
         self._out += f.frame(f.SETTINGS, f.ACK, 0)
         self._flush_blocked()
 
-    def _window_update(self, sid: int, payload: bytes) -> None:
+    def _window_update(self, sid: int, payload: bytes, events: list) -> None:
         if len(payload) != 4:
             raise ConnectionError_(f.FRAME_SIZE_ERROR, "WINDOW_UPDATE of a wrong size")
         increment = _U32.unpack(payload)[0] & 0x7FFFFFFF
@@ -308,13 +339,15 @@ class ServerConnection:
                 return
             stream.send_window += increment
             if not increment or stream.send_window > f.MAX_WINDOW:
-                self._reset(sid, f.PROTOCOL_ERROR if not increment else f.FLOW_CONTROL_ERROR)
+                code = f.PROTOCOL_ERROR if not increment else f.FLOW_CONTROL_ERROR
+                self._reset(sid, code)
+                events.append(Reset(sid, code))  # its handler must stop waiting on it
                 return
         self._flush_blocked()
 
     def _remote_close(self, sid: int, stream: _Stream) -> None:
         stream.remote_closed = True
-        if stream.local_closed:
+        if stream.local_closed and not stream.pending:  # else the rest still goes out
             self._forget(sid)
 
     def _forget(self, sid: int) -> bool:
@@ -368,6 +401,10 @@ class ServerConnection:
         elif end_stream:
             self._local_close(sid, stream)
 
+    def blocked(self, sid: int) -> bool:
+        """Whether output on the stream waits for the peer's windows."""
+        return sid in self._blocked
+
     def _emit_data(self, sid: int, stream: _Stream, data: bytes, end: bool) -> bytes | None:
         """Send what the windows allow; the unsent rest, or None when all went."""
         at, size = 0, len(data)
@@ -403,7 +440,9 @@ class ServerConnection:
                 stream.pending.popleft()
             if not stream.pending:
                 self._blocked.discard(sid)
-                if stream.local_closed:
+                if stream.finishing and not stream.remote_closed:
+                    self._reset(sid, f.NO_ERROR)
+                elif stream.local_closed:
                     self._local_close(sid, stream)
 
     def _local_close(self, sid: int, stream: _Stream) -> None:
@@ -424,8 +463,11 @@ class ServerConnection:
         """Our side is done: a peer still sending is asked to stop (RST_STREAM NO_ERROR,
         §8.1), once what is pending has gone."""
         stream = self._streams.get(sid)
-        if stream is not None and not stream.remote_closed and not stream.pending:
-            self._reset(sid, f.NO_ERROR)
+        if stream is not None and not stream.remote_closed:
+            if stream.pending:
+                stream.finishing = True  # else the stream stays while the peer keeps it open
+            else:
+                self._reset(sid, f.NO_ERROR)
 
     def goaway(self, code: int = f.NO_ERROR) -> None:
         """Say no new stream will be served (graceful: the open ones continue)."""

@@ -35,6 +35,10 @@ _PREFIX = struct.Struct(">BI")
 _GRPC = b"application/grpc"
 _RESPONSE_HEAD = f.STATUS_200 + f.literal(b"content-type", _GRPC)
 _OK_TRAILERS = f.literal(b"grpc-status", b"0")
+#: Bytes of whole messages a handler has not read yet past which its stream's window is no
+#: longer given back: the peer then stops after one more window, instead of this side
+#: buffering whatever it sends.
+_UNREAD_LIMIT = 1 << 20
 
 
 def _trailers(code: grpc.StatusCode, message: str) -> bytes:
@@ -61,7 +65,8 @@ class Call:
     """One RPC: its incoming messages, and the servicer context its handler is given."""
 
     __slots__ = ("_protocol", "_sid", "_deserialize", "_serialize", "_messages", "_waiter",
-                 "_buffer", "_ended", "_headers_sent", "_finished", "_callbacks", "task")
+                 "_buffer", "_unread", "_owed", "_ended", "_headers_sent", "_finished",
+                 "_callbacks", "task")
 
     def __init__(self, protocol: "_Protocol", sid: int, deserialize: Callable | None,
                  serialize: Callable | None) -> None:
@@ -70,6 +75,8 @@ class Call:
         self._messages: deque[bytes] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._buffer = b""
+        self._unread = 0  # bytes in _messages
+        self._owed = 0  # bytes received, not yet given back to the stream window
         self._ended = False
         self._headers_sent = False
         self._finished = False
@@ -89,6 +96,10 @@ class Call:
             finally:
                 self._waiter = None
         raw = self._messages.popleft()
+        self._unread -= len(raw)
+        if self._owed and self._unread <= _UNREAD_LIMIT:
+            self._give_back()
+            self._protocol.schedule_flush()
         return self._deserialize(raw) if self._deserialize is not None else raw
 
     async def write(self, message: Any) -> None:
@@ -101,6 +112,8 @@ class Call:
             self._headers_sent = True
             conn.send_headers(self._sid, _RESPONSE_HEAD)
         conn.send_data(self._sid, _PREFIX.pack(0, len(raw)) + raw)
+        if conn.blocked(self._sid):  # the peer reads slower: wait, as grpc.aio does, not queue
+            await self._protocol.unblocked(self._sid)
         await self._protocol.flushed()
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
@@ -128,6 +141,8 @@ class Call:
 
     def feed(self, data: bytes, ended: bool, limit: int) -> None:
         """Bytes of the request stream; whole messages become readable."""
+        if self._finished:
+            return  # its status is said: nothing more to read (nor to keep)
         buffer = self._buffer + data if self._buffer else data
         at = 0
         while len(buffer) - at >= 5:
@@ -142,12 +157,20 @@ class Call:
             if len(buffer) - at - 5 < length:
                 break
             self._messages.append(buffer[at + 5:at + 5 + length])
+            self._unread += length
             at += 5 + length
         self._buffer = buffer[at:] if at < len(buffer) else b""
+        self._owed += len(data)
+        if self._unread <= _UNREAD_LIMIT:  # (the caller, data_received, writes it out)
+            self._give_back()
         if ended:
             self._ended = True
         if self._waiter is not None and not self._waiter.done() and (self._messages or ended):
             self._waiter.set_result(None)
+
+    def _give_back(self) -> None:
+        self._protocol.conn.consumed(self._sid, self._owed)
+        self._owed = 0
 
     def finish(self, code: grpc.StatusCode, message: str = "") -> None:
         """Send the call's status (trailers) once; later calls do nothing."""
@@ -165,7 +188,13 @@ class Call:
 
     def cancel(self) -> None:
         """The call is over without a status (reset, lost connection, server stop)."""
+        if not self._finished:  # a handler's own CancelledError: no status will come, and
+            self._protocol.conn.reset(self._sid)  # the peer must not wait for one
+            self._protocol.schedule_flush()
         self._finished = True
+        # A task cancelled before its first step never runs _run's finally: the call would
+        # stay in calls (and stop() would wait out its grace for it).
+        self._protocol.calls.pop(self._sid, None)
         self._done()
         if self.task is not None:
             self.task.cancel()
@@ -173,7 +202,10 @@ class Call:
     def _done(self) -> None:
         callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
-            callback(self)
+            try:
+                callback(self)
+            except Exception:  # run where the connection reads: raised, it would cut it
+                log.error("gRPC done callback failed", exc_info=True)
 
 
 class _Protocol(asyncio.Protocol):
@@ -187,9 +219,13 @@ class _Protocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._flush_due = False
         self._writable: asyncio.Future[None] | None = None
+        self._stalled: dict[int, asyncio.Future[None]] = {}  # streams waiting on the peer
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        if self.server.stopping:  # accepted before stop(), its TLS handshake ending after it:
+            transport.close()  # stop() did not see it, so it would be served on after stop()
+            return
         self.server.connections.add(self)
         self.schedule_flush()  # our SETTINGS
 
@@ -208,6 +244,8 @@ class _Protocol(asyncio.Protocol):
                     call.cancel()
             elif type(event) is Closed:
                 log.warning("HTTP/2 connection error from the peer", error=event.why)
+        if self._stalled:  # a WINDOW_UPDATE or SETTINGS may have let their output go
+            self._wake(lambda sid: not self.conn.blocked(sid))
         self._flush()
         if self.conn.closed and self.transport is not None:
             self.transport.close()
@@ -265,6 +303,21 @@ class _Protocol(asyncio.Protocol):
         finally:
             self.calls.pop(call._sid, None)  # noqa: SLF001 (the protocol owns its calls)
 
+    async def unblocked(self, sid: int) -> None:
+        """Return once the stream's output no longer waits for the peer's windows (or the
+        stream, or the connection, is gone)."""
+        self.schedule_flush()
+        waiter = self._stalled.get(sid)
+        if waiter is None:
+            waiter = self._stalled[sid] = self.loop.create_future()
+        await waiter  # (a cancelled one stays in _stalled until its stream is gone or free)
+
+    def _wake(self, which: Callable[[int], bool]) -> None:
+        for sid in [sid for sid in self._stalled if which(sid)]:
+            waiter = self._stalled.pop(sid)
+            if not waiter.done():
+                waiter.set_result(None)
+
     def schedule_flush(self) -> None:
         """Write what the connection has to send, once, later in this turn of the loop."""
         if not self._flush_due:
@@ -285,15 +338,20 @@ class _Protocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._writable = self.loop.create_future()
+        if self.transport is not None:  # else each PING, SETTINGS... of a peer not reading
+            self.transport.pause_reading()  # adds its answer to what we hold, without bound
 
     def resume_writing(self) -> None:
         writable, self._writable = self._writable, None
         if writable is not None and not writable.done():
             writable.set_result(None)
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
         self.resume_writing()
+        self._wake(lambda sid: True)
         calls, self.calls = self.calls, {}
         for call in calls.values():
             call.cancel()
@@ -307,6 +365,11 @@ class _Protocol(asyncio.Protocol):
         """Cut the connection (and with it every call still open)."""
         if self.transport is not None:
             self.transport.close()
+        # Now, not at connection_lost: the transport first flushes what it holds, and a peer
+        # not reading would keep these calls running after stop().
+        calls, self.calls = self.calls, {}
+        for call in calls.values():
+            call.cancel()
 
 
 class Server:
@@ -317,6 +380,7 @@ class Server:
         self.max_message = max_message
         self.max_concurrent_streams = max_concurrent_streams
         self.connections: set[_Protocol] = set()
+        self.stopping = False  # stop() has begun: a connection made now is closed at once
         self._generic: list[grpc.GenericRpcHandler] = []
         self._registered: dict[str, Any] = {}
         self._methods: dict[str, Any] = {}
@@ -363,6 +427,7 @@ class Server:
 
     async def stop(self, grace: float | None) -> None:
         """Take no new calls; give open ones ``grace`` seconds, then cut them."""
+        self.stopping = True
         for listener in self._listeners:
             listener.close()
         for protocol in list(self.connections):
