@@ -1,0 +1,192 @@
+"""One gRPC call on the native server: its messages in, the servicer context its handler is
+given (the part of ``grpc.aio.ServicerContext`` the service's handlers use), its status out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections import deque
+from typing import TYPE_CHECKING, Any, Callable
+
+import grpc
+
+from ...logs import get_logger
+from . import frames as f
+
+if TYPE_CHECKING:
+    from .server import _Protocol
+
+log = get_logger(__name__)
+
+EOF = grpc.aio.EOF
+_PREFIX = struct.Struct(">BI")
+GRPC_CONTENT_TYPE = b"application/grpc"
+_RESPONSE_HEAD = f.STATUS_200 + f.literal(b"content-type", GRPC_CONTENT_TYPE)
+_OK_TRAILERS = f.literal(b"grpc-status", b"0")
+#: Bytes of whole messages a handler has not read yet past which its stream's window is no
+#: longer given back: the peer then stops after one more window, instead of this side
+#: buffering whatever it sends.
+_UNREAD_LIMIT = 1 << 20
+
+
+def _trailers(code: grpc.StatusCode, message: str) -> bytes:
+    if code is grpc.StatusCode.OK and not message:
+        return _OK_TRAILERS
+    block = f.literal(b"grpc-status", str(code.value[0]).encode())
+    if message:  # percent-encoded (gRPC over HTTP/2: grpc-message)
+        encoded = "".join(c if " " <= c <= "~" and c != "%" else
+                          "".join(f"%{b:02X}" for b in c.encode()) for c in message)
+        block += f.literal(b"grpc-message", encoded.encode("ascii"))
+    return block
+
+
+class Aborted(Exception):
+    """Raised by ``Call.abort`` to unwind the handler (its status is already sent)."""
+
+
+class Call:
+    """One RPC: its incoming messages, and the servicer context its handler is given."""
+
+    __slots__ = ("_protocol", "_sid", "_deserialize", "_serialize", "_messages", "_waiter",
+                 "_buffer", "_unread", "_owed", "_ended", "_headers_sent", "_finished",
+                 "_callbacks", "task")
+
+    def __init__(self, protocol: "_Protocol", sid: int, deserialize: Callable | None,
+                 serialize: Callable | None) -> None:
+        self._protocol, self._sid = protocol, sid
+        self._deserialize, self._serialize = deserialize, serialize
+        self._messages: deque[bytes] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._buffer = b""
+        self._unread = 0  # bytes in _messages
+        self._owed = 0  # bytes received, not yet given back to the stream window
+        self._ended = False
+        self._headers_sent = False
+        self._finished = False
+        self._callbacks: list[Callable[[Any], None]] = []
+        self.task: asyncio.Task[None] | None = None
+
+    # ---- the servicer context --------------------------------------------------------------
+
+    async def read(self) -> Any:
+        """The next request message, or ``EOF`` once the peer has ended its side."""
+        while not self._messages:
+            if self._ended:
+                return EOF
+            self._waiter = self._protocol.loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        raw = self._messages.popleft()
+        self._unread -= len(raw)
+        if self._owed and self._unread <= _UNREAD_LIMIT:
+            self._give_back()
+            self._protocol.schedule_flush()
+        return self._deserialize(raw) if self._deserialize is not None else raw
+
+    async def write(self, message: Any) -> None:
+        """Send one response message."""
+        if self._finished:
+            return
+        raw = message if isinstance(message, bytes) else self._serialize(message)
+        conn = self._protocol.conn
+        if not self._headers_sent:
+            self._headers_sent = True
+            conn.send_headers(self._sid, _RESPONSE_HEAD)
+        conn.send_data(self._sid, _PREFIX.pack(0, len(raw)) + raw)
+        if conn.blocked(self._sid):  # the peer reads slower: wait, as grpc.aio does, not queue
+            await self._protocol.unblocked(self._sid)
+        await self._protocol.flushed()
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        """End the call with ``code`` and unwind the handler."""
+        self.finish(code, details)
+        raise Aborted(details)
+
+    def add_done_callback(self, callback: Callable[[Any], None]) -> None:
+        """Call ``callback(self)`` when the call ends, however it ends."""
+        if self._finished:
+            callback(self)
+        else:
+            self._callbacks.append(callback)
+
+    def __aiter__(self) -> "Call":
+        return self
+
+    async def __anext__(self) -> Any:
+        message = await self.read()
+        if message is EOF:
+            raise StopAsyncIteration
+        return message
+
+    # ---- the connection's side -------------------------------------------------------------
+
+    def feed(self, data: bytes, ended: bool, limit: int) -> None:
+        """Bytes of the request stream; whole messages become readable."""
+        if self._finished:
+            return  # its status is said: nothing more to read (nor to keep)
+        buffer = self._buffer + data if self._buffer else data
+        at = 0
+        while len(buffer) - at >= 5:
+            compressed, length = _PREFIX.unpack_from(buffer, at)
+            if length > limit or compressed:
+                self.finish(grpc.StatusCode.RESOURCE_EXHAUSTED if length > limit
+                            else grpc.StatusCode.UNIMPLEMENTED,
+                            f"message of {length} bytes; the limit is {limit}" if length > limit
+                            else "compressed messages are not supported")
+                self.cancel()
+                return
+            if len(buffer) - at - 5 < length:
+                break
+            self._messages.append(buffer[at + 5:at + 5 + length])
+            self._unread += length
+            at += 5 + length
+        self._buffer = buffer[at:] if at < len(buffer) else b""
+        self._owed += len(data)
+        if self._unread <= _UNREAD_LIMIT:  # (the caller, data_received, writes it out)
+            self._give_back()
+        if ended:
+            self._ended = True
+        if self._waiter is not None and not self._waiter.done() and (self._messages or ended):
+            self._waiter.set_result(None)
+
+    def _give_back(self) -> None:
+        self._protocol.conn.consumed(self._sid, self._owed)
+        self._owed = 0
+
+    def finish(self, code: grpc.StatusCode, message: str = "") -> None:
+        """Send the call's status (trailers) once; later calls do nothing."""
+        if self._finished:
+            return
+        self._finished = True
+        conn = self._protocol.conn
+        trailers = _trailers(code, message)
+        if not self._headers_sent:  # trailers-only response
+            trailers = _RESPONSE_HEAD + trailers
+        conn.send_headers(self._sid, trailers, end_stream=True)
+        conn.finish(self._sid)
+        self._protocol.schedule_flush()
+        self._done()
+
+    def cancel(self) -> None:
+        """The call is over without a status (reset, lost connection, server stop)."""
+        if not self._finished:  # a handler's own CancelledError: no status will come, and
+            self._protocol.conn.reset(self._sid)  # the peer must not wait for one
+            self._protocol.schedule_flush()
+        self._finished = True
+        # A task cancelled before its first step never runs _run's finally: the call would
+        # stay in calls (and stop() would wait out its grace for it).
+        self._protocol.calls.pop(self._sid, None)
+        self._done()
+        if self.task is not None:
+            self.task.cancel()
+
+    def _done(self) -> None:
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            try:
+                callback(self)
+            except Exception:  # run where the connection reads: raised, it would cut it
+                log.error("gRPC done callback failed", exc_info=True)
