@@ -708,3 +708,20 @@ def test_a_settings_change_overflowing_a_stream_window_is_a_flow_control_error()
     assert server.receive(f.window_update(1, f.MAX_WINDOW - f.DEFAULT_WINDOW)) == []
     events = server.receive(f.settings({f.INITIAL_WINDOW_SIZE: f.DEFAULT_WINDOW + 1}))
     assert [type(e) for e in events] == [Closed] and events[0].code == f.FLOW_CONTROL_ERROR
+
+
+def test_a_remembered_header_block_decodes_anew_once_the_table_changes() -> None:
+    pair = Pair()
+    encoder = hpack.Encoder()
+    # Stream 1 inserts x-a into the dynamic table; streams 3 and 7 send the same bytes, an
+    # indexed reference to the newest entry, which stream 5 changes (it inserts x-b).
+    first = encoder.encode(REQUEST + [(b"x-tag", b"a")])
+    newest = b"\xbe"  # indexed field 62: the dynamic table's newest entry
+    block = encoder.encode(REQUEST) + newest
+    inserts_b = encoder.encode(REQUEST + [(b"x-tag", b"b")])
+    tags = []
+    for sid, payload in ((1, first), (3, block), (5, inserts_b), (7, block), (9, block)):
+        (event,) = pair.raw(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, sid, payload))
+        assert isinstance(event, Request)
+        tags.append(dict(event.headers)[b"x-tag"])
+    assert tags == [b"a", b"a", b"b", b"b", b"b"]
