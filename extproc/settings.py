@@ -95,9 +95,9 @@ class Settings:
                               "for kubelet probes when the ext_proc listener uses (m)TLS "
                               "(empty: health only on --listen)", group="listeners",
                               metavar="HOST:PORT")
-    event_loop: str = _opt("uvloop", "asyncio event loop under grpc.aio: uvloop (about 10 % "
-                           "less CPU per request than asyncio's own at c=32, measured in "
-                           "docs/benchmarks.md part 6) or asyncio", group="listeners",
+    event_loop: str = _opt("uvloop", "asyncio event loop: uvloop (less CPU per request than "
+                           "asyncio's own at c=32, measured in docs/benchmarks.md part 6) or "
+                           "asyncio", group="listeners",
                            metavar="LOOP")
     grpc_server: str = _opt("native", "the gRPC server on --listen: native (the service's own "
                             "HTTP/2 on the event loop: less CPU and fewer context switches "

@@ -1,7 +1,8 @@
 """The data path through the real Envoy: client → Envoy → our ext_proc → the member.
 
 The ext_proc runs in-process with static pools (members judge and coder always reachable),
-Envoy is the real binary on loopback, and the members are fake OpenAI-compatible upstreams.
+on its own gRPC server and on grpc.aio (``--grpc-server``), Envoy is the real binary on
+loopback, and the members are fake OpenAI-compatible upstreams.
 """
 
 from __future__ import annotations
@@ -23,13 +24,15 @@ pytestmark = pytest.mark.envoy
 POOLS = DEMO_POOLS + "    aliases: {gpt-4o-mini: judge}\n"
 
 
-@pytest.fixture
-async def stack(tmp_path: Path, upstreams, envoy_factory):
-    """Our service + Envoy + two fake members; yields (envoy, upstreams, service)."""
+@pytest.fixture(params=["native", "grpcio"])
+async def stack(request, tmp_path: Path, upstreams, envoy_factory):
+    """Our service (on each of its gRPC servers) + Envoy + two fake members; yields
+    (envoy, upstreams, service)."""
     pools = tmp_path / "pools.yaml"
     pools.write_text(POOLS)
     service = Service(Settings(listen="127.0.0.1:0", metrics_listen="127.0.0.1:0",
-                               pools_file=str(pools), max_body_bytes=64 * 1024))
+                               pools_file=str(pools), max_body_bytes=64 * 1024,
+                               grpc_server=request.param))
     await service.start()
     envoy = envoy_factory(service.grpc_port, {f"{name}.demo": handle.port
                                               for name, handle in upstreams.items()})
