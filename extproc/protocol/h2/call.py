@@ -7,17 +7,32 @@ from __future__ import annotations
 import asyncio
 import struct
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 import grpc
 
 from ...logs import get_logger
 from . import frames as f
-
-if TYPE_CHECKING:
-    from .server import _Protocol
+from .connection import ServerConnection
 
 log = get_logger(__name__)
+
+
+class Link(Protocol):
+    """What a call needs of its connection (``server._Protocol``)."""
+
+    loop: asyncio.AbstractEventLoop
+    conn: ServerConnection
+    calls: dict[int, "Call"]
+
+    def schedule_flush(self) -> None:
+        """Write what the connection has to send, later in this turn of the loop."""
+
+    async def flushed(self) -> None:
+        """Return once the transport takes more."""
+
+    async def unblocked(self, sid: int) -> None:
+        """Return once the stream's output no longer waits for the peer's windows."""
 
 EOF = grpc.aio.EOF
 _PREFIX = struct.Struct(">BI")
@@ -52,7 +67,7 @@ class Call:
                  "_buffer", "_unread", "_owed", "_ended", "_headers_sent", "_finished",
                  "_callbacks", "task")
 
-    def __init__(self, protocol: "_Protocol", sid: int, deserialize: Callable | None,
+    def __init__(self, protocol: Link, sid: int, deserialize: Callable | None,
                  serialize: Callable | None) -> None:
         self._protocol, self._sid = protocol, sid
         self._deserialize, self._serialize = deserialize, serialize
