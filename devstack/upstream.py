@@ -107,7 +107,10 @@ async def start_upstream(
     app = build_app(name, token_delay_ms, slots)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    # uvicorn's backlog (vLLM serves with it), not aiohttp's 128: a release sends every held
+    # request at once, and an overflowing accept queue drops connections the client already
+    # counts as open (Envoy's 503 UC) or SYNs (503 UF after its connect timeout)
+    site = web.TCPSite(runner, host, port, backlog=2048)
     await site.start()
     bound_port = runner.addresses[0][1]
     return UpstreamHandle(name, host, bound_port, app[STATS_KEY], runner)
