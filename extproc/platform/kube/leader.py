@@ -25,6 +25,7 @@ import math
 import time
 from collections.abc import Callable
 
+from extproc.backoff import Backoff
 from extproc.logs import get_logger
 from extproc.platform.kube._calls import describe
 from extproc.platform.kube.leases import Lease, LeaseClient, micro_time
@@ -50,6 +51,8 @@ class LeaderLease:
         self.duration = int(settings.leader_lease_duration)
         self.renew_deadline = settings.leader_renew_deadline
         self.retry = settings.leader_retry
+        self._api_retry = settings.api_retry_initial
+        self._failed = False  # the last attempt's API call failed (not: the Lease is another's)
         self.epoch = -1  # leaseTransitions of the Lease while we hold it
         self._clock = clock
         self._observed: Lease | None = None
@@ -69,6 +72,7 @@ class LeaderLease:
     async def try_acquire_or_renew(self) -> bool:
         """One attempt: take the Lease if free or expired, renew it if ours; True if we hold it."""
         sent = self._clock()
+        self._failed = True
         try:
             lease = await self.leases.get(self.name)
             if lease is None:
@@ -80,11 +84,13 @@ class LeaderLease:
                 self._observe(lease, sent)
                 if lease.holder not in ("", self.identity) and \
                         sent < self._observed_at + lease.duration_seconds:
+                    self._failed = False
                     return False  # held by another, and not silent for a full duration yet
                 lease = await self._write(lease)
         except FAILURES as exc:
             log.info("leader lease not renewed", lease=self.name, error=describe(exc))
             return False
+        self._failed = False
         self._observe(lease, sent)
         self._renewed_sent = sent
         self.epoch = lease.transitions
@@ -143,14 +149,20 @@ class LeaderLease:
         """Try every `leader_retry` seconds (at once after `announce`) until cancelled;
         `on_change` hears each gain and loss, `on_rest` each announcement once in force."""
         leading = False
+        # A failed attempt waits out this backoff (up to one retry period) before the next: a
+        # leader whose announcement did not land is not at rest, and retrying it at once was a
+        # hot loop for as long as the API refused (thousands of calls in a 10 s outage).
+        backoff = Backoff(self._api_retry, self.retry)
         while True:
             self._wake.clear()
+            wanted = self.desired
             # One attempt may not outlast the renew deadline (client-go's bound too).
             # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation that
             # meets the inner call's end, and this loop must stop when cancelled (leave()).
+            renewed = False
             try:
                 async with asyncio.timeout(self.renew_deadline):
-                    await self.try_acquire_or_renew()
+                    renewed = await self.try_acquire_or_renew()
             except TimeoutError:
                 log.info("leader lease attempt timed out", lease=self.name)
             if self.is_leader() != leading:
@@ -160,8 +172,15 @@ class LeaderLease:
                 on_rest(*news)
             if not self.is_leader():
                 self._told = None  # a later lead tells its announcement afresh
-            if self.is_leader() and not self.at_rest():
+            if renewed and self.desired != wanted and self.is_leader():
                 continue  # the announcement changed while we wrote: write it now
+            # A candidate refused because another holds the Lease made a good attempt; only
+            # a failed call (the API unreachable, refusing, a conflict) backs off.
+            # Only then does a new announcement not cut the wait short.
+            if not renewed and self._failed:
+                await asyncio.sleep(min(self._next_try(), backoff.next_delay()))
+                continue
+            backoff.reset()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._next_try()):
                     await self._wake.wait()

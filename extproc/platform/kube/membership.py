@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from extproc.backoff import Backoff
 from extproc.logs import get_logger
 from extproc.platform.contract import Peer, PoolLoad
 from extproc.platform.kube._calls import TRANSPORT_ERRORS, describe
@@ -108,6 +109,8 @@ class Membership:
         self.renew_every = settings.membership_renew
         self.margin = settings.lease_margin
         self.write_interval = settings.membership_write_interval
+        # after a failed write: the next one within a renew period, sooner at first
+        self._backoff = Backoff(settings.api_retry_initial, self.renew_every)
         self.valid_until = -math.inf
         self.failed_renews = 0
         self._load = load
@@ -136,7 +139,7 @@ class Membership:
     async def start(self) -> None:
         """Create (or take back) this replica's Lease, retrying until it is written, then renew on."""
         while not await self._renew():
-            await asyncio.sleep(self.renew_every)
+            await asyncio.sleep(self._backoff.next_delay())
         if self._lists_peers:
             await self._refresh_peers()
         self._task = asyncio.create_task(self._run(), name=f"membership {self.name}")
@@ -208,17 +211,27 @@ class Membership:
             log.warning("membership lease not deleted", lease=self.name, error=describe(exc))
 
     async def _run(self) -> None:
+        retry_in, failing = self.renew_every, False
         while True:
-            wait = self._last_attempt + self.renew_every - self._clock()
+            wait = self._last_attempt + retry_in - self._clock()
             with contextlib.suppress(TimeoutError):  # (asyncio.timeout: see leader.run)
                 async with asyncio.timeout(max(0.0, wait)):
                     await self._wake.wait()
             early = self._wake.is_set()
-            if early and not self._urgent:  # an early write: at most one per write_interval
-                await asyncio.sleep(max(0.0, self._last_attempt + self.write_interval - self._clock()))
+            # An early write waits at least write_interval after the last attempt (urgent ones
+            # not), and after a failed attempt every write, urgent too, waits out the backoff:
+            # writes asked for during an outage must not turn into a loop against the API.
+            spacing = retry_in if failing else 0.0 if self._urgent else self.write_interval
+            if early:
+                await asyncio.sleep(max(0.0, self._last_attempt + spacing - self._clock()))
             self._wake.clear()
             self._urgent = False
-            await self._renew()
+            failing = not await self._renew()
+            if failing:
+                retry_in = self._backoff.next_delay()
+            else:
+                self._backoff.reset()
+                retry_in = self.renew_every
             self._on_renew()
             if not early and self._lists_peers:
                 await self._refresh_peers()
