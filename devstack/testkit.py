@@ -12,6 +12,8 @@ import asyncio
 import contextlib
 import inspect
 import json
+import os
+import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -150,3 +152,11 @@ async def chat(session: aiohttp.ClientSession, base_url: str, model: str, *,
             if line.startswith(b"data: "):
                 events.append(line[len(b"data: "):].decode().strip())
         return Reply(resp.status, headers, "", began, time.monotonic(), events)
+
+
+def seed_from_env() -> None:
+    """Seed Python's ``random`` from $MODELPOOL_TEST_SEED when set (devstack/soak.py's
+    rounds): the test process's jitter and choices then repeat with the seed."""
+    seed = os.environ.get("MODELPOOL_TEST_SEED")
+    if seed:
+        random.seed(int(seed))

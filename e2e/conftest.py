@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 
 from devstack.stack import LocalStack
+from devstack.testkit import seed_from_env
 from e2e_support import client, extproc_calls, start_stack
 
 RBAC_RECORD_ENV = "MODELPOOL_E2E_RBAC_RECORD"
@@ -23,6 +24,11 @@ RBAC_RECORD_ENV = "MODELPOOL_E2E_RBAC_RECORD"
 ACTUATIONS = ("own", "llmkube")
 # The ext_proc's API calls from every stack of the session (the record file is their union).
 _recorded: list[dict[str, Any]] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A soak round's seed (devstack/soak.py), when one is given."""
+    seed_from_env()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

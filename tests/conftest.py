@@ -16,10 +16,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from devstack import procs
-from devstack.testkit import finish_within
+from devstack.testkit import finish_within, seed_from_env
 from devstack.upstream import UpstreamHandle, start_upstream
 from extproc.protocol import answers
 from extproc.protocol.service import SERVICE
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A soak round's seed (devstack/soak.py), when one is given."""
+    seed_from_env()
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
