@@ -56,7 +56,7 @@ test: bootstrap kube-tools ops-tools schemas
 SOAK_RUNS ?= 3
 SOAK_ARGS ?=
 .PHONY: soak-tests
-soak-tests: bootstrap kube-tools ops-tools schemas
+soak-tests: bootstrap kube-tools ops-tools schemas llama-server
 	$(PY) -m devstack.soak --runs $(SOAK_RUNS) $(SOAK_ARGS)
 
 # MODELPOOL_BENCH_PEER=/path/to/ai-gateway/extproc adds part 1b (the Go peer beside ours).
@@ -218,8 +218,9 @@ $(LLAMA_CACHE)/.built:
 	rm -rf $(LLAMA_CACHE)/build $(LLAMA_CACHE)/src
 	touch $@
 
-$(LLAMA_BIN)/.linked-$(LLAMA_KEY): $(LLAMA_CACHE)/.built
+$(LLAMA_BIN)/.linked-$(LLAMA_KEY): $(LLAMA_CACHE)/.built | $(STAMP)
 	rm -rf $(LLAMA_BIN) && mkdir -p $(LLAMA_BIN)
 	ln -s $(LLAMA_CACHE)/llama-server $(LLAMA_CACHE)/gguf-py $(LLAMA_BIN)/
 	$(LLAMA_BIN)/llama-server --version
+	$(PY) -m pip install -q --disable-pip-version-check $(LLAMA_CACHE)/gguf-py
 	touch $@

@@ -65,6 +65,7 @@ from typing import Any, Iterable
 
 from kubernetes.aio import client
 
+from devstack.llamacpp import LlamaRuntime
 from devstack.procs import LOCALHOST, free_port
 from devstack.simulator_kube import GROUP, PLURAL, SERVICE_LABEL, VERSION, ApiSource, Kube, \
     await_first_lists, connect, controller_parser, disconnect, duration_arg, \
@@ -74,6 +75,7 @@ from devstack.simulator_timeline import Timeline
 
 log = logging.getLogger("devstack.simulator")
 
+RUNTIMES = ("fake", "llama.cpp")
 START_TIMEOUT = 30.0  # start() gives up if the first listing does not arrive by then
 
 
@@ -85,8 +87,13 @@ class MemberSimulator:
                  default_load_delay: float = 3.0, default_unload_delay: float = 1.0,
                  timeline_path: str | os.PathLike[str] | None = None,
                  log_dir: str | os.PathLike[str] | None = None,
-                 rollout_delay: float = 0.0, hosts: dict[str, str] | None = None) -> None:
+                 rollout_delay: float = 0.0, hosts: dict[str, str] | None = None,
+                 runtime: str = "fake", models: str | os.PathLike[str] | None = None) -> None:
         self._api_arg = api
+        if runtime not in RUNTIMES:
+            raise ValueError(f"runtime must be one of {RUNTIMES}: {runtime!r}")
+        self.runtime = runtime
+        self._models = models
         self._hosts = dict(hosts or {})  # member -> its pod's loopback address (127.0.0.1)
         self.namespaces = [namespaces] if isinstance(namespaces, str) else list(namespaces)
         self._ports = dict(ports or {})
@@ -119,9 +126,14 @@ class MemberSimulator:
         """Connect, list every namespace once, and start watching and reconciling."""
         self._api = await connect(self._api_arg)
         kube = Kube(self._api)
+        llama = None
+        if self.runtime == "llama.cpp":
+            llama = await asyncio.to_thread(
+                LlamaRuntime.create, Path(self._models or self.log_dir / "models"),
+                self.log_dir / "slot-save")
         self._ctx = SimContext(kube, self.timeline, self.default_load_delay,
                                self.default_unload_delay, self.port_for, self.log_dir,
-                               self.rollout_delay, self.host_for)
+                               self.rollout_delay, self.host_for, llama)
         listed: list[asyncio.Event] = []
         for ns in self.namespaces:
             done = asyncio.Event()
@@ -212,6 +224,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="default unload delay")
     parser.add_argument("--rollout-delay", type=duration_arg, default=0.0,
                         help="from spec.replicas 1 to the pod object (default 0: at once)")
+    parser.add_argument("--runtime", choices=RUNTIMES, default="fake",
+                        help="members' servers: fake (devstack/upstream.py) or llama.cpp (the "
+                        "real llama-server on a generated model; `make llama-server`)")
+    parser.add_argument("--models", help="llama.cpp: the models' directory (default: "
+                        "<log-dir>/models, the tiny model written there)")
     parser.add_argument("--timeline", help="append the timeline here as JSON lines")
     parser.add_argument("--log-dir", help="upstream process logs (default: a temp dir)")
     return parse_controller_args(parser, argv)
@@ -222,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     sim = MemberSimulator(args.kubeconfig, args.namespaces, dict(args.port), args.load_delay,
                           args.unload_delay, args.timeline, args.log_dir, args.rollout_delay,
-                          dict(args.host))
+                          dict(args.host), args.runtime, args.models)
     run_controller(sim, lambda: f"simulator running: namespaces={sim.namespaces} "
                    f"ports={sim.ports} log_dir={sim.log_dir}")
 

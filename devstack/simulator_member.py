@@ -19,7 +19,8 @@ from typing import Any, Callable
 from devstack.simulator_kube import (
     KILL_SEEN, TRANSIENT, Backoff, Kube, is_terminating, parse_duration, wait_event)
 from devstack.procs import LOCALHOST, ManagedProcess
-from devstack.simulator_server import STOP_GRACE, UpstreamServer, start_standby
+from devstack.llamacpp import LlamaRuntime
+from devstack.simulator_server import STOP_GRACE, MemberServer, UpstreamServer, start_standby
 from devstack.simulator_timeline import Timeline
 from kubernetes.aio.client.exceptions import ApiException
 
@@ -49,6 +50,9 @@ class SimContext:
     # A member's pod address (its podIP): 127.0.0.1, or its own loopback address when the
     # stack runs behind an endpoint picker (pods of one port on distinct addresses).
     host_for: Callable[[str], str] = lambda member: LOCALHOST
+    # Real llama.cpp members (devstack/llamacpp.py) instead of the fake upstream; their own
+    # load is the load, so the simulated load delay defaults to 0 with them.
+    llama: LlamaRuntime | None = None
 
 
 def _annotations(isvc: dict[str, Any] | None) -> dict[str, str]:
@@ -85,7 +89,7 @@ class MemberActor:
         self.namespace, self.name = namespace, name
         self.isvc: dict[str, Any] | None = None
         self.wake = asyncio.Event()
-        self.server: UpstreamServer | None = None
+        self.server: MemberServer | None = None
         self.server_pod: str | None = None  # the pod the running server belongs to
         self.reported: str | None = None  # the last phase this actor wrote
         self.failed_start: str | None = None  # pod whose server would not start: no retry on it
@@ -120,6 +124,8 @@ class MemberActor:
 
     def _refill(self) -> None:
         """Start the member's next server process now, so a load need not wait for it."""
+        if self.ctx.llama is not None:
+            return  # llama-server reads its model at start: nothing to start ahead
         if self.standby is None or not self.standby.running:
             self.standby = start_standby(self.name, self.ctx.port_for(self.name),
                                          self.ctx.log_dir, self.ctx.host_for(self.name))
@@ -271,9 +277,14 @@ class MemberActor:
 
     async def _start_server(self, pod_name: str, adopted: bool) -> None:
         port = self.ctx.port_for(self.name)
-        standby, self.standby = self.standby, None
-        server = UpstreamServer(self.name, port, self.ctx.log_dir, standby,
-                                self.ctx.host_for(self.name))
+        server: MemberServer
+        if self.ctx.llama is not None:
+            server = self.ctx.llama.server(self.name, port, self.ctx.log_dir,
+                                           _annotations(self.isvc), self.ctx.host_for(self.name))
+        else:
+            standby, self.standby = self.standby, None
+            server = UpstreamServer(self.name, port, self.ctx.log_dir, standby,
+                                    self.ctx.host_for(self.name))
         try:
             await server.start()
         except asyncio.CancelledError:

@@ -41,38 +41,40 @@ def start_standby(member: str, port: int, log_dir: Path, host: str = LOCALHOST) 
                           env=_env(log_dir), cwd=PROJECT_ROOT, stdin_pipe=True).start()
 
 
-class UpstreamServer:
-    """One member's OpenAI-compatible fake server process on its loopback port."""
+class MemberServer:
+    """One member's server process on its loopback port: started, healthy, stopped."""
 
-    def __init__(self, member: str, port: int, log_dir: Path,
-                 standby: ManagedProcess | None = None, host: str = LOCALHOST) -> None:
+    #: seconds a start may take before it counts as failed
+    start_timeout = START_TIMEOUT
+
+    def __init__(self, member: str, port: int, process: ManagedProcess,
+                 host: str = LOCALHOST) -> None:
         self.member, self.port, self.host = member, port, host
-        # a standby that died (killed, or its start failed) is no use: start one the slow way
-        self._standby = standby is not None and standby.running
-        self.process = standby if standby is not None and self._standby else ManagedProcess(
-            _command(member, port, False, host), log_dir / f"upstream-{member}.log",
-            env=_env(log_dir), cwd=PROJECT_ROOT)
+        self.process = process
 
     @property
     def url(self) -> str:
         """Base URL of the server."""
         return f"http://{self.host}:{self.port}"
 
-    async def start(self, timeout: float = START_TIMEOUT) -> None:
-        """Start the process and return once it answers /health; raise if it cannot."""
+    def _launch(self) -> None:
+        """Set the process going."""
+        self.process.start()
+
+    async def start(self, timeout: float | None = None) -> None:
+        """Start the process and return once its /health answers 200; raise if it cannot
+        (it exits, or stays unhealthy: llama.cpp answers 503 while its model loads)."""
+        timeout = self.start_timeout if timeout is None else timeout
         # a leftover listener would answer /health in our place and hide a failed start
         if not port_is_free(self.port, self.host):
             raise RuntimeError(f"port {self.port} for {self.member} is already in use")
-        if self._standby:
-            self.process.tell("serve")
-        else:
-            self.process.start()
+        self._launch()
         deadline = time.monotonic() + timeout
         pause = 0.001  # a standby binds within a few ms: look often at first, then back off
         async with aiohttp.ClientSession() as session:
             while True:
                 if not self.process.running:
-                    raise RuntimeError(f"upstream {self.member} exited during startup:\n"
+                    raise RuntimeError(f"server of {self.member} exited during startup:\n"
                                        f"{self.process.log_tail()}")
                 try:
                     async with session.get(f"{self.url}/health",
@@ -82,13 +84,32 @@ class UpstreamServer:
                 except (aiohttp.ClientError, asyncio.TimeoutError):
                     pass  # not listening yet
                 if time.monotonic() >= deadline:
-                    raise TimeoutError(f"upstream {self.member} not healthy after {timeout}s")
+                    raise TimeoutError(f"server of {self.member} not healthy after {timeout}s")
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 0.05)
 
     async def stop(self, hard: bool = False) -> None:
-        """Stop the process (SIGKILL at once when hard) and reap it."""
+        """Stop the process (SIGTERM, SIGKILL after a grace; at once when hard) and reap it."""
         if hard:
             await asyncio.to_thread(self.process.kill)
         else:
             await asyncio.to_thread(self.process.stop, STOP_GRACE)
+
+
+class UpstreamServer(MemberServer):
+    """One member's OpenAI-compatible fake server process (devstack/upstream.py)."""
+
+    def __init__(self, member: str, port: int, log_dir: Path,
+                 standby: ManagedProcess | None = None, host: str = LOCALHOST) -> None:
+        # a standby that died (killed, or its start failed) is no use: start one the slow way
+        self._standby = standby is not None and standby.running
+        super().__init__(member, port, standby if standby is not None and self._standby
+                         else ManagedProcess(_command(member, port, False, host),
+                                             log_dir / f"upstream-{member}.log",
+                                             env=_env(log_dir), cwd=PROJECT_ROOT), host)
+
+    def _launch(self) -> None:
+        if self._standby:
+            self.process.tell("serve")
+        else:
+            self.process.start()

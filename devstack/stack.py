@@ -60,6 +60,8 @@ ACTUATIONS = ("own", "llmkube")
 # With a ModelPool reconciler, a Deployment's hops before a pod exists are the window in which
 # it holds an activator's early trigger at 0; the simulator plays them only in llmkube mode.
 ROLLOUT_DELAY = 0.5
+# llama.cpp members' generated models, kept in the clone's tools (written once, by size)
+LLAMA_MODELS = PROJECT_ROOT / ".tools" / "llama.cpp" / "models"
 
 
 class LocalStack:
@@ -71,7 +73,7 @@ class LocalStack:
                  reconciler: bool | None = None, replicas: int = 1, api_proxies: bool = False,
                  lease_namespace: str | None = None, endpoint_picker: bool = False,
                  gateway: Callable[[LocalStack], EnvoyProcess] | None = None,
-                 extra_clusters: dict[str, int] | None = None) -> None:
+                 extra_clusters: dict[str, int] | None = None, runtime: str = "fake") -> None:
         if actuation not in ACTUATIONS:
             raise ValueError(f"actuation must be one of {', '.join(ACTUATIONS)}: {actuation!r}")
         if replicas < 1:
@@ -94,6 +96,9 @@ class LocalStack:
         self.kubeapi_url = f"http://{LOCALHOST}:{ports.kubeapi}"  # the API emulator
         self.probe_port = ports.probe or free_port()  # devstack.proberouter: the idle probe
         self.load_delay, self.unload_delay = load_delay, unload_delay
+        # the members' servers: devstack/upstream.py's fake, or the real llama-server
+        # (devstack/llamacpp.py), whose own load is the load (the simulated delay on top)
+        self.runtime = runtime
         self.extproc_args = list(extproc_args)
         self.namespaces = manifests.namespaces_of(docs)
         self.members = manifests.members_of(docs)
@@ -418,6 +423,8 @@ class LocalStack:
             args += ["--host", f"{member}={host}"]
         if self.reconciler:
             args += ["--rollout-delay", f"{ROLLOUT_DELAY}s"]
+        if self.runtime != "fake":
+            args += ["--runtime", self.runtime, "--models", str(LLAMA_MODELS)]
         proc = self._launch("simulator", args)
         # Every member reports a phase once the simulator has reconciled it (Stopped at 0).
         await_ready(proc, self._members_reported, timeout, "the simulator to report members")

@@ -81,7 +81,14 @@ def carrying(m: PoolReader, member: str) -> bool:
     (a request landing on it would keep its slot busy, and a drained incumbent must stay so
     until it is unloaded)."""
     swap = m.swap
-    if swap is None or m.carry.swap_started != swap.started:
+    if swap is None:
+        return False
+    # A target whose restore is due but not asked yet serves nothing either: LLMKube's status
+    # may name it resident, Ready, before the restore edge has run, and a held request let
+    # through then lands on its empty slots (seen with real llama.cpp members: cache_n 0).
+    if member == swap.target and member in _to_restore(m):
+        return True
+    if m.carry.swap_started != swap.started:
         return False
     book = m.carry
     return (member, RESTORE) in book.waiting or (member, SAVE) in book.waiting \
