@@ -44,8 +44,10 @@ export MODELPOOL_KUBE_BIN_DIR := $(abspath $(KUBE_BIN))
 
 # Environment: MODELPOOL_DEMO_PORT (Envoy's port, 8080), MODELPOOL_DEMO_ACTUATION (own|llmkube),
 # MODELPOOL_DEMO_REPLICAS (ext_proc replicas, 1), MODELPOOL_DEMO_ENDPOINT_PICKER (1: behind an
-# InferencePool-style gateway, the ext_proc as its endpoint picker); see the README's demo section.
-demo: bootstrap
+# InferencePool-style gateway, the ext_proc as its endpoint picker), MODELPOOL_DEMO_RUNTIME (fake|
+# llama.cpp); see the README's demo section.
+# MODELPOOL_DEMO_RUNTIME=llama.cpp: real llama.cpp members (builds llama-server once: see below).
+demo: bootstrap $(if $(filter llama.cpp,$(MODELPOOL_DEMO_RUNTIME)),llama-server)
 	$(PY) -m devstack demo
 
 test: bootstrap kube-tools ops-tools schemas

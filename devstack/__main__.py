@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from devstack.simulator import RUNTIMES
 from devstack.simulator_kube import duration_arg
 from devstack.stack import ACTUATIONS
 from devstack.stack_demo import REPLICAS_ENV, default_actuation, default_endpoint_picker, \
-    default_replicas, default_workdir, run
+    default_replicas, default_runtime, default_workdir, run
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -24,8 +25,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       "stop everything and exit (0 when every answer came from the right member)")
     demo.add_argument("--port", type=int, default=None,
                       help="Envoy listener port (default: $MODELPOOL_DEMO_PORT or 8080)")
-    demo.add_argument("--load-delay", type=duration_arg, default=3.0,
-                      help="how long a simulated member takes to load (default 3s)")
+    demo.add_argument("--load-delay", type=duration_arg, default=None,
+                      help="how long a simulated member takes to load (default 3s; 0 with "
+                      "llama.cpp members, whose load is real)")
+    demo.add_argument("--runtime", choices=RUNTIMES, default=default_runtime(),
+                      help="the members' servers: fake (the simulator's) or llama.cpp (llama.cpp's "
+                      "own llama-server on a generated tiny model; `make llama-server` builds it) "
+                      "(default: $MODELPOOL_DEMO_RUNTIME or fake)")
     demo.add_argument("--unload-delay", type=duration_arg, default=1.0,
                       help="how long a simulated member takes to unload (default 1s)")
     demo.add_argument("--actuation", choices=ACTUATIONS, default=default_actuation(),
@@ -45,6 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.command == "demo" and args.actuation not in ACTUATIONS:  # from the environment
         parser.error(f"MODELPOOL_DEMO_ACTUATION must be one of {', '.join(ACTUATIONS)}")
+    if args.command == "demo" and args.runtime not in RUNTIMES:
+        parser.error(f"MODELPOOL_DEMO_RUNTIME must be one of {', '.join(RUNTIMES)}")
     if args.command == "demo":
         # parsed here rather than by type=int, so a bad $MODELPOOL_DEMO_REPLICAS is reported too
         args.replicas = _replicas(parser, args.replicas)

@@ -34,13 +34,13 @@ RESTART_AFTER = 5.0
 
 def build(workdir: Path, load_delay: float, unload_delay: float,
           listen: int | None = None, actuation: str = "own", replicas: int = 1,
-          endpoint_picker: bool = False) -> LocalStack:
+          endpoint_picker: bool = False, runtime: str = "fake") -> LocalStack:
     """The demo stack: the sample manifests on the demo's ports."""
     docs = manifests.load_sample()
     members = [m for _, m in manifests.members_of(docs)]
     return LocalStack(workdir, docs, Ports.demo(members, listen, replicas),
                       load_delay=load_delay, unload_delay=unload_delay, actuation=actuation,
-                      replicas=replicas, endpoint_picker=endpoint_picker)
+                      replicas=replicas, endpoint_picker=endpoint_picker, runtime=runtime)
 
 
 def mode_line(stack: LocalStack) -> str:
@@ -52,6 +52,9 @@ def mode_line(stack: LocalStack) -> str:
     else:
         line = ("Mode: own. The ext_proc drains, unloads, loads and writes the pool status "
                 "(no other ModelPool controller).")
+    if stack.runtime == "llama.cpp":
+        line += ("\nMembers: llama.cpp's own llama-server on a generated tiny model, one process "
+                 "per loaded member\n         (logs: llama-<member>.log under the logs' members/).")
     return line + picker_line(stack)
 
 
@@ -118,9 +121,12 @@ def run(args: Any) -> int:
     """Start the demo, then follow swaps until Ctrl-C (or run the smoke check and exit)."""
     workdir = demo_workdir(args.workdir)
     try:
-        stack = build(workdir, args.load_delay, args.unload_delay, args.port, args.actuation,
-                      args.replicas, args.endpoint_picker)
-    except (RuntimeError, ValueError) as exc:  # the listener port is taken, or bad options
+        load_delay = args.load_delay
+        if load_delay is None:  # real llama.cpp members load for real: nothing simulated on top
+            load_delay = 0.0 if args.runtime == "llama.cpp" else 3.0
+        stack = build(workdir, load_delay, args.unload_delay, args.port, args.actuation,
+                      args.replicas, args.endpoint_picker, args.runtime)
+    except (RuntimeError, ValueError, FileNotFoundError) as exc:  # port taken, bad options
         print(f"demo: {exc}", file=sys.stderr)
         return 2
     _stop_on_signals()
@@ -226,14 +232,30 @@ def request(base: str, model: str, stream: bool) -> tuple[int, str, str]:
         with urllib.request.urlopen(req, timeout=SMOKE_TIMEOUT) as resp:
             text = resp.read().decode()
             note = f"{text.count('data: ')} events" if stream else text[:120]
+            served_by = resp.headers.get("x-served-by", "") or answering_model(text, stream)
             if stream and "data: [DONE]" not in text:
-                return resp.status, resp.headers.get("x-served-by", ""), "stream incomplete"
-            return resp.status, resp.headers.get("x-served-by", ""), note
+                return resp.status, served_by, "stream incomplete"
+            return resp.status, served_by, note
     except urllib.error.HTTPError as exc:
         with exc:
             return exc.code, "", exc.read().decode()[:200]
     except OSError as exc:
         return 0, "", repr(exc)
+
+
+def answering_model(text: str, stream: bool) -> str:
+    """The model an answer names (llama-server names its --alias: the member) ("" if none)."""
+    try:
+        if stream:
+            text = next(line[6:] for line in text.splitlines() if line.startswith("data: {"))
+        return str(json.loads(text).get("model") or "")
+    except (StopIteration, ValueError, AttributeError):
+        return ""
+
+
+def default_runtime() -> str:
+    """$MODELPOOL_DEMO_RUNTIME, else fake (the simulator's own upstream)."""
+    return os.environ.get("MODELPOOL_DEMO_RUNTIME") or "fake"
 
 
 def _stop_on_signals() -> None:

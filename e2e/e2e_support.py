@@ -7,6 +7,7 @@ through the API emulator. Members load in LOAD_DELAY seconds to keep the suite f
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 from pathlib import Path
 from typing import Any, Callable
@@ -14,7 +15,7 @@ from typing import Any, Callable
 import aiohttp
 import pytest
 
-from devstack import procs, testkit
+from devstack import llamacpp, procs, testkit
 from devstack.stack import LocalStack
 from devstack.stack_manifests import pool_with_members
 from devstack.stack_ports import Ports
@@ -40,6 +41,16 @@ def require_tools() -> None:
         import devstack.kubeapi  # noqa: F401  (only checking that it is there)
     except ImportError:
         pytest.skip("the API emulator (devstack.kubeapi) is missing")
+
+
+def require_llama_server() -> None:
+    """Skip when llama-server is not built (`make llama-server`); under CI=true, fail."""
+    try:
+        llamacpp.binary()
+    except FileNotFoundError as exc:
+        if os.environ.get("CI") == "true":
+            raise
+        pytest.skip(str(exc), allow_module_level=True)
 
 
 def pools(*specs: tuple[str, list[str], dict[str, Any]]) -> list[dict[str, Any]]:

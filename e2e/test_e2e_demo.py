@@ -14,7 +14,7 @@ import pytest
 
 from devstack.procs import PROJECT_ROOT, free_port
 from devstack.stack_swaps import LogTail, describe
-from e2e_support import require_tools
+from e2e_support import require_llama_server, require_tools
 
 FAST = ["--load-delay", "0.5s", "--unload-delay", "0.2s"]
 
@@ -42,8 +42,14 @@ def leftovers(workdir: Path) -> list[str]:
     return found
 
 
-def test_smoke_run_serves_every_member_and_stops_cleanly(tmp_path: Path) -> None:
-    proc = demo(tmp_path, "--smoke")
+@pytest.mark.parametrize("options", [
+    (), ("--runtime", "llama.cpp"), ("--runtime", "llama.cpp", "--actuation", "llmkube")],
+    ids=["simulated", "llama.cpp-own", "llama.cpp-llmkube"])
+def test_smoke_run_serves_every_member_and_stops_cleanly(tmp_path: Path,
+                                                          options: tuple[str, ...]) -> None:
+    if "llama.cpp" in options:
+        require_llama_server()
+    proc = demo(tmp_path, "--smoke", *options)
     out, _ = proc.communicate(timeout=100)
     assert proc.returncode == 0, out
     for model in ("judge", "coder", "writer"):

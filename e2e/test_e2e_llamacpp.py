@@ -27,8 +27,8 @@ import pytest
 from devstack import llamacpp, tinymodel
 from devstack.stack import LLAMA_MODELS
 from devstack.stack_swaps import read_log
-from e2e_support import (NAMESPACE, chat, eventually, pools, status, timeline,
-                         wait_resident)
+from e2e_support import (NAMESPACE, chat, eventually, pools, require_llama_server, status,
+                         timeline, wait_resident)
 from extproc.policy.carry import CARRY_ANNOTATION
 
 BOTH_MODES = True
@@ -39,12 +39,7 @@ CARRY = {CARRY_ANNOTATION: "true"}
 
 def _models() -> None:
     """The binary (or a skip saying how to build it; a failure under CI) and the models."""
-    try:
-        llamacpp.binary()
-    except FileNotFoundError as exc:
-        if os.environ.get("CI") == "true":
-            raise
-        pytest.skip(str(exc))
+    require_llama_server()
     tinymodel.ensure(LLAMA_MODELS, "large")
     if not os.path.exists(CORRUPT):
         with open(CORRUPT, "wb") as f:  # a GGUF magic and then nonsense
