@@ -225,4 +225,5 @@ $(LLAMA_BIN)/.linked-$(LLAMA_KEY): $(LLAMA_CACHE)/.built | $(STAMP)
 	ln -s $(LLAMA_CACHE)/llama-server $(LLAMA_CACHE)/gguf-py $(LLAMA_BIN)/
 	$(LLAMA_BIN)/llama-server --version
 	$(PY) -m pip install -q --disable-pip-version-check $(LLAMA_CACHE)/gguf-py
+	$(PY) -m devstack.tinymodel $(LLAMA_BIN)/models
 	touch $@

@@ -13,6 +13,7 @@ Sizes: ``tiny`` (2 layers, 64 wide: under 1 MB, loads in a moment) for most test
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,9 +107,11 @@ def ensure(directory: Path, size: str) -> Path:
     path = directory / f"{size}.gguf"
     if not path.exists():
         directory.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".partial")
+        partial = path.with_suffix(f".partial-{os.getpid()}")
         write(partial, Shape(*SIZES[size]))
-        partial.rename(path)  # whole or absent: a parallel test never reads half a model
+        # whole or absent: a reader never sees half a model; of two writers (test workers
+        # collecting at once) the last rename wins, and both wrote the same bytes
+        os.replace(partial, path)
     return path
 
 
