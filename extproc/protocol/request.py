@@ -54,6 +54,9 @@ class RequestHead:
     duplex_request: bool = False
     duplex_response: bool = False
     trailers: bool = False
+    # Envoy sends the whole body in one message (BUFFERED): that message ends it, whatever its
+    # end_of_stream says (false when trailers follow, which Envoy sends only once answered)
+    buffered: bool = False
     activation: str = ""  # the raw x-modelpool-activation value ("" when absent)
     objective: str = ""  # the raw x-gateway-inference-objective value
     priority: str = ""  # the raw x-modelpool-priority value

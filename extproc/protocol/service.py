@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 import grpc
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from google.protobuf.message import DecodeError
 
@@ -44,6 +45,9 @@ log = get_logger(__name__)
 
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 _MODELS_PATH = "/v1/models"
+# Body modes in which Envoy sends the request body in one message (protocol_config says which)
+_WHOLE_BODY = (processing_mode_pb2.ProcessingMode.BUFFERED,
+               processing_mode_pb2.ProcessingMode.BUFFERED_PARTIAL)
 # A member admitted as Ready whose Ready pods the pod watch has not delivered yet (two
 # watches, no order between them) gets this long for them before the 503 no_endpoint.
 _ENDPOINT_WAIT = 5.0
@@ -199,6 +203,7 @@ class ExtProcService:
             opened = read_head(headers.headers), headers.end_of_stream, None
         else:
             return None
+        opened[0].buffered = first.protocol_config.request_body_mode in _WHOLE_BODY
         if picking:
             head = opened[0]
             head.allowed = picker.subset_hint(first)
@@ -215,7 +220,8 @@ class ExtProcService:
         """
         chunks: list[bytes] = [] if first is None else [first]
         size, limit = len(first or b""), self._settings.max_body_bytes
-        ended = ended and first is not None  # a headers message's end says nothing of a body
+        # a headers message's end says nothing of a body; a buffered body message is the body
+        ended = (ended or head.buffered) and first is not None
         while not ended:
             msg = await context.read()
             if msg is grpc.aio.EOF:
@@ -230,7 +236,7 @@ class ExtProcService:
             size += len(chunk)
             if size <= limit:
                 chunks.append(chunk)
-            ended = msg.request_body.end_of_stream
+            ended = msg.request_body.end_of_stream or head.buffered
         if size > limit:
             raise BadRequest(413, "request_too_large", f"request body is {size} bytes; "
                              f"the limit is {limit}")
