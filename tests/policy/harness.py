@@ -79,6 +79,9 @@ class Request:
     ended: float = math.inf  # when it left the held state or was answered
     reject: Reject | None = None
     wire: int = 0  # the id the machine sees; reused after the request ends if reuse_rids
+    # len(Driver.log) when its stream's end reached the machine: events at one model time
+    # reach it in some order, and only this says whether an end came before a command
+    closed_at_log: int = -1
 
     @property
     def waited(self) -> float:
@@ -303,6 +306,7 @@ class Driver:
                                  req.objective, req.priority))
 
     def _ended(self, req: Request) -> None:
+        req.closed_at_log = len(self.log)
         if req.state == "admitted":
             req.state = "done"
         elif req.state == "held":

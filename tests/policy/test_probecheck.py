@@ -4,7 +4,7 @@ mode), each raise a Warning notice that counts this replica's requests; nothing 
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from cluster_model import Cluster, IdleGate
@@ -66,6 +66,8 @@ def test_own_mode_reports_a_probe_that_answers_idle_under_our_streams() -> None:
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.floats(0, 100), st.sampled_from(["a", "b"]), st.floats(0.1, 5)),
                 max_size=25), st.floats(0, 2))
+# a stream end and the probe's answer at one time (Hypothesis found it on clean code)
+@example(traffic=[(0.0, "b", 1.0), (0.0, "a", 1.0)], probe_delay=1.0)
 def test_a_misread_is_raised_only_under_streams_we_count(
         traffic: list[tuple[float, str, float]], probe_delay: float) -> None:
     cluster = Cluster(("a", "b"), load_delay=5, unload_delay=1)
@@ -76,9 +78,11 @@ def test_a_misread_is_raised_only_under_streams_we_count(
     for at, member, duration in traffic:
         d.request(member, at=at, duration=duration)
     d.run()
-    for t, c in d.log:
+    for index, (t, c) in enumerate(d.log):
         if isinstance(c, Notice) and c.kind == "IdleProbeMisread":
+            # admitted by then, and its end not yet handed to the machine (a stream ending at
+            # the very time of the probe's answer may reach the machine before or after it)
             streaming = [r for r in d.requests.values() if r.member == c.source
-                         and r.state in ("admitted", "done")
-                         and r.ended <= t < r.ended + r.duration]
+                         and r.state in ("admitted", "done") and r.ended <= t
+                         and (r.closed_at_log < 0 or r.closed_at_log > index)]
             assert len(streaming) == c.released >= 1, (t, c, streaming)
