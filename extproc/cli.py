@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from . import settings as settings_module
+from . import settings_sources
 from .settings import ConfigError, Settings
 
 DESCRIPTION = """\
@@ -44,14 +45,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser(
         "serve", help="run the ext_proc gRPC service", description=DESCRIPTION,
         epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    settings_module.add_arguments(serve)
+    settings_sources.add_arguments(serve)
     check = sub.add_parser(
         "check-config", help="print the effective settings as JSON and validate a pools file, "
         "then exit", description="Resolve the settings exactly as `serve` would (flags, then "
         "environment, then defaults), validate them and any --pools-file, print them as JSON "
         "and exit: 0 when they are usable.", epilog=SERVE_EPILOG.split("\n\nexamples:")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    settings_module.add_arguments(check)
+    settings_sources.add_arguments(check)
     check.add_argument("--routes", action="append", default=[], metavar="FILE",
                        help="rendered manifests (kustomize or helm output, an Envoy config); "
                        "warn about every member of the pools that no route in them matches")
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script: 0 on success, 2 for unusable configuration."""
     args = build_parser().parse_args(argv)
     try:
-        settings = settings_module.from_sources(args)
+        settings = settings_sources.from_sources(args)
         from . import logs
 
         logs.configure(settings.log_level)

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from extproc.platform.static import load_endpoints, load_specs
 from extproc.protocol import picker
-from extproc.settings import ConfigError, Settings, from_sources
+from extproc.settings import ConfigError, Settings
+from extproc.settings_sources import from_sources
 
 ENDPOINTS = st.lists(st.sampled_from([f"10.0.0.{i}:8080" for i in range(1, 7)]), unique=True)
 

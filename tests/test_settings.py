@@ -8,7 +8,8 @@ import asyncio
 import pytest
 
 from extproc.cli import build_parser
-from extproc.settings import Settings, from_sources, parse_duration
+from extproc.settings import Settings, parse_duration
+from extproc.settings_sources import from_sources
 
 
 @pytest.mark.parametrize("text, seconds", [

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from extproc.cli import build_parser
-from extproc.settings import ConfigError, Settings, from_sources
+from extproc.settings import ConfigError, Settings
+from extproc.settings_sources import from_sources
 
 # k8s.io/client-go/tools/leaderelection: LeaseDuration, RenewDeadline, RetryPeriod as documented
 CLIENT_GO = (15.0, 10.0, 2.0)

@@ -20,7 +20,8 @@ import pytest
 import yaml
 
 from extproc.cli import build_parser
-from extproc.settings import Settings, from_sources
+from extproc.settings import Settings
+from extproc.settings_sources import from_sources
 from downward import POD_NAME, pod_env
 from helm import CHART, COMBINATIONS, NAMESPACE, helm, render_chart, values_args
 from k8s_schema import OPERATOR_KINDS as OPERATOR_KIND_NAMES

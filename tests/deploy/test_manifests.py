@@ -16,7 +16,8 @@ from extproc.cli import build_parser
 from extproc.protocol.answers import (FALLBACK_HEADER, FALLBACK_KEY, HELD_HEADER, HELD_KEY,
                                       METADATA_NAMESPACE, SWAP_HEADER, SWAP_KEY)
 from extproc.protocol.request import ATTRIBUTES
-from extproc.settings import Settings, from_sources, parse_duration
+from extproc.settings import Settings, parse_duration
+from extproc.settings_sources import from_sources
 from downward import POD_NAME, as_flags, downward_env, pod_env
 from tools import tool_binary
 from k8s_schema import (BUILTIN_GROUPS, OUR_CRDS, PROJECT_ROOT, builtin_errors, errors, llmkube_crd,
