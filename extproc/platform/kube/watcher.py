@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from extproc.logs import get_logger
@@ -39,7 +39,7 @@ from extproc.platform.kube._calls import POOLS, SERVICES, counted, custom_path
 from extproc.platform.kube.idle import IdleProbe
 from extproc.platform.kube.endpoints import PodEndpoints, ready_ip
 from extproc.platform.kube.idle.probes import SLOTS
-from extproc.platform.kube.idle.slots import slot_count
+from extproc.platform.kube.slotcounts import SlotCounts
 from extproc.platform.kube.objects import (object_key, pod_member, pool_spec, pool_status,
                                             service_capacity, service_carry, service_probe,
                                             service_state)
@@ -88,7 +88,9 @@ class ClusterWatcher:
         self._services: dict[tuple[str, str], tuple[str, int]] = {}
         self._capacities: dict[tuple[str, str], int] = {}  # pacing.py's annotation
         self._carried: dict[tuple[str, str], str] = {}  # carry.py's annotation: the model
-        self._slot_counts: dict[tuple[str, str], int] = {}  # read from /slots once per load
+        # llama.cpp members' slot counts, read from /slots once per load (paced release)
+        self._slot_counts = SlotCounts(self._slot_url, settings,
+                                       lambda ns, member: self._refresh(ns, member))
         self._service_versions: dict[tuple[str, str], str] = {}  # for trigger preconditions
         self._probes: dict[tuple[str, str], IdleProbe | None] = {}  # (namespace, member)
         self._pods: dict[tuple[str, str], str] = {}  # (namespace, pod) -> member ("" = none)
@@ -379,36 +381,16 @@ class ClusterWatcher:
             carry=bool(self._carried.get((namespace, member)))), namespace)
 
     def _with_slot_count(self, obs: MemberObservation, namespace: str) -> MemberObservation:
-        """Paced release of a llama.cpp member without a capacity annotation: its slot count,
-        read from its /slots once each time it is Ready (a new pod may run another
-        --parallel); unpaced until that answer is in, and if none comes."""
-        key = (namespace, obs.name)
-        if not obs.ready:
-            self._slot_counts.pop(key, None)
-            return obs
-        probe = self._probes.get(key)
-        if obs.capacity or not self._settings.paced_release or probe is None \
-                or probe.kind != SLOTS or self._group is None:
-            return obs
-        if key not in self._slot_counts:
-            self._slot_counts[key] = 0  # asked: once per load
-            self._group.create_task(self._read_slot_count(namespace, obs.name))
-        return replace(obs, capacity=self._slot_counts[key])
+        """``obs`` with a llama.cpp member's slot count as its capacity (slotcounts.py)."""
+        probe = self._probes.get((namespace, obs.name))
+        return self._slot_counts.observed(namespace, obs, probe is not None and probe.kind == SLOTS,
+                                          self._group.create_task if self._group else None)
 
-    async def _read_slot_count(self, namespace: str, member: str) -> None:
+    def _slot_url(self, namespace: str, member: str) -> str:
+        """The member's /slots URL (the idle probe's template; its first pool's name)."""
         pools = sorted(self._pools_of.get((namespace, member), ()), key=str)
-        url = self._settings.idle_probe_url.format(
+        return self._settings.idle_probe_url.format(
             member=member, namespace=namespace, pool=pools[0].name if pools else "")
-        try:
-            count = await slot_count(url, self._settings.idle_probe_timeout)
-        except Exception as exc:  # (never let it end the watch's task group)
-            log.warning("slot count not read", namespace=namespace, member=member,
-                        error=f"{type(exc).__name__}: {exc}")
-            return
-        if (namespace, member) in self._slot_counts:  # (else it left Ready meanwhile)
-            self._slot_counts[(namespace, member)] = count
-            log.info("member slot count read", namespace=namespace, member=member, slots=count)
-            self._refresh(namespace, member)
 
     def _call(self, method: str, *args: Any) -> None:
         """Call the listener; a listener bug is logged, never allowed to stop the watch."""
