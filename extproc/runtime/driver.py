@@ -24,7 +24,7 @@ from typing import Any
 from .. import metrics
 from ..logs import get_logger
 from ..platform.contract import CarryResult, Platform, PoolLoad
-from ..policy.events import (WARNING_NOTICES, AdmissionLease, Admit, CarryAnswered, CarrySlots,
+from ..policy.events import (AdmissionLease, Admit, CarryAnswered, CarrySlots,
                              Close, Command, Divert, DrainAnnounced, Dropped, Event, Hold,
                              IdleProbed, LeadershipChanged, MemberObserved, Notice,
                              PeersObserved, ProbeIdle, Reject, RequestArrived, RequestEnded,
@@ -35,6 +35,7 @@ from ..policy.queues import PoolQueue, queue
 from ..policy.model import (Actuation, MemberObservation, PeerState, PoolSpec, PoolStatus,
                             PoolView, StartHints)
 from ..policy.replicas import announcement
+from . import notices
 from .scaling import Retry, Scaler
 
 log = get_logger(__name__)
@@ -307,35 +308,10 @@ class PoolDriver:
         self._held_by = dict(held_by)
 
     def _on_notice(self, notice: Notice) -> None:
-        ns, pool = self._labels
-        if self._machine.actuation is Actuation.FOLLOW and notice.kind != "ActuationChanged":
-            # the leader records the pool's Events and counts its swaps; a follower logs only
-            log.info(notice.message, event=notice.kind, namespace=ns, pool=pool,
-                     member=notice.target or notice.source, role="follower")
-            return
-        metrics.notice(ns, pool, notice.kind)
-        if notice.kind in ("SwapCompleted", "SwapFailed"):
-            metrics.swap_finished(ns, pool, notice.source, notice.target,
-                                  notice.kind == "SwapCompleted", notice.duration)
-        elif notice.kind == "SwapDeferred":
-            metrics.swap_deferred(ns, pool, notice.source, self._machine.resident)
-        elif notice.kind == "ActuationChanged" and notice.target == Actuation.HANDS_OFF.value:
-            metrics.conflict(ns, pool)
-        elif notice.kind == "Reclaimed":
-            metrics.reclaimed(ns, pool, notice.source, notice.target)
-        elif notice.kind in ("StreamsCut", "IdleProbeMisread"):
-            metrics.requests_cut(ns, pool, notice.source, notice.kind, notice.released)
+        if not notices.report(notice, self.key, self._machine.actuation, self._machine.resident):
+            return  # a follower's: the leader records the pool's Events
         if notice.kind == "ActuationChanged" and notice.target == Actuation.HANDS_OFF.value:
             self._scaler.cancel()  # hands-off writes nothing: no wish of ours may land later
-            level = log.error  # someone fights over this pool: an operator must act
-        elif notice.kind in WARNING_NOTICES:
-            level = log.warning
-        else:
-            level = log.info
-        level(notice.message, event=notice.kind, namespace=self.key.namespace,
-              pool=self.key.name, member=notice.target or notice.source, source=notice.source,
-              target=notice.target, duration_s=round(notice.duration, 3),
-              released=notice.released)
         self._platform.notify(self.key, notice)
 
     def _shown(self, view: PoolView) -> tuple:
