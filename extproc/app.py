@@ -11,10 +11,8 @@ import asyncio
 import contextlib
 import json
 import signal
-import ssl
 import time
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -27,10 +25,10 @@ from . import metrics
 from .logs import get_logger
 from .platform.contract import Platform
 from .platform.static import StaticPlatform, load_endpoints, load_specs
-from .protocol.h2 import server as h2server
 from .protocol.service import SERVICE, ExtProcService
 from .runtime.hub import Hub
 from .settings import Settings
+from .transport import seam as transport
 
 log = get_logger(__name__)
 #: The version of the /pools documents: fields are only ever added under it.
@@ -51,7 +49,7 @@ class Service:
         # Built from settings (static file or Kubernetes) unless given.
         self.platform = platform
         self.hub: Hub | None = None
-        self._grpc: grpc.aio.Server | h2server.Server | None = None
+        self._grpc: transport.GrpcServer | None = None
         self._health_grpc: grpc.aio.Server | None = None
         self._health = health_aio.HealthServicer()
         self._http: web.AppRunner | None = None
@@ -75,28 +73,12 @@ class Service:
         self.hub = Hub(self.settings, platform)
         self._background.append(asyncio.create_task(platform.run(self.hub)))
         max_message = max(_GRPC_MESSAGE_FLOOR, self.settings.max_body_bytes + _GRPC_MESSAGE_SLACK)
-        if self.settings.grpc_server == "native":
-            self._grpc = h2server.Server(max_message=max_message)
-        else:
-            self._grpc = grpc.aio.server(options=[
-                ("grpc.max_receive_message_length", max_message),
-                ("grpc.max_concurrent_streams", 1 << 20),
-                # Each parked request is an open call. By default gRPC core cancels calls the
-                # application has not picked up once 1,000 are pending, which under a burst
-                # turns held requests into Envoy's fail-open 503 (measured in the benchmark).
-                ("grpc.server.max_pending_requests", 100_000),
-                ("grpc.server.max_pending_requests_hard_limit", 100_000),
-                ("grpc.so_reuseport", 0),
-            ])
-        assert self.hub is not None
-        self._grpc.add_generic_rpc_handlers((ExtProcService(self.hub, self.settings)
-                                             .handler(),))
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
-        if isinstance(self._grpc, h2server.Server):
-            self.grpc_port = await self._grpc.start(self.settings.listen, self._tls())
-        else:
-            self.grpc_port = self._bind(self._grpc)
-            await self._grpc.start()
+        service = ExtProcService(self.hub, self.settings)
+
+        def register(server: Any) -> None:
+            server.add_generic_rpc_handlers((service.handler(),))
+            health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        self._grpc, self.grpc_port = await transport.start(self.settings, register, max_message)
         if self.settings.health_listen:
             await self._start_health_listener()
         if self.settings.metrics_listen:
@@ -193,21 +175,6 @@ class Service:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._health_grpc)
         self.health_port = self._health_grpc.add_insecure_port(self.settings.health_listen)
         await self._health_grpc.start()
-
-    def _tls(self) -> ssl.SSLContext | None:
-        s = self.settings
-        return h2server.tls_context(s.tls_cert, s.tls_key, s.tls_client_ca) if s.tls_cert \
-            else None
-
-    def _bind(self, server: grpc.aio.Server) -> int:
-        s = self.settings
-        if not s.tls_cert:
-            return server.add_insecure_port(s.listen)
-        key, cert = Path(s.tls_key).read_bytes(), Path(s.tls_cert).read_bytes()
-        ca = Path(s.tls_client_ca).read_bytes() if s.tls_client_ca else None
-        credentials = grpc.ssl_server_credentials([(key, cert)], root_certificates=ca,
-                                                  require_client_auth=ca is not None)
-        return server.add_secure_port(s.listen, credentials)
 
     async def _start_http(self) -> None:
         app = web.Application()

@@ -7,6 +7,7 @@ does. The tests run its console script, never the project's modules.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import venv
@@ -42,9 +43,17 @@ def _checked(cmd: list[str], what: str, timeout: float) -> None:
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     """Build the wheel from this tree and install it, without extras, into a new virtualenv."""
     where = tmp_path_factory.mktemp("shipped")
+    # What the Dockerfile's build stage copies, and nothing else: building in the tree would
+    # leave setuptools' build/ there, whose stale copies of moved modules a later wheel ships
+    source = where / "source"
+    for part in ("pyproject.toml", "README.md"):
+        source.mkdir(exist_ok=True)
+        shutil.copy2(ROOT / part, source / part)
+    shutil.copytree(ROOT / "extproc", source / "extproc",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     wheels = where / "wheels"
     _checked([sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check",
-              "--no-deps", "--wheel-dir", str(wheels), str(ROOT)], "building the wheel", 300)
+              "--no-deps", "--wheel-dir", str(wheels), str(source)], "building the wheel", 300)
     (wheel,) = wheels.glob("modelpool_extproc-*.whl")
     home = where / "venv"
     # a virtualenv of its own: the project's .venv (dev extras) must not be visible to it

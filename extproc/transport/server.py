@@ -22,7 +22,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import grpc
 
-from ...logs import get_logger
+from ..logs import get_logger
 from . import frames as f
 from .call import EOF, GRPC_CONTENT_TYPE, Aborted, Call
 from .connection import Closed, Data, Request, Reset, ServerConnection

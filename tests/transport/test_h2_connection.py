@@ -1,4 +1,4 @@
-"""The sans-IO HTTP/2 server connection (extproc/protocol/h2/connection.py), driven by the
+"""The sans-IO HTTP/2 server connection (extproc/transport/connection.py), driven by the
 independent ``h2`` library as the client, and by hand-made frames where h2 would refuse to
 send what the test needs (protocol errors, floods)."""
 
@@ -14,8 +14,8 @@ import h2.settings
 import hpack
 import pytest
 
-from extproc.protocol.h2 import frames as f
-from extproc.protocol.h2.connection import Closed, Data, Request, Reset, ServerConnection
+from extproc.transport import frames as f
+from extproc.transport.connection import Closed, Data, Request, Reset, ServerConnection
 
 S = h2.settings.SettingCodes
 REQUEST = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/pkg.Svc/Call"),

@@ -11,5 +11,5 @@ import uvloop
 
 
 def pytest_asyncio_loop_factories(config: Any, item: Any) -> dict[str, Callable[[], Any]]:
-    """Each async test under tests/protocol, once per event loop."""
+    """Each async test under tests/transport, once per event loop."""
     return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}

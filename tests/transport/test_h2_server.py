@@ -1,4 +1,4 @@
-"""Our gRPC server (extproc/protocol/h2/server.py) on loopback: a real grpcio aio client, and
+"""Our gRPC server (extproc/transport/server.py) on loopback: a real grpcio aio client, and
 raw sockets speaking HTTP/2 through the independent ``h2`` library where a test needs frames
 a gRPC client would not send."""
 
@@ -24,8 +24,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from extproc.protocol.h2 import frames as f
-from extproc.protocol.h2.server import Server, tls_context
+from extproc.transport import frames as f
+from extproc.transport.server import Server, tls_context
 
 WAIT = 10  # seconds: a bound on every wait, never a measured time
 

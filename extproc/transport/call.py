@@ -11,7 +11,7 @@ from typing import Any, Callable, Protocol
 
 import grpc
 
-from ...logs import get_logger
+from ..logs import get_logger
 from . import frames as f
 from .connection import ServerConnection
 
