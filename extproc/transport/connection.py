@@ -18,13 +18,11 @@ import struct
 from collections import deque
 from typing import NamedTuple
 
-import hpack
-
 from . import frames as f
+from .headerblocks import DecodingError, HeaderBlocks
 
 _PAIR = struct.Struct(">HI")
 _U32 = struct.Struct(">I")
-_DECODED_KEPT = 64  # distinct table-neutral header blocks remembered per connection
 
 
 class Request(NamedTuple):
@@ -88,8 +86,7 @@ class ServerConnection:
         self._inbox = bytearray()
         self._preface = False
         self._out = bytearray()
-        self._decoder = hpack.Decoder(max_header_list_size)
-        self._decoded: dict[bytes, list[tuple[bytes, bytes]]] = {}  # see _decode
+        self._blocks = HeaderBlocks(max_header_list_size)
         # An encoded block is no longer than the list it decodes to (each field counts 32
         # bytes more there); twice that leaves room for odd encoders. Without a bound, a peer
         # sending CONTINUATION frames without END_HEADERS grows the block for ever.
@@ -267,9 +264,10 @@ class ServerConnection:
             self._block = (sid, flags, bytearray(payload))
 
     def _header_block(self, sid: int, flags: int, block: bytes, events: list) -> None:
-        headers = self._decoded.get(block)
-        if headers is None:  # decoded even for a stream refused below: HPACK state is ours
-            headers = self._decode(block)
+        try:  # decoded even for a stream refused below: HPACK state is ours
+            headers = self._blocks.decode(block)
+        except DecodingError as exc:
+            raise ConnectionError_(f.COMPRESSION_ERROR, f"header block: {exc}") from exc
         ended = bool(flags & f.END_STREAM)
         stream = self._streams.get(sid)
         if stream is not None:  # trailers
@@ -295,29 +293,6 @@ class ServerConnection:
         if ended:
             stream.remote_closed = True
         events.append(Request(sid, headers, ended))
-
-    def _decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
-        """Decode a header block; remember it if it left the dynamic table as it was.
-
-        Decoding is a function of the block and the table, and such a block does not change
-        the table: the same bytes decode the same way until something does. Envoy's ext_proc
-        streams all open with one such block (the method path as a literal without indexing,
-        the rest indexed), whose decoding was 15 % of the service's CPU per request.
-        """
-        table = self._decoder.header_table
-        before = (len(table.dynamic_entries), table.dynamic_entries[0]
-                  if table.dynamic_entries else None, table.maxsize)
-        try:
-            headers = self._decoder.decode(block, raw=True)
-        except hpack.HPACKError as exc:
-            raise ConnectionError_(f.COMPRESSION_ERROR, f"header block: {exc}") from exc
-        after = (len(table.dynamic_entries), table.dynamic_entries[0]
-                 if table.dynamic_entries else None, table.maxsize)
-        if after[0] != before[0] or after[1] is not before[1] or after[2] != before[2]:
-            self._decoded.clear()  # the table changed: what was remembered may decode anew
-        elif len(self._decoded) < _DECODED_KEPT:
-            self._decoded[block] = headers
-        return headers
 
     def _settings(self, flags: int, sid: int, payload: bytes) -> None:
         if sid:
