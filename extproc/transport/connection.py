@@ -23,6 +23,9 @@ from .headerblocks import DecodingError, HeaderBlocks
 
 _PAIR = struct.Struct(">HI")
 _U32 = struct.Struct(">I")
+# A header block's CONTINUATION frames, at most: our largest block (2 x 64 KiB) needs 8 at the
+# smallest frame size, and a peer splitting finer than 1 KiB is flooding, not talking
+MAX_CONTINUATIONS = 128
 
 
 class Request(NamedTuple):
@@ -99,9 +102,14 @@ class ServerConnection:
         self._peer_frame = f.DEFAULT_FRAME_SIZE
         self._conn_send = f.DEFAULT_WINDOW
         self._streams: dict[int, _Stream] = {}
-        self._blocked: set[int] = set()  # streams with pending output
+        # Streams with pending output: waiting for the connection's window (their own has
+        # room), or starved of their own. Only a frame that can free a stream visits it, so
+        # the work per SETTINGS or WINDOW_UPDATE does not grow with the streams that wait.
+        self._blocked: set[int] = set()
+        self._starved: set[int] = set()
         self._last_stream = 0
         self._block: tuple[int, int, bytearray] | None = None  # (stream, flags, fragments)
+        self._block_frames = 0  # CONTINUATION frames of the block so far
         self._size_update_due = True
         self._goaway_at: int | None = None  # the last stream accepted once GOAWAY was sent
         self.closed = False
@@ -172,9 +180,14 @@ class ServerConnection:
             if self._block is None:
                 raise ConnectionError_(f.PROTOCOL_ERROR, "CONTINUATION without HEADERS")
             self._block[2].extend(payload)
+            self._block_frames += 1
             if len(self._block[2]) > self._max_block:
                 raise ConnectionError_(f.PROTOCOL_ERROR,
                                        f"header block over {self._max_block} bytes")
+            if self._block_frames > MAX_CONTINUATIONS:
+                # empty CONTINUATIONs pass the byte bound for ever: bound their number too
+                raise ConnectionError_(f.ENHANCE_YOUR_CALM,
+                                       f"header block in over {MAX_CONTINUATIONS} frames")
             if flags & f.END_HEADERS:
                 block_sid, block_flags, fragments = self._block
                 self._block = None
@@ -261,7 +274,7 @@ class ServerConnection:
         if flags & f.END_HEADERS:
             self._header_block(sid, flags, payload, events)
         else:
-            self._block = (sid, flags, bytearray(payload))
+            self._block, self._block_frames = (sid, flags, bytearray(payload)), 0
 
     def _header_block(self, sid: int, flags: int, block: bytes, events: list) -> None:
         try:  # decoded even for a stream refused below: HPACK state is ours
@@ -303,24 +316,32 @@ class ServerConnection:
             return
         if len(payload) % 6:
             raise ConnectionError_(f.FRAME_SIZE_ERROR, "SETTINGS of a partial entry")
+        initial = frame_size = None
         for at in range(0, len(payload), 6):
             key, value = _PAIR.unpack_from(payload, at)
             if key == f.INITIAL_WINDOW_SIZE:
                 if value > f.MAX_WINDOW:
                     raise ConnectionError_(f.FLOW_CONTROL_ERROR, "initial window too large")
-                delta, self._peer_initial = value - self._peer_initial, value
-                for stream in self._streams.values():
-                    stream.send_window += delta
-                    if stream.send_window > f.MAX_WINDOW:  # §6.9.2
-                        raise ConnectionError_(f.FLOW_CONTROL_ERROR, "a stream window overflows")
+                initial = value
             elif key == f.MAX_FRAME_SIZE:
                 if not f.DEFAULT_FRAME_SIZE <= value <= f.MAX_FRAME_SIZE_LIMIT:
                     raise ConnectionError_(f.PROTOCOL_ERROR, "max frame size out of range")
-                self._peer_frame = value
+                frame_size = value
             elif key == f.HEADER_TABLE_SIZE:
                 self._size_update_due = True
         self._out += f.frame(f.SETTINGS, f.ACK, 0)
-        self._flush_blocked()
+        # Only the last value of each counts (§6.5.3 processes them in order): one pass over
+        # the streams per frame, not per entry (a frame may carry 174,762 of them).
+        if frame_size is not None:
+            self._peer_frame = frame_size
+        if initial is not None and initial != self._peer_initial:
+            delta, self._peer_initial = initial - self._peer_initial, initial
+            for stream in self._streams.values():
+                stream.send_window += delta
+                if stream.send_window > f.MAX_WINDOW:  # §6.9.2
+                    raise ConnectionError_(f.FLOW_CONTROL_ERROR, "a stream window overflows")
+            if delta > 0:
+                self._unstarve(list(self._starved))
 
     def _window_update(self, sid: int, payload: bytes, events: list) -> None:
         if len(payload) != 4:
@@ -342,6 +363,8 @@ class ServerConnection:
                 self._reset(sid, code)
                 events.append(Reset(sid, code))  # its handler must stop waiting on it
                 return
+            self._unstarve((sid,))
+            return
         self._flush_blocked()
 
     def _remote_close(self, sid: int, stream: _Stream) -> None:
@@ -351,6 +374,7 @@ class ServerConnection:
 
     def _forget(self, sid: int) -> bool:
         self._blocked.discard(sid)
+        self._starved.discard(sid)
         return self._streams.pop(sid, None) is not None
 
     # ---- sending ---------------------------------------------------------------------------
@@ -396,13 +420,13 @@ class ServerConnection:
         rest = self._emit_data(sid, stream, data, end_stream)
         if rest is not None:
             stream.pending.append((rest, False, end_stream))
-            self._blocked.add(sid)
+            (self._starved if stream.send_window <= 0 else self._blocked).add(sid)
         elif end_stream:
             self._local_close(sid, stream)
 
     def blocked(self, sid: int) -> bool:
         """Whether output on the stream waits for the peer's windows."""
-        return sid in self._blocked
+        return sid in self._blocked or sid in self._starved
 
     def _emit_data(self, sid: int, stream: _Stream, data: bytes, end: bool) -> bytes | None:
         """Send what the windows allow; the unsent rest, or None when all went."""
@@ -421,28 +445,47 @@ class ServerConnection:
                 return None
 
     def _flush_blocked(self) -> None:
+        """Send what waits for the connection's window, while it has room."""
         for sid in list(self._blocked):
+            if self._conn_send <= 0:
+                return
+            self._flush_stream(sid)
+
+    def _unstarve(self, sids: set[int] | list[int]) -> None:
+        """Streams whose own window grew: wait for the connection's (and try it at once)."""
+        for sid in sids:
             stream = self._streams.get(sid)
-            if stream is None:
-                self._blocked.discard(sid)
-                continue
-            while stream.pending:
-                payload, is_headers, end = stream.pending[0]
-                if is_headers:
-                    self._emit_headers(sid, payload, end)
-                    stream.pending.popleft()
-                    continue
-                rest = self._emit_data(sid, stream, payload, end)
-                if rest is not None:
-                    stream.pending[0] = (rest, False, end)
-                    break
+            if stream is not None and stream.send_window > 0 and sid in self._starved:
+                self._starved.discard(sid)
+                self._blocked.add(sid)
+                if self._conn_send > 0:
+                    self._flush_stream(sid)
+
+    def _flush_stream(self, sid: int) -> None:
+        """Send one waiting stream's pending output as far as the windows allow."""
+        stream = self._streams.get(sid)
+        if stream is None:
+            self._blocked.discard(sid)
+            return
+        while stream.pending:
+            payload, is_headers, end = stream.pending[0]
+            if is_headers:
+                self._emit_headers(sid, payload, end)
                 stream.pending.popleft()
-            if not stream.pending:
-                self._blocked.discard(sid)
-                if stream.finishing and not stream.remote_closed:
-                    self._reset(sid, f.NO_ERROR)
-                elif stream.local_closed:
-                    self._local_close(sid, stream)
+                continue
+            rest = self._emit_data(sid, stream, payload, end)
+            if rest is not None:
+                stream.pending[0] = (rest, False, end)
+                if stream.send_window <= 0:
+                    self._blocked.discard(sid)
+                    self._starved.add(sid)
+                return
+            stream.pending.popleft()
+        self._blocked.discard(sid)
+        if stream.finishing and not stream.remote_closed:
+            self._reset(sid, f.NO_ERROR)
+        elif stream.local_closed:
+            self._local_close(sid, stream)
 
     def _local_close(self, sid: int, stream: _Stream) -> None:
         stream.local_closed = True
