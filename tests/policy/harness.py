@@ -326,3 +326,13 @@ class Driver:
     def notices(self, kind: str) -> list[Notice]:
         """Every Notice of one kind issued so far."""
         return [c for c in self.commands(Notice) if c.kind == kind]
+
+
+def settle(d: Driver, horizon: float) -> None:
+    """Run the traffic up to ``horizon``, then on with none: every request has ended, nothing
+    is held or in flight, and no deadline is left (the pool came to rest)."""
+    d.run(until=horizon)
+    d.run()
+    m = d.machine
+    assert {r.state for r in d.requests.values()} <= {"done", "rejected", "abandoned"}
+    assert not m.held and not m.requests.in_flight and m.next_deadline() == math.inf
