@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -27,7 +28,7 @@ from devstack.reconciler import USER as RECONCILER_USER
 from devstack.reconciler_fault import ANNOTATION
 from devstack.stack import LocalStack
 from devstack.testkit import Reply
-from e2e_support import NAMESPACE, chat, eventually, status
+from e2e_support import NAMESPACE, chat, eventually, pools, status
 
 BUDGET = 20.0  # the pools' swapBudget: long enough that "held for all of it" is unmistakable
 BUDGET_TEXT = "20s"
@@ -142,3 +143,22 @@ async def paused_reconciler(stack: LocalStack, http: aiohttp.ClientSession, pool
 def _listed_pods_since(stack: LocalStack, index: int) -> bool:
     return any(r.get("resource") == "pods" and r.get("verb") == "list"
                for r in stack.api_requests(RECONCILER_USER)[index:])
+
+
+def scenario_tests(suffix: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """The two scenarios as a module's tests, on pools ``stale<suffix>`` and
+    ``paused<suffix>`` (the module's STACK_DOCS: ``docs(suffix)``)."""
+    async def test_an_activation_lost_by_a_stale_pass_ends_served(
+            stack: LocalStack, http: aiohttp.ClientSession) -> None:
+        await stale_pass(stack, http, f"stale{suffix}")
+
+    async def test_an_activation_undone_while_the_reconciler_is_paused_ends_served(
+            stack: LocalStack, http: aiohttp.ClientSession) -> None:
+        await paused_reconciler(stack, http, f"paused{suffix}")
+    return (test_an_activation_lost_by_a_stale_pass_ends_served,
+            test_an_activation_undone_while_the_reconciler_is_paused_ends_served)
+
+
+def docs(suffix: str) -> list[dict[str, Any]]:
+    """The manifests of the two scenarios' pools."""
+    return pools(pool_spec(f"stale{suffix}"), pool_spec(f"paused{suffix}"))

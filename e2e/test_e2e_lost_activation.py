@@ -8,21 +8,9 @@ is held for the whole budget.
 
 from __future__ import annotations
 
-import aiohttp
-
-from devstack.stack import LocalStack
-from e2e_support import pools
-from lost_activation import paused_reconciler, pool_spec, stale_pass
+from lost_activation import docs, scenario_tests
 
 STACK_OPTIONS = {"actuation": "llmkube"}
-STACK_DOCS = pools(pool_spec("stale"), pool_spec("paused"))
-
-
-async def test_an_activation_lost_by_a_stale_pass_ends_served(
-        stack: LocalStack, http: aiohttp.ClientSession) -> None:
-    await stale_pass(stack, http, "stale")
-
-
-async def test_an_activation_undone_while_the_reconciler_is_paused_ends_served(
-        stack: LocalStack, http: aiohttp.ClientSession) -> None:
-    await paused_reconciler(stack, http, "paused")
+STACK_DOCS = docs("")
+(test_an_activation_lost_by_a_stale_pass_ends_served,
+ test_an_activation_undone_while_the_reconciler_is_paused_ends_served) = scenario_tests("")
