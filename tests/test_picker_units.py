@@ -11,6 +11,7 @@ from envoy_data_plane.envoy.service.ext_proc.v3 import ProcessingResponse
 from hypothesis import given
 from hypothesis import strategies as st
 
+from extproc.platform import hostport
 from extproc.platform.static import load_endpoints, load_specs
 from extproc.protocol import picker
 from extproc.settings import ConfigError, Settings
@@ -47,6 +48,9 @@ def test_the_subset_hint_is_read_as_the_protocol_writes_it() -> None:
         ("10.0.0.1:8080", "10.0.0.3:8080")
     assert picker.subset_hint(_hinted([])) == ()  # an empty hint allows nothing
     assert picker.subset_hint(_hinted(7)) == ()
+    # IPv6 entries are read in the picker's own spelling; a bare v6:port is no endpoint
+    assert picker.subset_hint(_hinted(["[FD00:0:0::5]:8000", "fd00::6:8000"])) == \
+        ("[fd00::5]:8000", "fd00::6:8000")
 
 
 def _header_and_metadata(common, response) -> tuple[str, str]:
@@ -102,3 +106,37 @@ def test_a_pools_file_behind_the_picker_names_every_members_pods(tmp_path) -> No
     pools.write_text("pools:\n  - {name: p, members: [a], endpoints: {a: [judge:80]}}\n")
     with pytest.raises(ConfigError, match="'judge:80' is not ip:port"):
         load_endpoints(pools, load_specs(pools, picking), picking)
+
+
+@pytest.mark.parametrize("ip, port, endpoint", [
+    ("10.0.0.5", 8000, "10.0.0.5:8000"), ("fd00:10:244::5", 8000, "[fd00:10:244::5]:8000"),
+    ("::1", 19611, "[::1]:19611"), ("FD00:0:0::5", 80, "[fd00::5]:80")])
+def test_an_endpoint_is_joined_as_go_does_with_ipv6_in_brackets(ip, port, endpoint) -> None:
+    assert hostport.join(ip, port) == endpoint
+    assert hostport.parse(endpoint) == endpoint  # and read back as written
+
+
+@pytest.mark.parametrize("text, complaint", [
+    ("fd00:10:244::5:8000", r"bracket an IPv6 address, as \[fd00:10:244::5\]:8000"),
+    ("::1:19611", r"bracket an IPv6 address, as \[::1\]:19611"),
+    ("[127.0.0.1]:80", "only an IPv6 address takes brackets"),
+    ("[::1]", "is not ip:port"), ("[::1]:0", "is not ip:port"), ("judge:80", "is not ip:port"),
+    ("10.0.0.1:65536", "is not ip:port"), ("10.0.0.1", "is not ip:port")])
+def test_an_endpoint_that_envoy_could_not_parse_is_refused_in_one_line(text, complaint) -> None:
+    with pytest.raises(ValueError, match=complaint) as refused:
+        hostport.parse(text)
+    assert "\n" not in str(refused.value)
+
+
+def test_a_pools_file_names_ipv6_pods_in_brackets(tmp_path) -> None:
+    pools = tmp_path / "pools.yaml"
+    pools.write_text('pools:\n  - {name: p, members: [a], '
+                     'endpoints: {a: ["[::1]:19611", "[FD00::5]:80", 127.0.0.2:80]}}\n')
+    picking = Settings(endpoint_picker=True, pools_file=str(pools))
+    specs = load_specs(pools, picking)
+    assert load_endpoints(pools, specs, picking)[specs[0].key] == \
+        {"a": ("[::1]:19611", "[fd00::5]:80", "127.0.0.2:80")}
+    pools.write_text('pools:\n  - {name: p, members: [a], endpoints: {a: ["::1:19611"]}}\n')
+    with pytest.raises(ConfigError, match=r"pools\[0\]\.endpoints\.a: '::1:19611' is not "
+                                          r"ip:port: bracket an IPv6 address, as \[::1\]:19611"):
+        load_endpoints(pools, specs, picking)

@@ -13,13 +13,12 @@ reachable, and a "swap" only flips which one the router sends traffic to. The fi
         aliases: {gpt-4o-mini: judge}   # optional
         endpoints:                 # --endpoint-picker: each member's pods, ip:port
           judge: [127.0.0.2:8080]
-          coder: [127.0.0.3:8080]
+          coder: ["[fd00::3]:8080"]     # IPv6 in brackets (quoted: YAML reads [ as a list)
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +27,11 @@ import yaml
 from ..policy.events import Notice
 from ..policy.model import MemberObservation, PoolKey, PoolSpec, PoolView, StartHints
 from ..settings import ConfigError, Settings, parse_duration
+from . import hostport
 from .contract import CarryResult, PoolListener
 
 
-#: Each member's pods as ``ip:port``, per pool (what a pools file's ``endpoints`` say).
+#: Each member's pods as ``ip:port`` (``hostport``), per pool (a pools file's ``endpoints``).
 Endpoints = dict[PoolKey, dict[str, tuple[str, ...]]]
 
 
@@ -61,18 +61,13 @@ def load_endpoints(path: str | Path, specs: list[PoolSpec], settings: Settings) 
 
 
 def _endpoints(given: object, where: str) -> tuple[str, ...]:
+    """A member's endpoints as written canonically (``hostport.parse``)."""
     if not isinstance(given, list):
         raise ConfigError(f"{where}: expected a list of ip:port")
-    for endpoint in given:
-        host, _, port = str(endpoint).rpartition(":")
-        try:
-            ipaddress.ip_address(host)
-            valid = port.isdigit() and 0 < int(port) < 65536
-        except ValueError:
-            valid = False
-        if not valid:
-            raise ConfigError(f"{where}: {endpoint!r} is not ip:port")
-    return tuple(str(e) for e in given)
+    try:
+        return tuple(hostport.parse(str(endpoint)) for endpoint in given)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def _pools(path: str | Path) -> list:

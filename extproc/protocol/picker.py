@@ -2,11 +2,12 @@
 
 The Gateway API inference extension (proposal 004, protocol v1.0.0) has the gateway call the
 pool's endpoint picker over ext_proc for every request. For a routed request the picker names
-one pod, ``podIP:port``, twice and identically: in the ``x-gateway-destination-endpoint``
+one pod, ``podIP:port`` (``[podIP]:port`` for IPv6, the only form Envoy's ORIGINAL_DST cluster
+parses: ``platform.hostport``), twice and identically: in the ``x-gateway-destination-endpoint``
 request header and under that key in the response's dynamic metadata namespace ``envoy.lb``.
 The proxy may restrict the choice with a subset hint (request metadata namespace
 ``envoy.lb.subset_hint``, key ``x-gateway-destination-endpoint-subset``, a list of
-``ip:port``); when no allowed endpoint is eligible the answer is 503.
+``ip:port`` in the same form); when no allowed endpoint is eligible the answer is 503.
 
 Gateways differ in the body mode they configure (``--endpoint-picker`` serves all three):
 
@@ -28,6 +29,7 @@ from collections.abc import Callable, Sequence
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
+from ..platform import hostport
 from . import answers
 
 #: The header and ``envoy.lb`` metadata key naming the picked endpoint (client values dropped).
@@ -66,17 +68,29 @@ def subset_hint(message: ep.ProcessingRequest) -> tuple[str, ...] | None:
     value = struct.fields[SUBSET_KEY]
     kind = value.WhichOneof("kind")
     if kind == "list_value":
-        return tuple(v.string_value for v in value.list_value.values if v.string_value)
+        return tuple(_canonical(v.string_value) for v in value.list_value.values
+                     if v.string_value)
     if kind == "string_value":  # tolerated: "ip:port,ip:port" as the destination header
-        return tuple(part.strip() for part in value.string_value.split(",") if part.strip())
+        return tuple(_canonical(part.strip()) for part in value.string_value.split(",")
+                     if part.strip())
     return ()  # a hint of another shape allows nothing: 503, never a guess
+
+
+def _canonical(entry: str) -> str:
+    # Picks compare as strings, and an IPv6 address has many spellings ([FD00:0::5]:80 is
+    # our [fd00::5]:80); an entry that is no endpoint (a bare v6:port) stays as it is and
+    # so allows nothing
+    try:
+        return hostport.parse(entry)
+    except ValueError:
+        return entry
 
 
 class EndpointPicker:
     """Picks a Ready pod of the admitted member, round robin, within the proxy's hint."""
 
     def __init__(self, endpoints: Callable[[object, str], Sequence[str]]) -> None:
-        self._endpoints = endpoints  # (pool key, member) -> its Ready pods' "ip:port"
+        self._endpoints = endpoints  # (pool key, member) -> its Ready pods (hostport.join)
         self._turns: dict[tuple[object, str], itertools.count[int]] = {}
 
     def pick(self, key: object, member: str, allowed: tuple[str, ...] | None) -> str | None:

@@ -60,3 +60,12 @@ def test_the_index_reports_only_members_whose_set_changed() -> None:
     assert index.of(NS, "a") == () and index.of(NS, "b") == ("10.0.0.1:9000",)
     assert index.apply(NS, "p", "b", "") == ["b"]  # not Ready any more
     assert index.of(NS, "b") == () and index.apply("other", "p", "b", "") == []
+
+
+def test_an_ipv6_pod_is_named_in_brackets() -> None:
+    # Envoy's ORIGINAL_DST cluster parses [v6]:port only: fd00:10:244::5:8000 is a 503
+    pod = {"metadata": {"name": "p"}, **_status("fd00:10:244::5", True)}
+    index = PodEndpoints(8000)
+    assert index.apply(NS, "p", "a", ready_ip(pod)) == ["a"]
+    assert index.apply(NS, "q", "a", "10.0.0.5") == ["a"]
+    assert index.of(NS, "a") == ("10.0.0.5:8000", "[fd00:10:244::5]:8000")

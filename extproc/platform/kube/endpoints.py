@@ -1,4 +1,5 @@
-"""Each member's Ready pods as ``podIP:port``: the endpoints an endpoint picker chooses from.
+"""Each member's Ready pods as ``podIP:port`` (an IPv6 pod's as ``[podIP]:port``, see
+``platform.hostport``): the endpoints an endpoint picker chooses from.
 
 Fed from the same pod watch as the member observations (``watcher.py``); only used by
 ``--endpoint-picker``, where the InferencePool's gateway connects to the pod the picker names.
@@ -10,10 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from extproc.platform.hostport import join
+
 
 def ready_ip(pod: dict[str, Any]) -> str:
-    """The pod's IP while it is Ready and not being deleted, else ""."""
+    """The pod's (primary) IP while it is Ready and not being deleted, else ""."""
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    # podIP is podIPs[0], the cluster's primary family (IPv4 or IPv6): a dual-stack pod is
+    # named by it alone, one endpoint per pod; PodEndpoints.of brackets an IPv6 one
     if meta.get("deletionTimestamp") or not status.get("podIP"):
         return ""
     ready = any(c.get("type") == "Ready" and c.get("status") == "True"
@@ -44,6 +49,6 @@ class PodEndpoints:
         return sorted({m for m, _ in (old, new) if m})
 
     def of(self, namespace: str, member: str) -> tuple[str, ...]:
-        """The member's Ready pods as ``ip:port``, sorted."""
+        """The member's Ready pods as ``ip:port`` (``[ip]:port`` for IPv6), sorted."""
         ips = self._members.get((namespace, member), {}).values()
-        return tuple(sorted(f"{ip}:{self._port}" for ip in set(ips)))
+        return tuple(sorted({join(ip, self._port) for ip in ips}))
