@@ -77,7 +77,8 @@ RECLAIMS = Counter(
     registry=REGISTRY)
 HELD_LIMIT = Gauge(
     "modelpool_extproc_held_limit", "Held requests a pool takes at most (0 = no bound); "
-    "beyond it requests get 503 at once (outcome too_many_held)", ["namespace", "pool"],
+    "beyond it requests get 503 at once (outcome too_many_held), or 429 for a negative "
+    "priority (outcome request_shed)", ["namespace", "pool"],
     registry=REGISTRY)
 SWAP_STALLED = Gauge(
     "modelpool_extproc_swap_stalled", "1 while the pool's swap has made no progress for "

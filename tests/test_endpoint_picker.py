@@ -1,17 +1,19 @@
 """The service as an InferencePool's endpoint picker, behind a real Envoy in each body mode.
 
 Members' pods are fake servers on distinct loopback addresses with one port (127.0.0.2 and
-127.0.0.3, as several pods of a cluster share a target port); Envoy sends each request to the
-address the picker named (devstack/picker_envoy.py), so a request that reaches the right
-member proves the header or metadata was right, and the member's own name in its answer
-says which one served it.
+127.0.0.3, as several pods of a cluster share a target port; ::1 for an IPv6 pod); Envoy sends
+each request to the address the picker named (devstack/picker_envoy.py), so a request that
+reaches the right member proves the header or metadata was right, and the member's own name in
+its answer says which one served it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 from pathlib import Path
-from typing import AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Mapping
 
 import aiohttp
 import grpc
@@ -27,6 +29,9 @@ from devstack.picker_envoy import picker_config
 from devstack.testkit import stop_front_to_back
 from devstack.upstream import SERVED_BY, UpstreamHandle, start_upstream
 from extproc.app import Service
+from extproc.platform.hostport import join
+from extproc.platform.static import StaticPlatform, load_endpoints, load_specs
+from extproc.policy.model import PoolKey
 from extproc.protocol.picker import DESTINATION
 from extproc.protocol.service import SERVICE
 from extproc.settings import Settings
@@ -36,6 +41,36 @@ pytestmark = pytest.mark.envoy
 
 MODES = ["BUFFERED", "STREAMED", "FULL_DUPLEX_STREAMED"]
 PODS = {"judge": "127.0.0.2", "coder": "127.0.0.3"}
+
+
+def _no_ipv6_loopback() -> str:
+    """Why this machine cannot serve on [::1] ("" when it can)."""
+    if not socket.has_ipv6:
+        return "Python was built without IPv6"
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+            sock.bind(("::1", 0))
+    except OSError as exc:
+        return f"the loopback has no IPv6 here: binding [::1] failed ({exc})"
+    return ""
+
+
+NO_IPV6 = _no_ipv6_loopback()
+
+
+class SlowLoads(StaticPlatform):
+    """The pools file's members, but each takes ``load`` seconds to start: a swap holds."""
+
+    def __init__(self, pools_file: Path, settings: Settings, load: float) -> None:
+        specs = load_specs(pools_file, settings)
+        super().__init__(specs, load_endpoints(pools_file, specs, settings))
+        self.load = load
+
+    async def scale(self, key: PoolKey, member: str, replicas: int) -> None:
+        """Start (after ``load`` seconds) or stop the member."""
+        if replicas:
+            await asyncio.sleep(self.load)
+        await super().scale(key, member, replicas)
 
 
 class PickerStack:
@@ -48,28 +83,32 @@ class PickerStack:
 
     def endpoint(self, member: str) -> str:
         """The member's pod as the picker names it."""
-        return f"{self.pods[member].host}:{self.pods[member].port}"
+        return join(self.pods[member].host, self.pods[member].port)
 
     def served(self) -> dict[str, int]:
         """Requests each member's pod finished."""
         return {name: pod.stats.served for name, pod in self.pods.items()}
 
 
-async def _start(tmp_path: Path, body_mode: str,
-                 hinted: tuple[str, ...] | None = None) -> AsyncIterator[PickerStack]:
-    """The stack; ``hinted``: the members whose pods the proxy's subset hint allows."""
+async def _start(tmp_path: Path, body_mode: str, hinted: tuple[str, ...] | None = None,
+                 hosts: Mapping[str, str] = PODS, load: float = 0.0,
+                 **options: Any) -> AsyncIterator[PickerStack]:
+    """The stack; ``hinted``: the members whose pods the proxy's subset hint allows;
+    ``hosts``: each member's pod address; ``load``: seconds a member takes to start;
+    ``options``: more settings."""
     pods: dict[str, UpstreamHandle] = {}
     port = procs.free_port()
-    subset = None if hinted is None else [f"{PODS[m]}:{port}" for m in hinted]
-    for name, host in PODS.items():
+    subset = None if hinted is None else [join(hosts[m], port) for m in hinted]
+    for name, host in hosts.items():
         pods[name] = await start_upstream(name, host, port, token_delay_ms=1)
-    pools = {"pools": [{"namespace": "demo", "name": "shared-gpu", "members": list(PODS),
+    pools = {"pools": [{"namespace": "demo", "name": "shared-gpu", "members": list(hosts),
                         "default": "judge", "swapBudget": "5s",
-                        "endpoints": {m: [f"{h}:{port}"] for m, h in PODS.items()}}]}
+                        "endpoints": {m: [join(h, port)] for m, h in hosts.items()}}]}
     pools_file = tmp_path / "pools.yaml"
     pools_file.write_text(yaml.safe_dump(pools), encoding="utf-8")
-    service = Service(Settings(listen="127.0.0.1:0", metrics_listen="", endpoint_picker=True,
-                               endpoint_port=port, pools_file=str(pools_file)))
+    settings = Settings(listen="127.0.0.1:0", metrics_listen="", endpoint_picker=True,
+                        endpoint_port=port, pools_file=str(pools_file), **options)
+    service = Service(settings, SlowLoads(pools_file, settings, load) if load else None)
     stack = PickerStack(service, pods)
     try:
         await service.start()
@@ -162,6 +201,40 @@ async def test_the_proxys_subset_hint_is_honoured(body_mode: str, envoy_bin: Pat
         status, headers, text = await _chat(stack.envoy.url, "judge")
         assert (status, headers[SERVED_BY]) == (200, "judge"), text
         assert stack.served() == {"judge": 1, "coder": 0}
+
+
+@pytest.mark.skipif(bool(NO_IPV6), reason=NO_IPV6 or "[::1] serves")
+@pytest.mark.parametrize("body_mode", ["BUFFERED", "FULL_DUPLEX_STREAMED"])
+async def test_an_ipv6_pod_is_reached_on_its_bracketed_address(body_mode: str, envoy_bin: Path,
+                                                               tmp_path: Path) -> None:
+    # coder's pod listens on [::1] only: Envoy's ORIGINAL_DST cluster reaches it when the
+    # picker names it [::1]:port (fd00::5:8000 unbracketed was a 503 no healthy upstream)
+    async for stack in _start(tmp_path, body_mode, hosts={"judge": "127.0.0.2", "coder": "::1"}):
+        assert stack.envoy is not None
+        for model in ("coder", "judge", "coder"):
+            status, headers, text = await _chat(stack.envoy.url, model)
+            assert (status, headers.get(SERVED_BY)) == (200, model), text
+        assert stack.served() == {"judge": 1, "coder": 2}
+
+
+async def test_a_sheddable_request_shed_under_the_held_bound_gets_429(
+        envoy_bin: Path, tmp_path: Path) -> None:
+    # Two priority -1 requests fill the bound while coder loads; a plain one outranks them
+    # and the newer -1 is shed: the protocol's 429 for a dropped sheddable request
+    async for stack in _start(tmp_path, "FULL_DUPLEX_STREAMED", load=1.0, max_held=2):
+        assert stack.envoy is not None
+        url = stack.envoy.url
+        assert (await _chat(url, "judge"))[0] == 200
+
+        async def coder(delay: float, priority: str) -> tuple[int, Mapping[str, str], str]:
+            await asyncio.sleep(delay)  # arrival order: the held bound sees them one by one
+            return await _chat(url, "coder", {"x-modelpool-priority": priority})
+        results = await asyncio.gather(coder(0, "-1"), coder(0.2, "-1"), coder(0.4, "0"))
+        assert [r[0] for r in results] == [200, 429, 200], results
+        _, headers, text = results[1]
+        assert json.loads(text)["error"]["code"] == "request_shed"
+        assert int(headers["retry-after"]) >= 1
+        assert stack.served() == {"judge": 1, "coder": 2}
 
 
 async def test_the_protocols_health_services_answer(stack: PickerStack) -> None:

@@ -272,3 +272,24 @@ async def test_beyond_the_held_bound_requests_get_503_at_once(make_stack, upstre
     assert all(int(r[1]["retry-after"]) >= 1 for r in refused)
     assert _refused("too_many_held") - before == 3  # counted per pool
     assert metrics.HELD_LIMIT.labels(KEY.namespace, KEY.name)._value.get() == 2
+
+
+async def test_a_sheddable_request_shed_under_the_held_bound_gets_429(make_stack, upstreams):
+    # Two priority -1 requests fill the bound; a plain one outranks them and the newer -1 is
+    # shed: 429, as the Endpoint Picker Protocol asks for a sheddable request under load
+    envoy, cluster = await make_stack(default="judge", load=1.0, max_held=2)
+    before = _refused("request_shed")
+    async with aiohttp.ClientSession() as session:
+        await _chat(session, envoy.url, "judge")
+
+        async def coder(delay: float, priority: str):
+            await asyncio.sleep(delay)  # arrival order: the held bound sees them one by one
+            return await _chat(session, envoy.url, "coder",
+                               headers={"x-modelpool-priority": priority})
+        results = await asyncio.gather(coder(0, "-1"), coder(0.2, "-1"), coder(0.4, "0"))
+    assert [r[0] for r in results] == [200, 429, 200]
+    _, headers, body, _, _ = results[1]
+    error = json.loads(body)["error"]
+    assert (error["code"], error["type"]) == ("request_shed", "requests")
+    assert "priority -1" in error["message"] and int(headers["retry-after"]) >= 1
+    assert _refused("request_shed") - before == 1

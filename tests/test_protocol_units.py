@@ -59,6 +59,17 @@ def test_error_answer_is_an_immediate_json_response_with_retry_after():
     assert immediate.details == "modelpool_swap_budget_exceeded"
 
 
+def test_a_shed_request_is_a_429_with_an_openai_rate_limit_error():
+    # The Endpoint Picker Protocol's answer to a sheddable request dropped under load
+    raw = answers.error(429, "request_shed", "shed", "model", (("retry-after", "3"),))
+    immediate = ProcessingResponse.parse(raw).immediate_response
+    assert int(immediate.status.code) == 429
+    assert {o.header.key: o.header.raw_value for o in immediate.headers.set_headers} == \
+        {"content-type": b"application/json", "retry-after": b"3"}
+    assert json.loads(immediate.body) == {"error": {
+        "message": "shed", "type": "requests", "param": "model", "code": "request_shed"}}
+
+
 def test_override_timeout_and_continue_answers():
     assert ProcessingResponse.parse(answers.override_timeout(305.5)).override_message_timeout \
         == timedelta(seconds=305.5)

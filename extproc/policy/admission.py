@@ -3,7 +3,11 @@
 A request that is not admitted at once is held, unless it is answered 503 + Retry-After now:
 this replica may not admit (its admission Lease ran out), its member failed to load or cannot
 be loaded (a blocked llmkube pool), the pool is Degraded, closing or hands-off, the client's
-own deadline is shorter than the expected wait, or the pool holds as many requests as it may.
+own deadline is shorter than the expected wait, or the pool holds as many requests as it may
+(``too_many_held``: a capacity condition of the pool, as the swap budget is). At the held
+bound a request of negative priority, "sheddable" in the Gateway API inference extension's
+terms, is answered 429 + Retry-After instead (``request_shed``), as the Endpoint Picker
+Protocol asks for a sheddable request dropped under load.
 An IfIdle request that would displace a busy incumbent is answered too, or sent to its
 member's fallback (``ifidle.py``).
 A request refused for its deadline still leaves a *wish* for its member (``Refusal.wish``;
@@ -12,7 +16,7 @@ bound does not (the bound sheds load, it must not add swaps). A held request who
 budget runs out is told only what is true of the swap (``budget_exceeded``).
 
 Past the held bound, a held request of negative priority is shed for a higher-priority
-newcomer (``shed``, after every event; priority.py).
+newcomer (``shed``, after every event; priority.py): 429 ``request_shed`` as well.
 
 Rules of this file: it owns no state. It reads the pool through ``pool.PoolReader`` (and
 ``modes.Hands``, for when a hands-off spell ends) and returns the answers; the machine records
@@ -100,10 +104,21 @@ def _cannot_wait(m: PoolReader, rid: int, member: str, max_wait: float,
                        wish=m.swap is None or m.swap.target != member)
     bound = held_bound(m)
     if bound and len(m.requests.held) >= bound and not sheddable(m, arrival):
-        return Refusal(Reject(rid, 503, "too_many_held",
-                              f"pool {m.spec.key} already holds {bound} requests waiting for a "
-                              "swap; retry after Retry-After", m.history.clamp(wait)))
+        return Refusal(_bound_reject(m, rid, priority.of(m.spec, arrival), "",
+                                     m.history.clamp(wait)))
     return None
+
+
+def _bound_reject(m: PoolReader, rid: int, rank: int, why: str, retry_after: int,
+                  held_for: float = 0.0) -> Reject:
+    """The held bound's answer to a request of priority ``rank``, refused or shed: 429
+    request_shed when the priority is negative (sheddable), else 503 too_many_held."""
+    holds = f"pool {m.spec.key} holds {held_bound(m)} requests waiting for a swap{why}"
+    if rank < 0:
+        return Reject(rid, 429, "request_shed", f"{holds}: this one (priority {rank}) is "
+                      "sheddable and is shed; retry after Retry-After", retry_after, held_for)
+    return Reject(rid, 503, "too_many_held", f"{holds}; retry after Retry-After",
+                  retry_after, held_for)
 
 
 def sheddable(m: PoolReader, arrival: RequestArrived) -> bool:
@@ -140,7 +155,7 @@ def _swap_state(m: PoolReader, member: str) -> str:
 
 def shed(m: PoolWriter, out: list[Command]) -> None:
     """After every event: past the held bound, the lowest negative-priority held requests
-    (newest among equals) are answered 503 too_many_held (only those: see sheddable)."""
+    (newest among equals) are answered 429 request_shed (only those: see sheddable)."""
     bound, book = held_bound(m), m.requests
     if not bound or len(book.held) <= bound:
         return
@@ -148,7 +163,5 @@ def shed(m: PoolWriter, out: list[Command]) -> None:
                       if h.priority < 0))[:len(book.held) - bound]
     for _, _, rid in victims:
         held = book.unhold(rid)
-        out.append(Reject(rid, 503, "too_many_held", f"pool {m.spec.key} holds {bound} "
-                          "requests waiting for a swap and a higher-priority one came: this "
-                          f"one (priority {held.priority}) is shed; retry after Retry-After",
-                          m.retry_after(), m.now - held.arrived))
+        out.append(_bound_reject(m, rid, held.priority, " and a higher-priority one came",
+                                 m.retry_after(), m.now - held.arrived))

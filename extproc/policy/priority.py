@@ -17,7 +17,9 @@ most one per other member (each served by one swap), so its wait is at most the 
 Under the held bound (``--max-held``, annotation ``max-held``) a negative priority is shed
 first: a newcomer that outranks a held request of negative priority is held all the same
 (``admission.sheddable``), and after the event the lowest-priority held requests (newest among
-equals) beyond the bound are answered 503 ``too_many_held`` (``admission.shed``).
+equals) beyond the bound are answered 429 ``request_shed`` (``admission.shed``), as is a
+newcomer of negative priority that outranks nobody; one of priority 0 or more that finds the
+bound full is answered 503 ``too_many_held``.
 
 Rules of this file: it owns no state and changes nothing; it reads the pool through
 ``pool.PoolReader`` (the priority of each held request is the request book's).

@@ -41,9 +41,10 @@ CONTINUE_HEADERS = ep.ProcessingResponse(
 CONTINUE_BODY = ep.ProcessingResponse(
     request_body=ep.BodyResponse(response=ep.CommonResponse())).SerializeToString()
 
+# 429's type is OpenAI's own for a limit on requests (its code there: rate_limit_exceeded)
 _ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error",
                 405: "invalid_request_error", 413: "invalid_request_error",
-                415: "invalid_request_error", 503: "service_unavailable"}
+                415: "invalid_request_error", 429: "requests", 503: "service_unavailable"}
 
 
 def header_option(key: str, value: str) -> base_pb2.HeaderValueOption:

@@ -84,10 +84,33 @@ def test_under_the_held_bound_a_negative_priority_is_shed_first() -> None:
     lower = d.request("b", at=3, priority=-2)  # outranks nobody: refused at once
     d.run()
     shed = d.requests[low[1]]
-    assert shed.held and shed.reject.code == "too_many_held" and shed.ended == 2
+    # shed for its (sheddable) priority: 429, as the Endpoint Picker Protocol asks
+    assert shed.held and (shed.reject.status, shed.reject.code) == (429, "request_shed")
+    assert shed.ended == 2 and shed.reject.retry_after >= 1
     assert "priority -1" in shed.reject.message
-    assert d.requests[lower].reject.code == "too_many_held" and not d.requests[lower].held
+    refused = d.requests[lower].reject
+    assert (refused.status, refused.code) == (429, "request_shed") and refused.retry_after >= 1
+    assert "priority -2" in refused.message and not d.requests[lower].held
     assert d.requests[low[0]].state == d.requests[plain].state == "done"
+
+
+def test_the_held_bound_alone_is_a_503_whatever_the_newcomers_priority() -> None:
+    # Nothing sheddable is held: the pool is full, a capacity condition, for a newcomer of
+    # priority 0 or more (even a higher one); one of negative priority is shed for it (429)
+    cluster = Cluster(("a", "b"), load_delay=15, unload_delay=3)
+    cluster.warm("a")
+    d = Driver(spec(("a", "b"), default="a", max_held=2), limits(), cluster)
+    d.start()
+    held = [d.request("b", at=0, priority=5), d.request("b", at=1)]
+    full = [d.request("b", at=2), d.request("b", at=3, priority=9),
+            d.request("b", at=4, priority=-1)]
+    d.run()
+    assert [d.requests[r].state for r in held] == ["done", "done"]
+    plain, higher, low = (d.requests[r].reject for r in full)
+    for refused in (plain, higher):
+        assert (refused.status, refused.code) == (503, "too_many_held")
+        assert refused.retry_after >= 1 and "priority" not in refused.message
+    assert (low.status, low.code) == (429, "request_shed") and low.retry_after >= 1
 
 
 @given(st.lists(st.tuples(st.floats(0, 17), st.integers(-3, 2)), max_size=12),
@@ -104,5 +127,8 @@ def test_the_held_bound_holds_and_only_negative_priorities_are_shed(
     d.run()
     for rid in rids:
         r = d.requests[rid]
-        if r.held and r.reject is not None and r.reject.code == "too_many_held":
-            assert r.priority < 0  # shed: only a negative priority
+        if r.reject is not None and r.reject.code in ("too_many_held", "request_shed"):
+            # the status says the cause: 429 for a sheddable priority, 503 for the bound alone
+            assert (r.reject.status, r.reject.code) == \
+                ((429, "request_shed") if r.priority < 0 else (503, "too_many_held"))
+            assert r.priority < 0 or not r.held  # shed while held: only a negative priority
