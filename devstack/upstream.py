@@ -1,4 +1,19 @@
-"""A fake OpenAI-compatible model server (llama-server lookalike) that names itself in answers."""
+"""A fake OpenAI-compatible model server (llama-server lookalike) that names itself in answers.
+
+What it shares with llama.cpp's server (checked against the real one by
+tests/test_upstream_vs_llamacpp.py): ``/health``; a loading phase (``load_ms``, default none)
+during which every endpoint answers 503 ``Loading model`` as llama.cpp does while its model
+loads; the slot API, ``/metrics`` and prompt cache of devstack/upstream_slots.py; a completion's
+``timings`` (llama.cpp's keys) and ``usage`` (``prompt_tokens`` counts the cached tokens too,
+``prompt_tokens_details.cached_tokens`` says how many); with ``stream_options.include_usage``
+a last chunk with no choices carrying ``usage`` and ``timings``.
+
+Where it differs on purpose (tests pin it, and the service reads none of it): it says
+``x-served-by`` (llama.cpp names its ``--alias`` as ``model`` instead, and this fake echoes the
+request's ``model``); ``finish_reason`` is always ``stop`` (llama.cpp: ``length`` at
+``max_tokens``); a body that is no JSON is a 400 (llama.cpp: 500 ``server_error``); the first
+chunk of a chat stream carries content with its role (llama.cpp sends the role alone first).
+"""
 
 from __future__ import annotations
 
@@ -18,6 +33,8 @@ from devstack.signals import until_signalled
 from devstack.upstream_slots import Prefill, Slots
 
 TOKEN_DELAY_ENV = "MODELPOOL_UPSTREAM_TOKEN_DELAY_MS"
+# how long the fake "loads its model" once listening (llama.cpp's 503 phase); default none
+LOAD_MS_ENV = "MODELPOOL_UPSTREAM_LOAD_MS"
 # Members (comma-separated names) whose /slots always reads idle: a misfitting idle probe, the
 # fault of LLMKube #1800 (e2e/test_e2e_probecheck.py).
 DEFAULT_TOKEN_DELAY_MS = 20.0
@@ -74,14 +91,20 @@ class UpstreamHandle:
 
 
 def build_app(name: str, token_delay_ms: float | None = None,
-              slots: int | None = None) -> web.Application:
+              slots: int | None = None, load_ms: float | None = None) -> web.Application:
     """The aiohttp application of one fake member called `name` (slots None: from the
-    environment, devstack/upstream_slots.py; 0: one per request)."""
+    environment, devstack/upstream_slots.py; 0: one per request; load_ms None: from the
+    environment, default 0: loaded at once)."""
     if token_delay_ms is None:
         token_delay_ms = float(os.environ.get(TOKEN_DELAY_ENV, DEFAULT_TOKEN_DELAY_MS))
+    if load_ms is None:
+        load_ms = float(os.environ.get(LOAD_MS_ENV, "") or 0)
     stats = UpstreamStats(name)
-    fake = _Fake(name, stats, token_delay_ms, Slots.from_env(slots, name))
-    app = web.Application(middlewares=[fake.count], client_max_size=64 * 1024 * 1024)
+    fake = _Fake(name, stats, token_delay_ms, Slots.from_env(slots, name), load_ms)
+    app = web.Application(middlewares=[fake.loading, fake.count],
+                          client_max_size=64 * 1024 * 1024)
+    app.on_startup.append(fake.start_loading)
+    app.on_cleanup.append(fake.stop_loading)
     app[STATS_KEY] = stats
     app.on_response_prepare.append(fake.stamp)
     app.router.add_post("/v1/chat/completions", fake.chat)
@@ -102,9 +125,11 @@ async def start_upstream(
     *,
     token_delay_ms: float | None = None,
     slots: int | None = None,
+    load_ms: float | None = None,
 ) -> UpstreamHandle:
-    """Serve a fake member on host:port (0 = any free port) in the running event loop."""
-    app = build_app(name, token_delay_ms, slots)
+    """Serve a fake member on host:port (0 = any free port) in the running event loop; with
+    ``load_ms`` it answers 503 that long first, as llama.cpp does while its model loads."""
+    app = build_app(name, token_delay_ms, slots, load_ms)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     # uvicorn's backlog (vLLM serves with it), not aiohttp's 128: a release sends every held
@@ -119,11 +144,40 @@ async def start_upstream(
 class _Fake:
     """Request handlers sharing one member's name, counters and timing."""
 
-    def __init__(self, name: str, stats: UpstreamStats, token_delay_ms: float, slots: Slots):
+    def __init__(self, name: str, stats: UpstreamStats, token_delay_ms: float, slots: Slots,
+                 load_ms: float = 0.0):
         self.name = name
         self.stats = stats
         self.token_delay_ms = token_delay_ms
         self.slots = slots
+        self.load_ms = max(0.0, load_ms)
+        self.loaded = asyncio.Event()
+        self._load: asyncio.Task[None] | None = None
+
+    async def start_loading(self, app: web.Application) -> None:
+        if self.load_ms <= 0:
+            self.loaded.set()
+            return
+        # the listener is up before the load ends, as llama-server binds before loading
+        self._load = asyncio.get_running_loop().create_task(self._finish_load())
+
+    async def _finish_load(self) -> None:
+        await asyncio.sleep(self.load_ms / 1000)
+        self.loaded.set()
+
+    async def stop_loading(self, app: web.Application) -> None:
+        if self._load is not None:
+            self._load.cancel()
+
+    @web.middleware
+    async def loading(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        # llama.cpp's middleware_server_state: every endpoint, /health, /slots and /metrics
+        # included, answers this until the model is loaded (they become ready together)
+        if self.loaded.is_set() or request.path.startswith("/_upstream/"):
+            return await handler(request)
+        return web.json_response({"error": {"message": "Loading model",
+                                            "type": "unavailable_error", "code": 503}},
+                                 status=503)
 
     @web.middleware
     async def count(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -154,13 +208,13 @@ class _Fake:
         prefill = await self.slots.prefill(context.split(), _slot_of(body))
         done = context.split() + tokens
         if body.get("stream"):
-            return await self._stream(request, model, tokens, prefill, done, chat=True)
-        await self.slots.release(prefill.slot, done)
+            return await self._stream(request, body, model, tokens, prefill, done, chat=True)
+        await self.slots.release(prefill.slot, done, prefill, len(tokens))
         text = " ".join(tokens)
         return web.json_response(
             {
                 **_envelope("chatcmpl", "chat.completion", model),
-                "timings": prefill.timings(),
+                "timings": prefill.timings(len(tokens)),
                 "choices": [
                     {
                         "index": 0,
@@ -168,7 +222,7 @@ class _Fake:
                         "finish_reason": "stop",
                     }
                 ],
-                "usage": _usage(prompt, tokens),
+                "usage": _usage(prefill, tokens),
             }
         )
 
@@ -180,14 +234,14 @@ class _Fake:
         prefill = await self.slots.prefill(prompt.split(), _slot_of(body))
         done = prompt.split() + tokens
         if body.get("stream"):
-            return await self._stream(request, model, tokens, prefill, done, chat=False)
-        await self.slots.release(prefill.slot, done)
+            return await self._stream(request, body, model, tokens, prefill, done, chat=False)
+        await self.slots.release(prefill.slot, done, prefill, len(tokens))
         return web.json_response(
             {
                 **_envelope("cmpl", "text_completion", model),
-                "timings": prefill.timings(),
+                "timings": prefill.timings(len(tokens)),
                 "choices": [{"index": 0, "text": " ".join(tokens), "finish_reason": "stop"}],
-                "usage": _usage(prompt, tokens),
+                "usage": _usage(prefill, tokens),
             }
         )
 
@@ -249,15 +303,21 @@ class _Fake:
         words += [f"t{i}" for i in range(len(words), n)]
         return words[:n]
 
-    async def _stream(self, request: web.Request, model: str, tokens: list[str],
-                      prefill: Prefill, done: list[str], chat: bool) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, body: dict[str, Any], model: str,
+                      tokens: list[str], prefill: Prefill, done: list[str],
+                      chat: bool) -> web.StreamResponse:
+        sent: list[str] = []
         try:
-            return await self._send_stream(request, model, tokens, prefill, chat)
+            return await self._send_stream(request, body, model, tokens, prefill, chat, sent)
         finally:
-            await self.slots.release(prefill.slot, done)  # a hang-up frees the slot too
+            # a hang-up frees the slot too, with what was generated until then (llama.cpp
+            # stops a generation whose client is gone)
+            await self.slots.release(prefill.slot, done[:len(done) - len(tokens) + len(sent)],
+                                     prefill, len(sent))
 
-    async def _send_stream(self, request: web.Request, model: str, tokens: list[str],
-                           prefill: Prefill, chat: bool) -> web.StreamResponse:
+    async def _send_stream(self, request: web.Request, body: dict[str, Any], model: str,
+                           tokens: list[str], prefill: Prefill, chat: bool,
+                           sent: list[str]) -> web.StreamResponse:
         delay = _delay_seconds(request, self.token_delay_ms)
         resp = web.StreamResponse(
             headers={"content-type": "text/event-stream", "cache-control": "no-cache"}
@@ -274,10 +334,21 @@ class _Fake:
             else:
                 choice = {"index": 0, "text": text, "finish_reason": None}
             await _send_event(resp, {**env, "choices": [choice]})
+            sent.append(token)
             first = False
         final = {"index": 0, "finish_reason": "stop"}
         final.update({"delta": {}} if chat else {"text": ""})
-        await _send_event(resp, {**env, "choices": [final], "timings": prefill.timings()})
+        timings, usage = prefill.timings(len(tokens)), _usage(prefill, tokens)
+        options = body.get("stream_options")
+        if chat and isinstance(options, dict) and options.get("include_usage"):
+            # llama.cpp (as OpenAI): the usage in one more chunk, with no choices
+            await _send_event(resp, {**env, "choices": [final]})
+            await _send_event(resp, {**env, "choices": [], "usage": usage, "timings": timings})
+        elif chat:
+            await _send_event(resp, {**env, "choices": [final], "timings": timings})
+        else:  # llama.cpp's text completions stream ends with the usage always
+            await _send_event(resp, {**env, "choices": [final], "usage": usage,
+                                     "timings": timings})
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
@@ -343,9 +414,11 @@ def _envelope(prefix: str, obj: str, model: str) -> dict[str, Any]:
     }
 
 
-def _usage(prompt: str, tokens: list[str]) -> dict[str, int]:
-    p = len(prompt.split())
-    return {"prompt_tokens": p, "completion_tokens": len(tokens), "total_tokens": p + len(tokens)}
+def _usage(prefill: Prefill, tokens: list[str]) -> dict[str, Any]:
+    # as llama.cpp counts: the whole prompt, cached tokens included, and how many were cached
+    p = prefill.cache_n + prefill.prompt_n
+    return {"prompt_tokens": p, "completion_tokens": len(tokens), "total_tokens": p + len(tokens),
+            "prompt_tokens_details": {"cached_tokens": prefill.cache_n}}
 
 
 def _vector(text: str, dims: int = 8) -> list[float]:
@@ -362,7 +435,8 @@ async def _serve(args: argparse.Namespace) -> None:
         if not (await asyncio.to_thread(sys.stdin.readline)).strip():
             return
     handle = await start_upstream(
-        args.name, args.host, args.port, token_delay_ms=args.token_delay_ms, slots=args.slots
+        args.name, args.host, args.port, token_delay_ms=args.token_delay_ms, slots=args.slots,
+        load_ms=args.load_ms,
     )
     print(f"fake upstream {args.name} listening on {handle.url}", flush=True)
     await until_signalled()
@@ -379,6 +453,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--slots", type=int, default=None,
                         help="llama.cpp's --parallel (default: $MODELPOOL_UPSTREAM_SLOTS, "
                              "else 0: one slot per request)")
+    parser.add_argument("--load-ms", type=float, default=None,
+                        help="answer 503 'Loading model' this long once listening, as "
+                             f"llama-server does while loading (default: ${LOAD_MS_ENV}, else 0)")
     parser.add_argument("--standby", action="store_true",
                         help="start, then bind and serve only once a line arrives on stdin")
     asyncio.run(_serve(parser.parse_args(argv)))
