@@ -60,6 +60,21 @@ class Traffic:
         return [o for o in self.outcomes if o.status not in (0, 200, 503)]
 
 
+async def serves_every_member(stack: LocalStack) -> None:
+    """Every member of every pool is served again (a few tries each, a second apart): how
+    many requests the fault let through depends on the machine's speed, that the pools come
+    back does not."""
+    async with aiohttp.ClientSession() as http:
+        for members in POOLS.values():
+            for member in members:
+                for _ in range(10):
+                    outcome = await attempt(http, stack, member, tokens=4, timeout=30)
+                    if outcome.status == 200:
+                        break
+                    await asyncio.sleep(1.0)
+                assert outcome.status == 200 and outcome.served_by == member, outcome
+
+
 async def test_rolling_restart_of_every_replica_under_mixed_traffic(
         stack: LocalStack, recorder: ApiRecorder) -> None:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=CONCURRENCY)) as http:
@@ -74,7 +89,7 @@ async def test_rolling_restart_of_every_replica_under_mixed_traffic(
     await at_rest(stack, timeout=60)
     print(f"rolling restart: {len(traffic.outcomes)} requests, {traffic.served()} served, "
           f"the rest {Counter((o.status, o.code) for o in traffic.outcomes if o.status != 200)}")
-    assert traffic.served() >= 200
+    await serves_every_member(stack)
     assert traffic.without_retry_after() == []
     assert violations(stack, recorder.ordered(), traffic.outcomes) == []
 
@@ -91,7 +106,9 @@ async def test_throttled_lease_writes_defer_never_force(stack: LocalStack,
                 await asyncio.sleep(3)
         await asyncio.gather(traffic.run(15), throttle())
     await at_rest(stack, timeout=60)
-    assert traffic.served() >= 100
+    print(f"throttled lease writes: {len(traffic.outcomes)} requests, {traffic.served()} served, "
+          f"the rest {Counter((o.status, o.code) for o in traffic.outcomes if o.status != 200)}")
+    await serves_every_member(stack)
     assert traffic.without_retry_after() == []
     assert violations(stack, recorder.ordered(), traffic.outcomes) == []
 
