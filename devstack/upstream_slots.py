@@ -5,9 +5,7 @@ this file plays:
 
 * ``GET /slots``: one object per slot, ``id``, ``n_ctx``, ``is_processing`` (the idle probe
   and the paced release read it).
-* ``GET /metrics``: llama.cpp's ``llamacpp:*`` counters and gauges, same names and types;
-  ``llamacpp:requests_processing`` (busy slots) and ``llamacpp:requests_deferred`` (requests
-  and slot actions waiting for a slot) are what an idle-metric annotation would read.
+* ``GET /metrics``: llama.cpp's counters and gauges (devstack/upstream_metrics.py).
 * ``POST /slots/{id}?action=save`` with ``{"filename": ...}`` writes the slot's prompt cache
   under ``--slot-save-path``: ``{"id_slot", "filename", "n_saved", "n_written",
   "timings": {"save_ms"}}``; ``action=restore``: ``{"id_slot", "filename", "n_restored",
@@ -33,11 +31,8 @@ A token here is a whitespace-separated word. ``restore_effect="none"`` plays the
 whose restore llama.cpp reports but does not use (sliding-window / hybrid attention,
 llama.cpp #25913): ``n_restored`` is counted, the next request's ``cache_n`` is 0.
 
-Known differences kept (the service reads none of them): ``/slots`` lacks llama.cpp's
-``speculative`` and per-task fields and says ``n_ctx`` 65536; a slot id out of range is 400
-(llama.cpp wraps it); a filename with a leading dot is refused (llama.cpp takes it); a slot's
-cache holds every answer token (llama.cpp's lacks the last one, so its ``n_saved`` is one
-less).
+Known differences kept (listed in tests/test_upstream_vs_llamacpp.py): the service reads none
+of them, and existing tests pin the fake's answers.
 """
 
 from __future__ import annotations
@@ -51,6 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+
+from devstack.upstream_metrics import Metrics, exposition
 
 SLOTS_ENV = "MODELPOOL_UPSTREAM_SLOTS"
 PREFILL_ENV = "MODELPOOL_UPSTREAM_PREFILL_MS_PER_TOKEN"
@@ -125,46 +122,6 @@ def _rate(kind: str, n: int, ms: float) -> dict[str, float]:
     # llama.cpp divides by zero here (inf, sent as null); a number is what clients expect
     return {f"{kind}_ms": ms, f"{kind}_per_token_ms": ms / n if n else 0.0,
             f"{kind}_per_second": 1000.0 * n / ms if ms > 0 else 0.0}
-
-
-@dataclass
-class Metrics:
-    """What llama.cpp's ``/metrics`` counts (server_metrics), for the fake's own requests."""
-
-    prompt_tokens: int = 0
-    prompt_cached: int = 0
-    prompt_seconds: float = 0.0
-    predicted_tokens: int = 0
-    predicted_seconds: float = 0.0
-    n_decode: int = 0
-    n_busy_slots: int = 0
-    n_tokens_max: int = 0
-    # since the last scrape: llama.cpp averages its throughput gauges over that window
-    bucket_prompt: tuple[int, float] = (0, 0.0)
-    bucket_predicted: tuple[int, float] = (0, 0.0)
-
-
-_COUNTERS = [
-    ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens"),
-    ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache"),
-    ("prompt_seconds_total", "Total time spent processing prompts"),
-    ("tokens_predicted_total", "Number of generation tokens processed"),
-    ("tokens_predicted_seconds_total", "Total time spent generating tokens"),
-    ("n_decode_total", "Total number of llama_decode() calls, excluding speculative decoding "
-                       "and multimodal decoding"),
-    ("n_tokens_max", "Largest observed sequence length (prompt + generation)"),
-    ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated"),
-    ("spec_decode_num_accepted_tokens_total",
-     "Speculative: Total draft tokens accepted by the target model"),
-    ("spec_decode_num_drafts_total", "Speculative: Total speculative decoding verification steps"),
-]
-_GAUGES = [
-    ("prompt_tokens_seconds", "Average prompt throughput in tokens/s"),
-    ("predicted_tokens_seconds", "Average generation throughput in tokens/s"),
-    ("requests_processing", "Number of requests processing"),
-    ("requests_deferred", "Number of requests deferred"),
-    ("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call"),
-]
 
 
 def _common_prefix(a: list[str], b: list[str]) -> int:
@@ -364,22 +321,7 @@ class Slots:
 
     async def metrics_view(self, request: web.Request) -> web.Response:
         """``GET /metrics``: llama.cpp's names, help texts and types."""
-        m = self.metrics
-        decodes = max(m.n_decode, 1)
-        counters = [m.prompt_tokens, m.prompt_cached, m.prompt_seconds, m.predicted_tokens,
-                    m.predicted_seconds, m.n_decode, m.n_tokens_max, 0, 0, 0]
-        (pn, ps), (gn, gs) = m.bucket_prompt, m.bucket_predicted
-        gauges = [pn / ps if ps else 0, gn / gs if gs else 0,
-                  sum(s.busy for s in self.slots), self.deferred, m.n_busy_slots / decodes]
-        m.bucket_prompt = m.bucket_predicted = (0, 0.0)  # a scrape starts the next window
-        lines = []
-        for kind, items, values in (("counter", _COUNTERS, counters),
-                                    ("gauge", _GAUGES, gauges)):
-            for (name, help_text), value in zip(items, values):
-                lines += [f"# HELP llamacpp:{name} {help_text}",
-                          f"# TYPE llamacpp:{name} {kind}", f"llamacpp:{name} {value:g}"]
-        return web.Response(body=("\n".join(lines) + "\n").encode(),
-                            headers={"Content-Type": "text/plain; version=0.0.4"})
+        return exposition(self.metrics, sum(s.busy for s in self.slots), self.deferred)
 
     async def action(self, request: web.Request) -> web.Response:
         """``POST /slots/{id}?action=save|restore|erase``, checked in llama.cpp's order."""

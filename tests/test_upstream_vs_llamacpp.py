@@ -9,7 +9,7 @@ codes (extproc/platform/kube/idle/slotcache.py), and a completion's ``timings`` 
 Where the service's own client exists it is the one used (probe_idle, run_probe, slot_count,
 carry), so the simulator cannot drift from the server the service meets in production.
 
-Known differences, not asserted (devstack/upstream.py and upstream_slots.py say why they stay):
+Known differences, not asserted (the service reads none; the fake's answers are pinned by tests):
 ``x-served-by`` (fake only); ``model`` (llama.cpp: its ``--alias``; the fake: the request's);
 ``finish_reason`` (llama.cpp: ``length`` at ``max_tokens``); a chat body that is no JSON (the
 fake: 400, llama.cpp: 500); ``/slots``' ``speculative``, per-task fields and ``n_ctx``; a slot
