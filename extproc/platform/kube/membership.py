@@ -140,6 +140,7 @@ class Membership:
         """Create (or take back) this replica's Lease, retrying until it is written, then renew on."""
         while not await self._renew():
             await asyncio.sleep(self._backoff.next_delay())
+        self._backoff.reset()  # landed: the next failure starts from the shortest delay
         if self._lists_peers:
             await self._refresh_peers()
         self._task = asyncio.create_task(self._run(), name=f"membership {self.name}")
