@@ -21,13 +21,11 @@ except for an endpoint picker in full duplex mode, where it rides on the held he
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from typing import Any
 
 import grpc
-from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from google.protobuf.message import DecodeError
 
@@ -37,17 +35,14 @@ from ..policy.events import Admit, Divert, Reject
 from ..runtime.driver import Ticket
 from ..runtime.hub import Hub, Route
 from ..settings import Settings
-from . import answers, picker
-from .request import (ATTRIBUTES_KEY, BadRequest, RequestHead, activation, max_wait,
-                      model_from_body, priority, read_attributes, read_head)
+from . import answers, picker, stream
+from .request import BadRequest, RequestHead, activation, max_wait, model_from_body, priority
 
 log = get_logger(__name__)
 
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 _MODELS_PATH = "/v1/models"
-# Body modes in which Envoy sends the request body in one message (protocol_config says which)
-_WHOLE_BODY = (processing_mode_pb2.ProcessingMode.BUFFERED,
-               processing_mode_pb2.ProcessingMode.BUFFERED_PARTIAL)
+
 # A member admitted as Ready whose Ready pods the pod watch has not delivered yet (two
 # watches, no order between them) gets this long for them before the 503 no_endpoint.
 _ENDPOINT_WAIT = 5.0
@@ -89,7 +84,7 @@ class ExtProcService:
         ticket: Ticket | None = None
         route: Route | None = None
         try:
-            opened = await self._read_head(context, self._picker is not None)
+            opened = await stream.read_opening(context, self._picker is not None)
             if opened is None:
                 return
             head, end_of_stream, first = opened
@@ -97,16 +92,17 @@ class ExtProcService:
             early = self._decide_on_headers(head, end_of_stream and first is None)
             if early is not None:
                 await context.write(early)
-                return await self._until_closed(context)
+                return await stream.until_closed(context)
             if first is None and not head.duplex_request:
                 await context.write(answers.CONTINUE_HEADERS if self._picker is None
                                     else picker.STRIP_HEADERS)
             try:
-                body = await self._read_body(context, head, first, end_of_stream)
+                body = await stream.read_body(context, head, self._settings.max_body_bytes,
+                                              self._picker is not None, first, end_of_stream)
                 del first
             except BadRequest as exc:
                 await context.write(self._refuse(head, exc))
-                return await self._until_closed(context)
+                return await stream.until_closed(context)
             if body is None:
                 return
             started = time.perf_counter()
@@ -120,7 +116,7 @@ class ExtProcService:
                 rank = priority(head)
             except BadRequest as exc:
                 await context.write(self._refuse(head, exc))
-                return await self._until_closed(context)
+                return await stream.until_closed(context)
             # A parked stream should not pin its body (10,000 may be parked), unless Envoy
             # forwards only what we hand back (full duplex).
             kept = body if head.duplex_request else b""
@@ -128,7 +124,7 @@ class ExtProcService:
             route = self._hub.resolve(model)
             if route is None:
                 await context.write(self._unrouted(head, model))
-                return await self._until_closed(context, head)
+                return await stream.until_closed(context, head)
             ticket = route.driver.arrive(route.member, patience, asks, head.objective, rank)
             if ticket.waiter is not None:
                 if not await self._park(context, ticket, route, head):
@@ -137,7 +133,7 @@ class ExtProcService:
             for message in await self._answer(ticket, route, head, kept):
                 await context.write(message)
             metrics.DECISION_SECONDS.observe(time.perf_counter() - started)
-            await self._until_closed(context, head)
+            await stream.until_closed(context, head)
         except asyncio.CancelledError:
             raise  # Envoy reset the stream (client gone); `finally` does the accounting
         except DecodeError as exc:
@@ -175,72 +171,6 @@ class ExtProcService:
             return self._error(head, 400, "missing_body",
                                "request body is empty; it must name a model", "model")
         return None
-
-    @staticmethod
-    async def _read_head(context: grpc.aio.ServicerContext, picking: bool
-                         ) -> tuple[RequestHead, bool, bytes | None] | None:
-        """The request head, whether the message that brought it ends the request, and the
-        body that came with it (one-message mode; None after a headers message). None: the
-        stream is not a request.
-
-        The message itself stays local here: its protobuf arena is freed on return instead
-        of living as long as the (possibly parked) stream.
-        """
-        first = await context.read()
-        if first is grpc.aio.EOF:
-            return None
-        if first.HasField("request_body"):
-            if ATTRIBUTES_KEY not in first.attributes:
-                # Headers skipped but no request attributes: an Envoy configured without
-                # them. Nothing says what the request is; Envoy's fallback answers it.
-                log.warning("request body without headers or request attributes; "
-                            "configure the ext_proc filter's request_attributes")
-                return None
-            body = first.request_body
-            opened = read_attributes(first.attributes), body.end_of_stream, body.body
-        elif first.HasField("request_headers"):
-            headers = first.request_headers
-            opened = read_head(headers.headers), headers.end_of_stream, None
-        else:
-            return None
-        opened[0].buffered = first.protocol_config.request_body_mode in _WHOLE_BODY
-        if picking:
-            head = opened[0]
-            head.allowed = picker.subset_hint(first)
-            head.duplex_request, head.duplex_response = picker.full_duplex(first)
-        return opened
-
-    async def _read_body(self, context: grpc.aio.ServicerContext, head: RequestHead,
-                         first: bytes | None = None, ended: bool = False) -> bytes | None:
-        """The whole request body (None if the stream ended first); 413 over the limit.
-
-        ``first`` is the chunk that came with the head in one-message mode, ``ended`` whether
-        it was the last. Behind a picker, trailers end the body too (``head.trailers``:
-        answered after the decision).
-        """
-        chunks: list[bytes] = [] if first is None else [first]
-        size, limit = len(first or b""), self._settings.max_body_bytes
-        # a headers message's end says nothing of a body; a buffered body message is the body
-        ended = (ended or head.buffered) and first is not None
-        while not ended:
-            msg = await context.read()
-            if msg is grpc.aio.EOF:
-                return None
-            if msg.HasField("request_trailers") and self._picker is not None:
-                # a gateway's picker filter sends trailers (none of our own configs do)
-                head.trailers = ended = True
-                continue
-            if not msg.HasField("request_body"):
-                continue  # tolerate anything else
-            chunk = msg.request_body.body
-            size += len(chunk)
-            if size <= limit:
-                chunks.append(chunk)
-            ended = msg.request_body.end_of_stream or head.buffered
-        if size > limit:
-            raise BadRequest(413, "request_too_large", f"request body is {size} bytes; "
-                             f"the limit is {limit}")
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def _park(self, context: grpc.aio.ServicerContext, ticket: Ticket, route: Route,
                     head: RequestHead) -> bool:
@@ -392,16 +322,3 @@ class ExtProcService:
             child = metrics.REQUESTS.labels(namespace, pool, outcome)
             self._outcomes[(namespace, pool, outcome)] = child
         child.inc()
-
-    @staticmethod
-    async def _until_closed(context: grpc.aio.ServicerContext,
-                            head: RequestHead | None = None) -> None:
-        """Keep the stream (the request) open until Envoy ends it, or the server stops (its
-        reads then fail: the decision was sent, so the stream is simply over). Response
-        phases a gateway's processing mode sends are answered (``picker.follow_up``)."""
-        duplex = head is not None and head.duplex_response
-        with contextlib.suppress(Exception):  # (grpc raises its private _ServerStoppedError)
-            while (message := await context.read()) is not grpc.aio.EOF:
-                answer = picker.follow_up(message, duplex)
-                if answer is not None:
-                    await context.write(answer)
