@@ -33,11 +33,13 @@ def changes(stack: LocalStack, pool: str) -> list[str]:
     return [n["target"] for n in notices(stack, pool, "ActuationChanged")]
 
 
-async def rewrite_status(stack: LocalStack, pool: str) -> None:
+async def rewrite_status(stack: LocalStack, pool: str) -> float:
     """Another writer claims the pool's slot fields (what makes own mode step back), again
     each second until the service says it stepped back: a write within the leader's first
-    retry period may still be the previous leader's and is not judged (platform.replicas)."""
-    until = time.monotonic() + 20
+    retry period may still be the previous leader's and is not judged (platform.replicas).
+    Returns when the first write was sent: no spell can have begun before it."""
+    first = time.monotonic()
+    until = first + 20
     while changes(stack, pool) != ["hands-off"]:
         assert time.monotonic() < until, "the pool never went hands-off"
         stack.kubectl("patch", "mpool", pool, "-n", NAMESPACE, "--subresource=status",
@@ -45,6 +47,7 @@ async def rewrite_status(stack: LocalStack, pool: str) -> None:
                           "phase": "Swapping", "pendingMember": "ho-b",
                           "observedGeneration": int(time.monotonic())}}))
         await asyncio.sleep(1.0)
+    return first
 
 
 def scale(stack: LocalStack, member: str, replicas: int) -> None:
@@ -58,8 +61,7 @@ async def test_hands_off_routes_to_ready_members_and_ends_after_a_quiet_period(
     stack = pool_stack(tmp_path_factory, "quiet")
     try:
         await wait_resident(stack, "quiet", "ho-a", timeout=30)
-        await rewrite_status(stack, "quiet")
-        entered = time.monotonic()
+        entered = await rewrite_status(stack, "quiet")  # the spell began after this
         [announced] = notices(stack, "quiet", "ActuationChanged")
         assert f"kubectl annotate mpool quiet -n {NAMESPACE} {RESUME}" in announced["msg"]
         described = stack.kubectl("describe", "mpool", "quiet", "-n", NAMESPACE).stdout
@@ -71,7 +73,10 @@ async def test_hands_off_routes_to_ready_members_and_ends_after_a_quiet_period(
         assert "resumes" in refused.body and refused.headers.get("retry-after")
         await eventually(lambda: changes(stack, "quiet") == ["hands-off", "own"], 20 + QUIET,
                          "the spell to end by itself")
-        assert time.monotonic() - entered >= QUIET - 1.0  # not before its quiet period
+        # not before its quiet period: the spell ends QUIET after the last foreign write the
+        # service saw, itself after the first we sent (measured from our detection it was
+        # short by our polling's lag: 2.9997 s of a 3 s margin once on a loaded machine)
+        assert time.monotonic() - entered >= QUIET
         reply = await chat(http, stack, "ho-c")
         assert (reply.status, reply.served_by) == (200, "ho-c"), reply.body
         await wait_resident(stack, "quiet", "ho-c", timeout=SWAP_BOUND + 10)
