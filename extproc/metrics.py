@@ -126,6 +126,10 @@ SERVING = Gauge(
 REQUESTS = Counter(
     "modelpool_extproc_requests_total", "Requests decided, by pool and outcome",
     ["namespace", "pool", "outcome"], registry=REGISTRY)
+MALFORMED = Counter(
+    "modelpool_extproc_malformed_messages_total", "ext_proc messages that did not decode "
+    "(their streams end INVALID_ARGUMENT; the log says so at most once per 10 s)",
+    registry=REGISTRY)
 ERRORS = Counter(
     "modelpool_extproc_errors_total", "Error answers sent to clients, by code and status",
     ["code", "status"], registry=REGISTRY)

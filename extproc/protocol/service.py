@@ -52,6 +52,21 @@ _open_streams = 0
 metrics.STREAMS_IN_FLIGHT.set_function(lambda: _open_streams)
 
 
+_MALFORMED_LOG_EVERY = 10.0
+_malformed_since = {"logged": -_MALFORMED_LOG_EVERY, "count": 0}
+
+
+def _malformed_note(error: str) -> None:
+    """Log an undecodable message, unless one was logged in the last 10 s (then count it)."""
+    now = time.monotonic()
+    _malformed_since["count"] += 1
+    if now - _malformed_since["logged"] < _MALFORMED_LOG_EVERY:
+        return
+    log.warning("undecodable ext_proc message", error=error,
+                count=_malformed_since["count"], per_s=_MALFORMED_LOG_EVERY)
+    _malformed_since.update(logged=now, count=0)
+
+
 def _request_id_header(head: RequestHead) -> tuple[tuple[str, str], ...]:
     """Envoy's x-request-id, echoed on answers we give ourselves so client and our logs join."""
     return (("x-request-id", head.request_id),) if head.request_id else ()
@@ -137,8 +152,10 @@ class ExtProcService:
         except asyncio.CancelledError:
             raise  # Envoy reset the stream (client gone); `finally` does the accounting
         except DecodeError as exc:
-            # Garbage from a peer is the peer's problem: one line, no traceback to flood logs.
-            log.warning("undecodable ext_proc message", error=str(exc))
+            # Garbage from a peer is the peer's problem: counted, and one line at most every
+            # _MALFORMED_LOG_EVERY seconds saying how many (a flood must not flood the log).
+            metrics.MALFORMED.inc()
+            _malformed_note(str(exc))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed ProcessingRequest")
         except Exception:
             log.error("ext_proc stream failed", exc_info=True)

@@ -4,6 +4,8 @@ file descriptors, and keeps answering well-formed streams."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 import os
 import random
 
@@ -14,6 +16,8 @@ from grpcprobe import answers_a_good_request, body_message, headers_message, ope
 from relstack import SERVING, health_status, settle, streams_in_flight
 
 from extproc.app import Service
+from extproc import metrics
+from extproc.protocol import service as service_module
 from extproc.protocol.service import SERVICE
 
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -113,6 +117,23 @@ async def test_undecodable_message_fails_only_its_stream(service: Service) -> No
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert await settle(lambda: streams_in_flight() == 0)
     assert await answers_a_good_request(service.grpc_port)
+
+
+async def test_a_garbage_flood_is_counted_and_logged_once(
+        service: Service, caplog: pytest.LogCaptureFixture) -> None:
+    before = metrics.MALFORMED._value.get()
+    service_module._malformed_since["logged"] = -math.inf  # none logged lately
+    caplog.set_level(logging.WARNING, logger="extproc.protocol.service")
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
+        for _ in range(50):
+            call = open_process(channel)
+            await call.write(b"\xff\xff\xff\xff\x0f")
+            with pytest.raises(grpc.aio.AioRpcError):
+                await call.read()
+    assert metrics.MALFORMED._value.get() == before + 50
+    lines = [r for r in caplog.records if r.getMessage() == "undecodable ext_proc message"]
+    assert len(lines) == 1  # one line per 10 s, whatever the flood
+    assert not any(r.exc_info for r in caplog.records)  # and never a traceback
 
 
 async def test_message_over_the_receive_limit_is_refused(service: Service) -> None:
