@@ -15,8 +15,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from grpcprobe import answers_a_good_request, body_message, headers_message, open_process
 from relstack import SERVING, health_status, settle, streams_in_flight
 
-from extproc.app import Service
 from extproc import metrics
+from extproc.app import Service
 from extproc.protocol import service as service_module
 from extproc.protocol.service import SERVICE
 
