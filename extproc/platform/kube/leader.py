@@ -174,9 +174,9 @@ class LeaderLease:
                 self._told = None  # a later lead tells its announcement afresh
             if renewed and self.desired != wanted and self.is_leader():
                 continue  # the announcement changed while we wrote: write it now
-            # A candidate refused because another holds the Lease made a good attempt; only
-            # a failed call (the API unreachable, refusing, a conflict) backs off.
-            # Only then does a new announcement not cut the wait short.
+            # Only a failed call (the API unreachable, refusing, a conflict) backs off, and a
+            # new announcement does not cut that wait short; a candidate refused because
+            # another holds the Lease made a good attempt and waits as usual.
             if not renewed and self._failed:
                 await asyncio.sleep(min(self._next_try(), backoff.next_delay()))
                 continue
