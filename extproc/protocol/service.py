@@ -136,7 +136,14 @@ class ExtProcService:
             # forwards only what we hand back (full duplex).
             kept = body if head.duplex_request else b""
             del body
-            route = self._hub.resolve(model)
+            try:
+                route = await self._hub.resolve_synced(
+                    model, min(patience, self._settings.swap_budget))
+            except TimeoutError:
+                await context.write(self._error(
+                    head, 503, "pools_not_synced", "this replica has not yet read the pools "
+                    "from its source; retry", None, (("retry-after", "1"),)))
+                return await stream.until_closed(context, head)
             if route is None:
                 await context.write(self._unrouted(head, model))
                 return await stream.until_closed(context, head)

@@ -91,6 +91,20 @@ class Hub:
         """The route for a model name, or None when no pool serves it."""
         return self._routes.get(model)
 
+    async def resolve_synced(self, model: str, timeout: float) -> Route | None:
+        """The route for a model name once the platform's first full picture is in.
+
+        A replica that has just started knows no pools yet: "no such model" would be a lie
+        (and Envoy may send it requests before its health check says NOT_SERVING), so an
+        unknown name waits up to ``timeout`` for the sync. Raises TimeoutError if it is
+        still not in by then.
+        """
+        route = self._routes.get(model)
+        if route is None and not self._platform.synced.is_set():
+            await asyncio.wait_for(self._platform.synced.wait(), timeout)
+            route = self._routes.get(model)
+        return route
+
     def ambiguity(self, model: str) -> list[str]:
         """Pools that all claim ``model`` (so none is chosen), or an empty list."""
         return self._ambiguous.get(model, [])

@@ -46,6 +46,16 @@ def open_process(channel: grpc.aio.Channel) -> grpc.aio.StreamStreamCall:
                                  response_deserializer=ep.ProcessingResponse.FromString)()
 
 
+async def process_status(port: int) -> grpc.StatusCode:
+    """The status a Process stream ends with when it is opened and nothing is written.
+
+    Nothing is written because a server without the method ends the stream at once, and a
+    write racing that end fails in the client (INTERNAL) instead of reporting the status.
+    """
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        return await open_process(channel).code()
+
+
 async def decide(port: int, body: bytes, extra: tuple[tuple[str, str], ...] = (),
                  credentials: grpc.ChannelCredentials | None = None) -> ep.ProcessingResponse:
     """One request's stream (headers, then body); returns the service's answer to the body."""
