@@ -14,7 +14,10 @@ Known differences, not asserted (the service reads none; the fake's answers are 
 ``finish_reason`` (llama.cpp: ``length`` at ``max_tokens``); a chat body that is no JSON (the
 fake: 400, llama.cpp: 500); ``/slots``' ``speculative``, per-task fields and ``n_ctx``; a slot
 id out of range (llama.cpp wraps it); a leading-dot filename; ``n_saved`` (one more token in
-the fake); the token counts themselves (words in the fake, a chat template's tokens in llama).
+the fake); the token counts themselves (words in the fake, a chat template's tokens in llama);
+the connection after a streamed answer (llama.cpp closes it, though it sent ``Keep-Alive:
+timeout=5, max=100``; the fake keeps it: the member routes' retry policy covers the close, and
+e2e/test_e2e_llamacpp.py's paced herd shows it on the real server).
 
 Skipped, saying how to build it, when llama-server is missing; under ``CI=true`` that fails.
 """
