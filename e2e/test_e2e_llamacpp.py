@@ -7,7 +7,8 @@ upstream; everything else is the usual stack: the API emulator, the ext_proc, En
 * swaps under load with the real server's own load and unload;
 * a long real generation on the resident is never cut by a swap, the idle probe (llama.cpp's
   ``/slots``) holding the drain while it runs;
-* prompt-cache carry-over across a -> b -> a, read off llama.cpp's own ``timings.cache_n``;
+* prompt-cache carry-over across a -> b -> a, read off llama.cpp's own ``timings.cache_n``,
+  and a save that fails (the slot directory gone) failing open;
 * paced release at the real server's ``-np`` (read from its ``/slots``);
 * a member whose model file is corrupt fails to load (llama.cpp exits) and ends ``Failed``;
   the pool serves on (own mode) or says it is blocked by it (llmkube mode: LLMKube's
@@ -27,8 +28,9 @@ import pytest
 from devstack import llamacpp, tinymodel
 from devstack.stack import LLAMA_MODELS
 from devstack.stack_swaps import read_log
-from e2e_support import (chat, eventually, pools, require_llama_server, status, timeline,
+from e2e_support import (NAMESPACE, chat, eventually, pools, require_llama_server, status, timeline,
                          wait_resident)
+from extproc.platform.kube.idle.slotcache import slot_file
 from extproc.policy.carry import CARRY_ANNOTATION
 
 BOTH_MODES = True
@@ -126,6 +128,30 @@ async def test_prompt_cache_carries_over_a_b_a(stack, http: aiohttp.ClientSessio
     prompt = first.json()["timings"]["prompt_n"]
     # a new llama-server process, yet the prompt came back cached: restored from the slot file
     assert timings["cache_n"] >= prompt - 1 and timings["prompt_n"] <= 2, timings
+
+
+async def test_a_slot_save_that_fails_opens_the_swap_and_the_target_serves(
+        stack, http: aiohttp.ClientSession) -> None:
+    # The save files' places are taken by directories, so llama.cpp's own save fails (as
+    # root, permissions would not stop it; a missing --slot-save-path stops the server from
+    # starting): the carry fails open and the swap goes on.
+    await chat(http, stack, "real-a", timeout=120)
+    await wait_resident(stack, "real", "real-a", timeout=60)
+    slot_dir = stack.log_dir / "members" / "slot-save"
+    blocked = [slot_dir / slot_file(NAMESPACE, "real-a", "real-a-model", slot)
+               for slot in range(llamacpp.DEFAULT_PARALLEL)]
+    for path in blocked:
+        path.unlink(missing_ok=True)
+        path.mkdir()
+    try:
+        reply = await chat(http, stack, "real-b", timeout=120)
+    finally:
+        for path in blocked:
+            path.rmdir()
+    assert (reply.status, answered_by(reply)) == (200, "real-b"), reply.body
+    failed = [e for e in read_log(stack.replica(0).log_path)
+              if e.get("event") == "PromptCacheCarryFailed" and e.get("source") == "real-a"]
+    assert failed and "save failed open" in failed[-1]["msg"], failed
 
 
 async def test_paced_release_at_the_real_slot_count(stack, http: aiohttp.ClientSession) -> None:
