@@ -27,7 +27,7 @@ from devstack import proberouter
 from devstack.procs import LOCALHOST, PROJECT_ROOT, EnvoyProcess, ManagedProcess, free_port, \
     wait_for_http
 from devstack.reconciler import USER as RECONCILER_USER
-from devstack.stack import ACTUATIONS, DEVSTACK_CRDS, ROLLOUT_DELAY
+from devstack.stack import ACTUATIONS, DEVSTACK_CRDS, LLAMA_MODELS, ROLLOUT_DELAY
 from devstack.stack_manifests import pool_with_members
 from devstack.testkit import chat_body, wait_until
 
@@ -55,7 +55,7 @@ class ClusterStack:
                  sink_for: str | None = None, actuation: str = "own", *,
                  extproc_args: tuple[str, ...] = (),
                  member_annotations: dict[str, str] | None = None,
-                 member_env: dict[str, str] | None = None) -> None:
+                 member_env: dict[str, str] | None = None, runtime: str = "fake") -> None:
         if actuation not in ACTUATIONS:
             raise ValueError(f"actuation must be one of {', '.join(ACTUATIONS)}: {actuation!r}")
         self.workdir = workdir
@@ -72,6 +72,7 @@ class ClusterStack:
         self.sink_for = sink_for
         # (the warm-swap part: every member's annotations, and its server's environment)
         self.member_annotations, self.member_env = member_annotations, member_env
+        self.runtime = runtime  # "llama.cpp": the members are llama.cpp's own servers
         mode = ("--actuation", actuation) if actuation != "own" else ()
         # the idle probe and the slot client dial the members through the probe router
         self.probe_port = free_port()
@@ -121,6 +122,8 @@ class ClusterStack:
             sim += ["--port", f"{member}={port}"]
         if self.actuation == "llmkube":
             sim += ["--rollout-delay", f"{ROLLOUT_DELAY}s"]
+        if self.runtime != "fake":
+            sim += ["--runtime", self.runtime, "--models", str(LLAMA_MODELS)]
         self._procs.append(self._launch("simulator", sim, self.member_env))
         # LLMKube's idle probe dials the members' cluster DNS names, ours the router's paths
         probe_port = self.probe_port

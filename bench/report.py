@@ -121,6 +121,7 @@ def render(r: dict[str, Any]) -> str:
         f". Delays: load {s['load_delay_s']} s, unload {s['unload_delay_s']} s; "
         f"{s['held_per_swap']} held requests per swap; failed requests: {s['failed_requests']}."]
     out += _llmkube_section(r.get("llmkube"))
+    out += report_warm.llama_section(r.get("llama"))
     out += ["", "### 3. Held at scale (h2load over h2c, 100 streams per connection)", ""]
     rows = []
     for run in r["held"]["runs"]:

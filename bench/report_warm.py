@@ -1,4 +1,5 @@
-"""The Markdown of part 7 (warm swaps: prompt-cache carry-over and paced release)."""
+"""The Markdown of part 7 (warm swaps: prompt-cache carry-over and paced release) and part 2c
+(swaps on real llama.cpp members)."""
 
 from __future__ import annotations
 
@@ -36,4 +37,33 @@ def section(w: dict[str, Any] | None) -> list[str]:
                   [[name, p[key]["ok"], p[key]["failed"], p[key]["p50_ttft_s"],
                     p[key]["p99_ttft_s"], p[key]["max_ttft_s"]]
                    for name, key in (("all at once", "all_at_once"), ("paced", "paced"))])
+    return out
+
+
+def llama_section(r: dict[str, Any] | None) -> list[str]:
+    """Part 2c's lines ([] before its first run: ``python -m bench.run --only llama``)."""
+    if not r:
+        return []
+    m = r.get("measured", {})
+    out = ["", "### 2c. Swaps on real llama.cpp members (`python -m bench.run --only llama`)", "",
+           f"Run of {m.get('date', '?')} at commit `{m.get('git_commit', '?')}`, "
+           f"{m.get('elapsed_s', '?')} s. No simulated delays: each load starts llama.cpp's "
+           "own `llama-server` on the generated tiny model and waits for its `/health`, each "
+           "unload is its SIGTERM and exit, so `sim_*` below is the real server's own time and "
+           "the rest is ours.", ""]
+    rows = []
+    for mode in ("own", "llmkube"):
+        s = r.get(mode) or {}
+        if not s.get("swaps_measured"):
+            continue
+        breakdown = ", ".join(f"{k} {v} ms" for k, v in s["breakdown_p50_ms"].items())
+        ours = s.get("extproc_overhead_ms", s["breakdown_p50_ms"].get("extproc_release"))
+        rows.append([mode, s["swaps_measured"], s["requests_measured"], f"{s['total_p50_ms']} ms",
+                     f"{ours} ms", f"{s['release_p50_ms']} ms", s["failed_requests"], breakdown])
+    out += _table(["mode", "swaps", "held requests", "swap total p50",
+                   "ours p50 (own: scale calls + release; llmkube: release)", "release p50",
+                   "failed", "breakdown p50"], rows)
+    out += ["", "In llmkube mode the simulator also plays the Deployment's rollout (the pod "
+            "appears 0.5 s after the scale-up, as LLMKube's controller makes it), which "
+            "`sim_load_extra` includes."]
     return out

@@ -10,7 +10,8 @@ their figures). With
 ``MODELPOOL_BENCH_PEER`` set to Envoy AI Gateway's ext_proc binary, part 1b measures it beside
 ours in the same run (``--only peer`` alone). Part 6 (hand-offs per request for each way of
 running the service) runs only alone, ``--only handoffs``, and so does part 7 (warm swaps,
-``--only warm``); a full run keeps their last figures.
+``--only warm``), and part 2c (part 2's swaps on llama.cpp's own servers, ``make
+llama-server`` first: ``--only llama``); a full run keeps their last figures.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from . import ha, handoffs, held, hotpath, machine, overhead, peer, report, swap
 WRK_SECONDS, WRK_WARMUP = 10, 3
 # Part 2: swaps, concurrent held requests per swap, simulated delays (s), time cap (s).
 SWAPS, HELD_PER_SWAP, LOAD_DELAY, UNLOAD_DELAY, SWAP_BUDGET = 60, 3, 0.2, 0.1, 180
+# Part 2c: swaps on real llama.cpp members (each starts a server and loads a model).
+LLAMA_SWAPS = 20
 # Part 3: h2load streams per connection; connections opened per second when ramping.
 STREAMS, RAMP_CONNECTIONS_PER_S = 100, 5
 
@@ -42,6 +45,14 @@ def _llmkube_swaps(work: Path, versions: dict[str, str]) -> dict[str, object]:
     result["measured"] = {"date": facts["date"], "git_commit": facts["git_commit"],
                           "elapsed_s": round(time.monotonic() - began, 1)}
     return result
+
+
+def _llama_swaps(work: Path) -> dict[str, object]:
+    """Part 2c: part 2's swaps on llama.cpp's own servers (``make llama-server``), no delays:
+    the ``sim_*`` figures are then the real server's start, load and stop."""
+    return {mode: swap.run(work / f"swap-llama-{mode}", LLAMA_SWAPS, HELD_PER_SWAP, 0.0, 0.0,
+                           SWAP_BUDGET, actuation=mode, runtime="llama.cpp")
+            for mode in ("own", "llmkube")}
 
 
 def _ha(work: Path, versions: dict[str, str]) -> dict[str, object]:
@@ -74,9 +85,11 @@ def _finish(results: dict, work: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Run everything (or ``--only`` one part) in a scratch directory (kept on failure)."""
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
-    parser.add_argument("--only", choices=("swap", "llmkube", "ha", "handoffs", "warm", "peer"),
+    parser.add_argument("--only", choices=("swap", "llmkube", "ha", "handoffs", "warm", "peer",
+                                                  "llama"),
                         help="run only this part and merge it into bench/results.json "
-                        "(swap: part 2's own-mode half, about 1 minute; handoffs: part 6, context switches and CPU per request for each "
+                        "(swap: part 2's own-mode half, about 1 minute; llama: part 2c, part "
+                        "2's swaps on real llama.cpp members, about 2 minutes; handoffs: part 6, context switches and CPU per request for each "
                         "way of running the service, about 5 minutes; not in the full run; "
                         "warm: part 7, prompt-cache carry-over and paced release, about 2 "
                         "minutes, not in the full run; "
@@ -105,6 +118,9 @@ def main(argv: list[str] | None = None) -> None:
             print("bench: 2/5 swap release latency and overhead, own mode only", flush=True)
             results["swap"] = _stamped(swap.run(work / "swap", SWAPS, HELD_PER_SWAP, LOAD_DELAY,
                                                 UNLOAD_DELAY, SWAP_BUDGET), began, versions)
+        elif only == "llama":
+            print("bench: 2c swaps on real llama.cpp members, both modes", flush=True)
+            results["llama"] = _stamped(_llama_swaps(work), began, versions)
         elif only == "llmkube":
             print("bench: 2/5 swap trigger and release latency, llmkube mode only", flush=True)
             results["llmkube"] = _llmkube_swaps(work, versions)

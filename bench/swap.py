@@ -210,10 +210,11 @@ def service_writes(record: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def run(workdir: Path, swaps: int, held: int, load: float, unload: float,
-        budget_s: float, actuation: str = "own") -> dict[str, Any]:
+        budget_s: float, actuation: str = "own", runtime: str = "fake") -> dict[str, Any]:
     """Run up to ``swaps`` swaps (stopping at ``budget_s``) in one actuation mode, then
-    analyse them."""
-    stack = ClusterStack(workdir, load, unload, actuation=actuation)
+    analyse them. With ``runtime="llama.cpp"`` (and no delays) the simulator's load and unload
+    are llama.cpp's own server starting, loading and stopping: ``sim_*`` is their time."""
+    stack = ClusterStack(workdir, load, unload, actuation=actuation, runtime=runtime)
     windows: list[dict[str, Any]] = []
     failures = 0
     try:
@@ -240,7 +241,7 @@ def run(workdir: Path, swaps: int, held: int, load: float, unload: float,
             result["service_writes"] = service_writes(stack.api_requests(EXTPROC_USER))
     finally:
         stack.stop()
-    result.update(actuation=actuation, swaps=len(windows), held_per_swap=held,
+    result.update(actuation=actuation, runtime=runtime, swaps=len(windows), held_per_swap=held,
                   load_delay_s=load, unload_delay_s=unload, failed_requests=failures)
-    print(f"  swap ({actuation}): {result}", flush=True)
+    print(f"  swap ({actuation}, {runtime}): {result}", flush=True)
     return result
