@@ -166,6 +166,16 @@ $(HELM):
 
 $(eval $(call go_tool,promtool,$(PROMTOOL_CACHE),github.com/prometheus/prometheus/cmd/promtool@$(PROMETHEUS_VERSION),$(PROMTOOL),about 6 min on a busy 2-core machine (Prometheus 3.16.0)))
 
+# h2spec, the HTTP/2 conformance checker, against our own gRPC server (tests/transport/test_h2spec.py).
+# Its module's last release has no go.mod, hence the +incompatible version.
+H2SPEC_VERSION := v2.2.1+incompatible
+H2SPEC_CACHE := $(TOOLS_CACHE)/h2spec-$(H2SPEC_VERSION)-$(GO_ID)
+H2SPEC := .tools/bin/h2spec
+export MODELPOOL_H2SPEC_BIN := $(abspath $(H2SPEC))
+ops-tools: $(H2SPEC)
+
+$(eval $(call go_tool,h2spec,$(H2SPEC_CACHE),github.com/summerwind/h2spec/cmd/h2spec@$(H2SPEC_VERSION),$(H2SPEC),under a minute))
+
 $(MONITORING_CHECK): tools/monitoringcheck/main.go tools/monitoringcheck/go.mod tools/monitoringcheck/go.sum
 	@echo ">>> building tools/monitoringcheck from Go modules (first run: under a minute)"
 	cd tools/monitoringcheck && $(GO) build -o $(abspath $@) .

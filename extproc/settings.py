@@ -102,6 +102,11 @@ class Settings:
                             "HTTP/2 on the event loop: less CPU and fewer context switches "
                             "per request, docs/benchmarks.md part 6) or grpcio (grpc.aio)",
                             group="listeners", metavar="SERVER")
+    max_streams_per_connection: int = _opt(
+        65_536, "ext_proc streams one connection may keep open at once (HTTP/2's "
+        "SETTINGS_MAX_CONCURRENT_STREAMS): every held request is one of Envoy's; past it a new "
+        "stream is refused (REFUSED_STREAM) and Envoy's retry to another replica or its "
+        "fail-open route answers", group="listeners", metavar="N")
     shutdown_grace: float = _opt(30.0, "on SIGTERM, stop accepting streams and let in-flight "
                                  "ones finish for up to this long", group="listeners",
                                  metavar="DURATION")
@@ -315,6 +320,8 @@ def validate(settings: Settings) -> str:
         return "--tls-cert and --tls-key go together"
     if settings.api_retry_initial <= 0 or settings.api_retry_max < settings.api_retry_initial:
         return "--api-retry-initial must be above 0 and at most --api-retry-max"
+    if settings.max_streams_per_connection < 1:
+        return "--max-streams-per-connection must be at least 1"
     if settings.grpc_server not in ("native", "grpcio"):
         return f"bad grpc_server {settings.grpc_server!r}: use native or grpcio"
     if settings.event_loop not in ("uvloop", "asyncio"):

@@ -26,6 +26,10 @@ _U32 = struct.Struct(">I")
 # A header block's CONTINUATION frames, at most: our largest block (2 x 64 KiB) needs 8 at the
 # smallest frame size, and a peer splitting finer than 1 KiB is flooding, not talking
 MAX_CONTINUATIONS = 128
+# Closed streams remembered (and whether we reset them): a frame the peer sent before it saw
+# our reset is ignored (RFC 9113 §5.1, "closed"), one it sends after closing a stream itself is
+# an error; streams older than these are ignored, as is any frame the record cannot place.
+CLOSED_KEPT = 1024
 
 
 class Request(NamedTuple):
@@ -108,6 +112,7 @@ class ServerConnection:
         self._blocked: set[int] = set()
         self._starved: set[int] = set()
         self._last_stream = 0
+        self._closed: dict[int, bool] = {}  # the last CLOSED_KEPT closed streams: reset by us?
         self._block: tuple[int, int, bytearray] | None = None  # (stream, flags, fragments)
         self._block_frames = 0  # CONTINUATION frames of the block so far
         self._size_update_due = True
@@ -204,6 +209,8 @@ class ServerConnection:
         elif kind == f.RST_STREAM:
             if not sid or len(payload) != 4:
                 raise ConnectionError_(f.PROTOCOL_ERROR, "malformed RST_STREAM")
+            if sid > self._last_stream:
+                raise ConnectionError_(f.PROTOCOL_ERROR, "RST_STREAM on an idle stream")
             if self._forget(sid):
                 events.append(Reset(sid, _U32.unpack(payload)[0]))
         elif kind == f.GOAWAY:
@@ -237,7 +244,8 @@ class ServerConnection:
         if stream is None or stream.remote_closed:
             if sid > self._last_stream:
                 raise ConnectionError_(f.PROTOCOL_ERROR, "DATA on an idle stream")
-            return  # a stream we reset or finished: ignored (§5.1), the window kept
+            self._after_close(sid, stream, events)
+            return
         stream.recv_window -= size
         if stream.recv_window < 0:
             self._reset(sid, f.FLOW_CONTROL_ERROR)
@@ -284,22 +292,25 @@ class ServerConnection:
         ended = bool(flags & f.END_STREAM)
         stream = self._streams.get(sid)
         if stream is not None:  # trailers
+            if stream.remote_closed:
+                return self._after_close(sid, stream, events)
             if not ended:
                 raise ConnectionError_(f.PROTOCOL_ERROR, "trailers without END_STREAM")
-            if not stream.remote_closed:
-                self._remote_close(sid, stream)
-                events.append(Data(sid, b"", True))
+            self._remote_close(sid, stream)
+            events.append(Data(sid, b"", True))
             return
+        if sid <= self._last_stream and sid in self._closed:
+            if self._closed[sid]:
+                return  # trailers the peer sent before it saw our reset (§5.1, "closed")
+            raise ConnectionError_(f.STREAM_CLOSED, f"HEADERS on closed stream {sid}")
         if sid <= self._last_stream and sid % 2 and ended:
-            # Trailers of a stream we reset, refused or finished: the peer may have sent them
-            # before it saw that (RFC 9113 §5.1, "closed"), so they are ignored as its DATA
-            # is; a connection error would end every other stream of the connection.
-            return
+            return  # trailers of a stream too old to place: ignored, like its DATA
         if sid % 2 == 0 or sid <= self._last_stream:
             raise ConnectionError_(f.PROTOCOL_ERROR, f"stream {sid} cannot be opened")
         self._last_stream = sid
         if self._goaway_at is not None or len(self._streams) >= self._max_streams:
             self._out += f.rst_stream(sid, f.REFUSED_STREAM)
+            self._remember(sid, True)
             return
         stream = _Stream(self._peer_initial, self._initial_recv)
         self._streams[sid] = stream
@@ -356,7 +367,9 @@ class ServerConnection:
         else:
             stream = self._streams.get(sid)
             if stream is None:
-                return
+                if sid > self._last_stream:
+                    raise ConnectionError_(f.PROTOCOL_ERROR, "WINDOW_UPDATE on an idle stream")
+                return  # (allowed on closed streams for a while: §6.9)
             stream.send_window += increment
             if not increment or stream.send_window > f.MAX_WINDOW:
                 code = f.PROTOCOL_ERROR if not increment else f.FLOW_CONTROL_ERROR
@@ -372,10 +385,27 @@ class ServerConnection:
         if stream.local_closed and not stream.pending:  # else the rest still goes out
             self._forget(sid)
 
-    def _forget(self, sid: int) -> bool:
+    def _forget(self, sid: int, by_us: bool = False) -> bool:
         self._blocked.discard(sid)
         self._starved.discard(sid)
-        return self._streams.pop(sid, None) is not None
+        if self._streams.pop(sid, None) is None:
+            return False
+        self._remember(sid, by_us)
+        return True
+
+    def _remember(self, sid: int, by_us: bool) -> None:
+        self._closed[sid] = by_us
+        if len(self._closed) > CLOSED_KEPT:
+            del self._closed[next(iter(self._closed))]
+
+    def _after_close(self, sid: int, stream: _Stream | None, events: list) -> None:
+        """DATA or HEADERS on a stream the peer had ended: a stream error (§5.1,
+        "half-closed (remote)" and "closed"), unless we reset it and the frame was on its way."""
+        if stream is not None:  # half-closed (remote): our answer stops too
+            self._reset(sid, f.STREAM_CLOSED)
+            events.append(Reset(sid, f.STREAM_CLOSED))
+        elif self._closed.get(sid) is False:
+            self._out += f.rst_stream(sid, f.STREAM_CLOSED)
 
     # ---- sending ---------------------------------------------------------------------------
 
@@ -498,7 +528,7 @@ class ServerConnection:
             self._reset(sid, code)
 
     def _reset(self, sid: int, code: int) -> None:
-        self._forget(sid)
+        self._forget(sid, by_us=True)
         self._out += f.rst_stream(sid, code)
 
     def finish(self, sid: int) -> None:

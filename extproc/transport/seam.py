@@ -30,12 +30,13 @@ async def start(settings: Settings, register: Callable[[Any], None],
                 max_message: int) -> tuple[GrpcServer, int]:
     """The chosen server with ``register``'s handlers, serving on ``--listen``: (it, its port)."""
     if settings.grpc_server == "native":
-        server = native.Server(max_message=max_message)
+        server = native.Server(max_message=max_message,
+                               max_concurrent_streams=settings.max_streams_per_connection)
         register(server)
         return server, await server.start(settings.listen, tls_context(settings))
     aio = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", max_message),
-        ("grpc.max_concurrent_streams", 1 << 20),
+        ("grpc.max_concurrent_streams", settings.max_streams_per_connection),
         # Each parked request is an open call. By default gRPC core cancels calls the
         # application has not picked up once 1,000 are pending, which under a burst turns
         # held requests into Envoy's fail-open 503 (measured in the benchmark).
