@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 from . import frames as f
 from .headerblocks import DecodingError, HeaderBlocks
+from .requests import content_length, malformed
 
 _PAIR = struct.Struct(">HI")
 _U32 = struct.Struct(">I")
@@ -72,7 +73,7 @@ class ConnectionError_(Exception):
 
 class _Stream:
     __slots__ = ("send_window", "recv_window", "returned", "pending", "remote_closed",
-                 "local_closed", "finishing")
+                 "local_closed", "finishing", "length_left")
 
     def __init__(self, send_window: int, recv_window: int) -> None:
         self.send_window = send_window
@@ -82,6 +83,7 @@ class _Stream:
         self.remote_closed = False
         self.local_closed = False
         self.finishing = False  # finish() came while output was pending: reset once it went
+        self.length_left: int | None = None  # of a declared content-length (§8.1.1)
 
 
 class ServerConnection:
@@ -113,6 +115,7 @@ class ServerConnection:
         self._starved: set[int] = set()
         self._last_stream = 0
         self._closed: dict[int, bool] = {}  # the last CLOSED_KEPT closed streams: reset by us?
+        self._closed_before = 0  # the highest stream the record has let go
         self._block: tuple[int, int, bytearray] | None = None  # (stream, flags, fragments)
         self._block_frames = 0  # CONTINUATION frames of the block so far
         self._size_update_due = True
@@ -214,12 +217,17 @@ class ServerConnection:
             if self._forget(sid):
                 events.append(Reset(sid, _U32.unpack(payload)[0]))
         elif kind == f.GOAWAY:
-            pass  # the peer opens no more streams; the open ones run to their end
+            if sid:
+                raise ConnectionError_(f.PROTOCOL_ERROR, "GOAWAY on a stream")  # the peer opens no more streams; the open ones run to their end
         elif kind == f.PUSH_PROMISE:
             raise ConnectionError_(f.PROTOCOL_ERROR, "a client cannot push")
         elif kind == f.PRIORITY:
             if not sid:
                 raise ConnectionError_(f.PROTOCOL_ERROR, "PRIORITY on stream 0")
+            if len(payload) != 5:
+                self._stream_error(sid, f.FRAME_SIZE_ERROR, events)  # §6.3
+            elif _U32.unpack_from(payload)[0] & 0x7FFFFFFF == sid:
+                self._stream_error(sid, f.PROTOCOL_ERROR, events)  # §5.3.1: on itself
         # other types: ignored (§4.1, extensions)
 
     @staticmethod
@@ -253,6 +261,12 @@ class ServerConnection:
             return
         ended = bool(flags & f.END_STREAM)
         data = self._unpad(flags, payload)
+        if stream.length_left is not None:
+            stream.length_left -= len(data)
+            if stream.length_left < 0 or (ended and stream.length_left):
+                self._reset(sid, f.PROTOCOL_ERROR)  # §8.1.1: the body is not as declared
+                events.append(Reset(sid, f.PROTOCOL_ERROR))
+                return
         if ended:
             self._remote_close(sid, stream)
         elif size > len(data):
@@ -278,6 +292,10 @@ class ServerConnection:
             raise ConnectionError_(f.PROTOCOL_ERROR, "HEADERS on stream 0")
         payload = self._unpad(flags, payload)
         if flags & f.PRIORITY_FLAG:
+            if len(payload) >= 4 and _U32.unpack_from(payload)[0] & 0x7FFFFFFF == sid:
+                # §5.3.1: a stream cannot depend on itself. A connection error, not the
+                # stream's: its header block (HPACK state) would still have to be read.
+                raise ConnectionError_(f.PROTOCOL_ERROR, f"stream {sid} depends on itself")
             payload = payload[5:]
         if flags & f.END_HEADERS:
             self._header_block(sid, flags, payload, events)
@@ -303,7 +321,7 @@ class ServerConnection:
             if self._closed[sid]:
                 return  # trailers the peer sent before it saw our reset (§5.1, "closed")
             raise ConnectionError_(f.STREAM_CLOSED, f"HEADERS on closed stream {sid}")
-        if sid <= self._last_stream and sid % 2 and ended:
+        if sid <= self._last_stream and sid % 2 and ended and sid <= self._closed_before:
             return  # trailers of a stream too old to place: ignored, like its DATA
         if sid % 2 == 0 or sid <= self._last_stream:
             raise ConnectionError_(f.PROTOCOL_ERROR, f"stream {sid} cannot be opened")
@@ -312,9 +330,18 @@ class ServerConnection:
             self._out += f.rst_stream(sid, f.REFUSED_STREAM)
             self._remember(sid, True)
             return
+        why = malformed(headers)
+        if why:  # a stream error (§8.1.1): this stream only
+            self._out += f.rst_stream(sid, f.PROTOCOL_ERROR)
+            self._remember(sid, True)
+            return
         stream = _Stream(self._peer_initial, self._initial_recv)
         self._streams[sid] = stream
+        stream.length_left = content_length(headers)
         if ended:
+            if stream.length_left:
+                self._reset(sid, f.PROTOCOL_ERROR)
+                return
             stream.remote_closed = True
         events.append(Request(sid, headers, ended))
 
@@ -340,6 +367,8 @@ class ServerConnection:
                 frame_size = value
             elif key == f.HEADER_TABLE_SIZE:
                 self._size_update_due = True
+            elif key == f.ENABLE_PUSH and value > 1:
+                raise ConnectionError_(f.PROTOCOL_ERROR, "ENABLE_PUSH other than 0 or 1")
         self._out += f.frame(f.SETTINGS, f.ACK, 0)
         # Only the last value of each counts (§6.5.3 processes them in order): one pass over
         # the streams per frame, not per entry (a frame may carry 174,762 of them).
@@ -369,7 +398,9 @@ class ServerConnection:
             if stream is None:
                 if sid > self._last_stream:
                     raise ConnectionError_(f.PROTOCOL_ERROR, "WINDOW_UPDATE on an idle stream")
-                return  # (allowed on closed streams for a while: §6.9)
+                if not increment:
+                    self._out += f.rst_stream(sid, f.PROTOCOL_ERROR)  # §6.9
+                return  # (else allowed on closed streams for a while: §6.9)
             stream.send_window += increment
             if not increment or stream.send_window > f.MAX_WINDOW:
                 code = f.PROTOCOL_ERROR if not increment else f.FLOW_CONTROL_ERROR
@@ -396,7 +427,17 @@ class ServerConnection:
     def _remember(self, sid: int, by_us: bool) -> None:
         self._closed[sid] = by_us
         if len(self._closed) > CLOSED_KEPT:
-            del self._closed[next(iter(self._closed))]
+            oldest = next(iter(self._closed))
+            del self._closed[oldest]
+            self._closed_before = max(self._closed_before, oldest)
+
+    def _stream_error(self, sid: int, code: int, events: list) -> None:
+        """RST_STREAM with ``code``; an open stream's handler hears of it."""
+        if sid in self._streams:
+            self._reset(sid, code)
+            events.append(Reset(sid, code))
+        else:
+            self._out += f.rst_stream(sid, code)
 
     def _after_close(self, sid: int, stream: _Stream | None, events: list) -> None:
         """DATA or HEADERS on a stream the peer had ended: a stream error (§5.1,

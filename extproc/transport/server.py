@@ -43,6 +43,9 @@ class _Protocol(asyncio.Protocol):
         self.loop = server.loop
         self.conn = ServerConnection(max_concurrent_streams=server.max_concurrent_streams)
         self.calls: dict[int, Call] = {}
+        # Streams that are not gRPC, answered 415 once the peer has sent them whole: their
+        # data is taken and dropped meanwhile (the stream limit bounds how many).
+        self._refusing: set[int] = set()
         self.transport: asyncio.Transport | None = None
         self._flush_due = False
         self._writable: asyncio.Future[None] | None = None
@@ -63,9 +66,12 @@ class _Protocol(asyncio.Protocol):
                 call = self.calls.get(event.stream_id)
                 if call is not None:
                     call.feed(event.data, event.ended, limit)
+                elif event.stream_id in self._refusing:
+                    self._drop(event)
             elif type(event) is Request:
                 self._start(event)
             elif type(event) is Reset:
+                self._refusing.discard(event.stream_id)
                 call = self.calls.pop(event.stream_id, None)
                 if call is not None:
                     call.cancel()
@@ -86,8 +92,10 @@ class _Protocol(asyncio.Protocol):
             elif name == b"content-type":
                 content_type = value
         if not content_type.startswith(GRPC_CONTENT_TYPE):
-            self.conn.send_headers(sid, f.literal(b":status", b"415"), end_stream=True)
-            self.conn.finish(sid)
+            if request.ended:
+                self._refuse(sid)
+            else:
+                self._refusing.add(sid)
             return
         method = self.server.method(path.decode("latin-1"))
         call = Call(self, sid, method and method.request_deserializer,
@@ -100,6 +108,17 @@ class _Protocol(asyncio.Protocol):
         if request.ended:
             call.feed(b"", True, 0)
         call.task = self.loop.create_task(self._run(call, method))
+
+    def _refuse(self, sid: int) -> None:
+        """Not gRPC: 415, trailers-only."""
+        self.conn.send_headers(sid, f.literal(b":status", b"415"), end_stream=True)
+
+    def _drop(self, event: Data) -> None:
+        """A non-gRPC stream's data: taken (its window given back), then the 415 at its end."""
+        self.conn.consumed(event.stream_id, len(event.data))
+        if event.ended:
+            self._refusing.discard(event.stream_id)
+            self._refuse(event.stream_id)
 
     async def _run(self, call: Call, method: Any) -> None:
         try:

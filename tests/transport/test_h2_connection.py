@@ -717,7 +717,8 @@ def test_a_remembered_header_block_decodes_anew_once_the_table_changes() -> None
     # indexed reference to the newest entry, which stream 5 changes (it inserts x-b).
     first = encoder.encode(REQUEST + [(b"x-tag", b"a")])
     newest = b"\xbe"  # indexed field 62: the dynamic table's newest entry
-    block = encoder.encode(REQUEST) + newest
+    # (the request's own fields as literals: only the x-tag reference moves with the table)
+    block = b"".join(f.literal(name, value) for name, value in REQUEST) + newest
     inserts_b = encoder.encode(REQUEST + [(b"x-tag", b"b")])
     tags = []
     for sid, payload in ((1, first), (3, block), (5, inserts_b), (7, block), (9, block)):
