@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import struct
 from collections import deque
-from typing import NamedTuple
 
 from . import frames as f
+from .events import Closed, ConnectionError_, Data, Request, Reset
 from .headerblocks import DecodingError, HeaderBlocks
 from .requests import content_length, malformed
 
@@ -31,44 +31,6 @@ MAX_CONTINUATIONS = 128
 # our reset is ignored (RFC 9113 §5.1, "closed"), one it sends after closing a stream itself is
 # an error; streams older than these are ignored, as is any frame the record cannot place.
 CLOSED_KEPT = 1024
-
-
-class Request(NamedTuple):
-    """A stream opened by the peer: its header fields, and whether it already ended."""
-
-    stream_id: int
-    headers: list[tuple[bytes, bytes]]
-    ended: bool
-
-
-class Data(NamedTuple):
-    """Bytes on a stream, and whether the peer ended its side with them."""
-
-    stream_id: int
-    data: bytes
-    ended: bool
-
-
-class Reset(NamedTuple):
-    """The peer reset a stream (RST_STREAM)."""
-
-    stream_id: int
-    code: int
-
-
-class Closed(NamedTuple):
-    """The connection is over: a protocol error on the peer's side (said in a GOAWAY)."""
-
-    code: int
-    why: str
-
-
-class ConnectionError_(Exception):
-    """A connection error (RFC 9113 §5.4.1): GOAWAY with ``code``, then close."""
-
-    def __init__(self, code: int, why: str) -> None:
-        super().__init__(why)
-        self.code, self.why = code, why
 
 
 class _Stream:

@@ -25,7 +25,8 @@ import grpc
 from ..logs import get_logger
 from . import frames as f
 from .call import EOF, GRPC_CONTENT_TYPE, Aborted, Call
-from .connection import Closed, Data, Request, Reset, ServerConnection
+from .connection import ServerConnection
+from .events import Closed, Data, Request, Reset
 
 log = get_logger(__name__)
 

@@ -15,7 +15,8 @@ import hpack
 import pytest
 
 from extproc.transport import frames as f
-from extproc.transport.connection import Closed, Data, Request, Reset, ServerConnection
+from extproc.transport.connection import ServerConnection
+from extproc.transport.events import Closed, Data, Request, Reset
 
 S = h2.settings.SettingCodes
 REQUEST = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/pkg.Svc/Call"),

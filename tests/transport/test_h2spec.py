@@ -63,8 +63,9 @@ def test_h2spec_passes_every_case_that_applies(tmp_path: Path) -> None:
     report = tmp_path / "h2spec.xml"
     try:
         wait_for_port(LOCALHOST, port, timeout=30)
-        # -o: seconds h2spec waits for each answer; the whole run takes about 10 s
-        subprocess.run([str(h2spec), "-h", LOCALHOST, "-p", str(port), "-o", "2",
+        # -o: seconds h2spec waits for each answer (the 4 cases above wait it out: about 30 s
+        # in all; a short wait would turn a slow answer on a busy machine into a failed case)
+        subprocess.run([str(h2spec), "-h", LOCALHOST, "-p", str(port), "-o", "5",
                         "-j", str(report)], cwd=tmp_path, capture_output=True, timeout=240)
     finally:
         serve.terminate()
