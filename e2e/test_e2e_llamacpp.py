@@ -70,8 +70,16 @@ def answered_by(reply) -> str:
     return reply.json()["model"]
 
 
-async def test_swaps_under_load_with_real_loads_and_unloads(stack, http: aiohttp.ClientSession) -> None:
+async def _resident_a(stack, http: aiohttp.ClientSession) -> None:
+    """The "real" pool with real-a resident, whichever test left it otherwise."""
+    if status(stack, "real").get("residentMember") != "real-a":
+        reply = await chat(http, stack, "real-a", timeout=120)
+        assert reply.status == 200, reply.body
     await wait_resident(stack, "real", "real-a", timeout=60)
+
+
+async def test_swaps_under_load_with_real_loads_and_unloads(stack, http: aiohttp.ClientSession) -> None:
+    await _resident_a(stack, http)
     wave = [asyncio.create_task(chat(http, stack, member, tokens=16))
             for member in ["real-b", "real-a"] * 4]
     replies = await asyncio.gather(*wave)
@@ -113,9 +121,7 @@ async def eventually_async(check, timeout: float) -> None:
 
 
 async def test_prompt_cache_carries_over_a_b_a(stack, http: aiohttp.ClientSession) -> None:
-    await wait_resident(stack, "real", "real-a", timeout=60)
-    if status(stack, "real").get("residentMember") != "real-a":
-        await chat(http, stack, "real-a")
+    await _resident_a(stack, http)
     conversation = [{"role": "user", "content": "tell me about " + " ".join(
         f"topic{i}" for i in range(40))}]
     first = await chat(http, stack, "real-a", messages=conversation, tokens=4)
@@ -135,8 +141,7 @@ async def test_a_slot_save_that_fails_opens_the_swap_and_the_target_serves(
     # The save files' places are taken by directories, so llama.cpp's own save fails (as
     # root, permissions would not stop it; a missing --slot-save-path stops the server from
     # starting): the carry fails open and the swap goes on.
-    await chat(http, stack, "real-a", timeout=120)
-    await wait_resident(stack, "real", "real-a", timeout=60)
+    await _resident_a(stack, http)
     slot_dir = stack.log_dir / "members" / "slot-save"
     blocked = [slot_dir / slot_file(NAMESPACE, "real-a", "real-a-model", slot)
                for slot in range(llamacpp.DEFAULT_PARALLEL)]
@@ -204,7 +209,7 @@ async def test_a_corrupt_model_ends_failed_and_the_pool_serves_on(
 
 
 async def test_streamed_answers_are_relayed_whole(stack, http: aiohttp.ClientSession) -> None:
-    await wait_resident(stack, "real", "real-a", timeout=60)
+    await _resident_a(stack, http)
     reply = await chat(http, stack, "real-a", stream=True, tokens=48, ignore_eos=True)
     assert reply.status == 200
     assert reply.events[-1] == "[DONE]"
