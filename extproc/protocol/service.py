@@ -136,14 +136,16 @@ class ExtProcService:
             # forwards only what we hand back (full duplex).
             kept = body if head.duplex_request else b""
             del body
-            try:
-                route = await self._hub.resolve_synced(
-                    model, min(patience, self._settings.swap_budget))
-            except TimeoutError:
-                await context.write(self._error(
-                    head, 503, "pools_not_synced", "this replica has not yet read the pools "
-                    "from its source; retry", None, (("retry-after", "1"),)))
-                return await stream.until_closed(context, head)
+            route = self._hub.resolve(model)
+            if route is None:  # (awaited only off the hot path: a replica just started)
+                try:
+                    route = await self._hub.resolve_synced(
+                        model, min(patience, self._settings.swap_budget))
+                except TimeoutError:
+                    await context.write(self._error(
+                        head, 503, "pools_not_synced", "this replica has not yet read the "
+                        "pools from its source; retry", None, (("retry-after", "1"),)))
+                    return await stream.until_closed(context, head)
             if route is None:
                 await context.write(self._unrouted(head, model))
                 return await stream.until_closed(context, head)

@@ -179,8 +179,9 @@ class ServerConnection:
             if self._forget(sid):
                 events.append(Reset(sid, _U32.unpack(payload)[0]))
         elif kind == f.GOAWAY:
+            # the peer opens no more streams; the open ones run to their end
             if sid:
-                raise ConnectionError_(f.PROTOCOL_ERROR, "GOAWAY on a stream")  # the peer opens no more streams; the open ones run to their end
+                raise ConnectionError_(f.PROTOCOL_ERROR, "GOAWAY on a stream")
         elif kind == f.PUSH_PROMISE:
             raise ConnectionError_(f.PROTOCOL_ERROR, "a client cannot push")
         elif kind == f.PRIORITY:
@@ -226,8 +227,7 @@ class ServerConnection:
         if stream.length_left is not None:
             stream.length_left -= len(data)
             if stream.length_left < 0 or (ended and stream.length_left):
-                self._reset(sid, f.PROTOCOL_ERROR)  # §8.1.1: the body is not as declared
-                events.append(Reset(sid, f.PROTOCOL_ERROR))
+                self._stream_error(sid, f.PROTOCOL_ERROR, events)  # §8.1.1: not as declared
                 return
         if ended:
             self._remote_close(sid, stream)
@@ -361,7 +361,7 @@ class ServerConnection:
                 if sid > self._last_stream:
                     raise ConnectionError_(f.PROTOCOL_ERROR, "WINDOW_UPDATE on an idle stream")
                 if not increment:
-                    self._out += f.rst_stream(sid, f.PROTOCOL_ERROR)  # §6.9
+                    self._stream_error(sid, f.PROTOCOL_ERROR, events)  # §6.9
                 return  # (else allowed on closed streams for a while: §6.9)
             stream.send_window += increment
             if not increment or stream.send_window > f.MAX_WINDOW:
@@ -404,11 +404,8 @@ class ServerConnection:
     def _after_close(self, sid: int, stream: _Stream | None, events: list) -> None:
         """DATA or HEADERS on a stream the peer had ended: a stream error (§5.1,
         "half-closed (remote)" and "closed"), unless we reset it and the frame was on its way."""
-        if stream is not None:  # half-closed (remote): our answer stops too
-            self._reset(sid, f.STREAM_CLOSED)
-            events.append(Reset(sid, f.STREAM_CLOSED))
-        elif self._closed.get(sid) is False:
-            self._out += f.rst_stream(sid, f.STREAM_CLOSED)
+        if stream is not None or self._closed.get(sid) is False:
+            self._stream_error(sid, f.STREAM_CLOSED, events)  # half-closed: our answer stops
 
     # ---- sending ---------------------------------------------------------------------------
 

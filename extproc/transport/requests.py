@@ -36,7 +36,7 @@ def malformed(headers: list[tuple[bytes, bytes]]) -> str:
             return "te other than trailers"
     if b":method" not in seen:
         return "no :method"
-    if b":method" in seen and b":path" not in seen and b":scheme" not in seen:
+    if b":path" not in seen and b":scheme" not in seen:
         return ""  # CONNECT (§8.5) names only :authority; refused above as not gRPC
     if b":scheme" not in seen or b":path" not in seen:
         return "no :scheme or :path"
