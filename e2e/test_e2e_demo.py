@@ -55,8 +55,15 @@ def test_smoke_run_serves_every_member_and_stops_cleanly(tmp_path: Path,
     for model in ("judge", "coder", "writer"):
         assert f"ok  {model:<7} stream=false -> 200 served by {model}" in out, out
     assert "ok  judge   stream=true  -> 200 served by judge" in out, out
-    for line in ("(none) -> judge  swapped in", "judge -> coder  swapped in",
-                 "coder -> writer  swapped in", "writer -> judge  swapped in"):
+    swaps = ["judge -> coder  swapped in", "coder -> writer  swapped in",
+             "writer -> judge  swapped in"]
+    if "llmkube" not in options:
+        # The cold start is the ext_proc's own act only when it actuates. In llmkube mode the
+        # reconciler (started first, as LLMKube's would be) loads the default itself, and a
+        # real llama-server loads in ~0.5 s: often before the ext_proc's first sync, which then
+        # finds judge resident and has no swap to tell (CI run of stop 38).
+        swaps.insert(0, "(none) -> judge  swapped in")
+    for line in swaps:
         assert line in out, out
     assert "held request released" in out
     assert f"KUBECONFIG={tmp_path}/kubeconfig kubectl get mpool -n demo" in out
