@@ -73,7 +73,7 @@ class Call:
         self._deserialize, self._serialize = deserialize, serialize
         self._messages: deque[bytes] = deque()
         self._waiter: asyncio.Future[None] | None = None
-        self._buffer = b""
+        self._buffer = bytearray()  # a message still arriving (grown in place: linear)
         self._unread = 0  # bytes in _messages
         self._owed = 0  # bytes received, not yet given back to the stream window
         self._ended = False
@@ -142,9 +142,17 @@ class Call:
         """Bytes of the request stream; whole messages become readable."""
         if self._finished:
             return  # its status is said: nothing more to read (nor to keep)
-        buffer = self._buffer + data if self._buffer else data
-        at = 0
-        while len(buffer) - at >= 5:
+        # A message in one frame is cut from the frame itself; one spread over many frames is
+        # gathered in a bytearray that grows in place, so its cost is linear in its size
+        # (concatenating bytes per frame made a 16 MiB message in 16 KiB frames quadratic).
+        partial = self._buffer
+        if partial:
+            partial += data
+            buffer: bytes | bytearray = partial
+        else:
+            buffer = data
+        at, size = 0, len(buffer)
+        while size - at >= 5:
             compressed, length = _PREFIX.unpack_from(buffer, at)
             if length > limit or compressed:
                 self.finish(grpc.StatusCode.RESOURCE_EXHAUSTED if length > limit
@@ -153,12 +161,18 @@ class Call:
                             else "compressed messages are not supported")
                 self.cancel()
                 return
-            if len(buffer) - at - 5 < length:
+            if size - at - 5 < length:
                 break
-            self._messages.append(buffer[at + 5:at + 5 + length])
+            self._messages.append(bytes(buffer[at + 5:at + 5 + length]))
             self._unread += length
             at += 5 + length
-        self._buffer = buffer[at:] if at < len(buffer) else b""
+        if buffer is partial:
+            if at == size:
+                self._buffer = bytearray()  # (not the emptied one: it keeps its allocation)
+            else:
+                del partial[:at]  # (a bytearray drops its head without moving the rest)
+        elif at < size:
+            self._buffer = bytearray(buffer[at:])
         self._owed += len(data)
         if self._unread <= _UNREAD_LIMIT:  # (the caller, data_received, writes it out)
             self._give_back()
