@@ -24,8 +24,8 @@ from typing import Any
 import yaml
 
 from devstack import proberouter
-from devstack.procs import LOCALHOST, PROJECT_ROOT, EnvoyProcess, ManagedProcess, free_port, \
-    wait_for_http
+from devstack.envoyproc import EnvoyProcess
+from devstack.procs import LOCALHOST, PROJECT_ROOT, ManagedProcess, free_port, wait_for_http
 from devstack.reconciler import USER as RECONCILER_USER
 from devstack.stack import ACTUATIONS, DEVSTACK_CRDS, LLAMA_MODELS, ROLLOUT_DELAY
 from devstack.stack_manifests import pool_with_members

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from devstack import envoyconf
-from devstack.procs import EnvoyProcess
+from devstack.envoyproc import EnvoyProcess
 
 _TIMING_FIELDS = {
     # Wall clock (same clock as time.time()), microseconds.

@@ -26,8 +26,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from devstack.procs import LOCALHOST, PROJECT_ROOT, EnvoyProcess, ManagedProcess, free_port, \
-    wait_for_http
+from devstack.envoyproc import EnvoyProcess
+from devstack.procs import LOCALHOST, PROJECT_ROOT, ManagedProcess, free_port, wait_for_http
 from devstack.stack import LocalStack
 from devstack.stack_manifests import pool_with_members
 from devstack.stack_ports import Ports

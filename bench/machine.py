@@ -8,7 +8,8 @@ import platform
 import subprocess
 import sys
 
-from devstack.procs import PROJECT_ROOT, envoy_binary
+from devstack.envoyproc import envoy_binary
+from devstack.procs import PROJECT_ROOT
 
 
 def _first_line(args: list[str]) -> str:

@@ -10,8 +10,9 @@ import urllib.request
 from pathlib import Path
 
 from devstack import envoyconf
-from devstack.procs import LOCALHOST, PROJECT_ROOT, ManagedProcess, envoy_binary, free_port, \
-    wait_for_http, wait_for_port
+from devstack.envoyproc import envoy_binary
+from devstack.procs import LOCALHOST, PROJECT_ROOT, ManagedProcess, free_port, wait_for_http, \
+    wait_for_port
 
 from . import envoycfg
 

@@ -43,9 +43,10 @@ import yaml
 
 from devstack import proberouter
 from devstack import stack_manifests as manifests
-from devstack.procs import LOCALHOST, PROJECT_ROOT, EnvoyProcess, ManagedProcess, \
-    StackError, await_ready, free_port, kill_member_server, wait_for_http, writing_into
+from devstack.envoyproc import EnvoyProcess
 from devstack.picker_envoy import picker_config
+from devstack.procs import LOCALHOST, PROJECT_ROOT, ManagedProcess, StackError, await_ready, \
+    free_port, kill_member_server, wait_for_http, writing_into
 from devstack.reconciler import USER as RECONCILER_USER
 from devstack.simulator_timeline import read_timeline
 from devstack.stack_ports import Ports

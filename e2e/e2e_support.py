@@ -15,7 +15,7 @@ from typing import Any, Callable
 import aiohttp
 import pytest
 
-from devstack import llamacpp, procs, testkit
+from devstack import envoyproc, llamacpp, testkit
 from devstack.stack import LocalStack
 from devstack.stack_manifests import pool_with_members
 from devstack.stack_ports import Ports
@@ -32,7 +32,7 @@ SWAP_BOUND = UNLOAD_DELAY + LOAD_DELAY + 4.0
 def require_tools() -> None:
     """Skip when Envoy, kubectl or the API emulator is missing."""
     try:
-        procs.envoy_binary()
+        envoyproc.envoy_binary()
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
     if shutil.which("kubectl") is None:

@@ -27,7 +27,8 @@ import pytest
 import yaml
 
 from devstack import testkit
-from devstack.procs import LOCALHOST, PROJECT_ROOT, EnvoyProcess
+from devstack.envoyproc import EnvoyProcess
+from devstack.procs import LOCALHOST, PROJECT_ROOT
 from devstack.stack import LocalStack
 from e2e_support import NAMESPACE, eventually, pools, wait_resident
 

@@ -15,7 +15,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from devstack import procs
+from devstack import envoyproc
 from devstack.testkit import finish_within, seed_from_env
 from devstack.upstream import UpstreamHandle, start_upstream
 from extproc.protocol import answers
@@ -42,7 +42,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 def envoy_bin() -> Path:
     """The Envoy binary; skips the test when it is not installed."""
     try:
-        return procs.envoy_binary()
+        return envoyproc.envoy_binary()
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
 
@@ -60,7 +60,7 @@ async def upstreams() -> AsyncIterator[dict[str, UpstreamHandle]]:
             await finish_within(handle.stop(), 15, f"fake member {handle.name} to stop")
 
 
-EnvoyFactory = Callable[..., procs.EnvoyProcess]
+EnvoyFactory = Callable[..., envoyproc.EnvoyProcess]
 
 
 @pytest.fixture
@@ -70,11 +70,11 @@ def envoy_factory(envoy_bin: Path, tmp_path: Path) -> Iterator[EnvoyFactory]:
     `members` maps cluster name ("judge.demo") to port. Starting blocks until Envoy is ready
     (it does not contact the upstreams, so in-process upstreams need not be served meanwhile).
     """
-    started: list[procs.EnvoyProcess] = []
+    started: list[envoyproc.EnvoyProcess] = []
 
-    def start(extproc_port: int, members: dict[str, int], **kwargs: Any) -> procs.EnvoyProcess:
+    def start(extproc_port: int, members: dict[str, int], **kwargs: Any) -> envoyproc.EnvoyProcess:
         workdir = tmp_path / f"envoy-{len(started)}"
-        envoy = procs.EnvoyProcess(extproc_port, members, workdir=workdir, **kwargs)
+        envoy = envoyproc.EnvoyProcess(extproc_port, members, workdir=workdir, **kwargs)
         started.append(envoy)
         return envoy.start()
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from devstack import envoyconf, procs
+from devstack import envoyconf, envoyproc
 from devstack.testkit import DEMO_POOLS
 from extproc.app import Service
 from extproc.settings import Settings
@@ -45,7 +45,7 @@ async def test_a_buffered_body_with_trailers_is_routed(tmp_path: Path, upstreams
                                pools_file=str(pools)))
     await service.start()
     members = {f"{name}.demo": handle.port for name, handle in upstreams.items()}
-    envoy = procs.EnvoyProcess.from_config(_config(service.grpc_port, members, trailer_mode),
+    envoy = envoyproc.EnvoyProcess.from_config(_config(service.grpc_port, members, trailer_mode),
                                            workdir=tmp_path / "envoy").start()
     try:
         for model in ("judge", "coder"):  # a resident hit, then a swap

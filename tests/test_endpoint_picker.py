@@ -24,7 +24,7 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from devstack import procs
+from devstack import envoyproc, procs
 from devstack.picker_envoy import picker_config
 from devstack.testkit import stop_front_to_back
 from devstack.upstream import SERVED_BY, UpstreamHandle, start_upstream
@@ -79,7 +79,7 @@ class PickerStack:
     def __init__(self, service: Service, pods: dict[str, UpstreamHandle]) -> None:
         self.service = service
         self.pods = pods
-        self.envoy: procs.EnvoyProcess | None = None
+        self.envoy: envoyproc.EnvoyProcess | None = None
 
     def endpoint(self, member: str) -> str:
         """The member's pod as the picker names it."""
@@ -112,7 +112,7 @@ async def _start(tmp_path: Path, body_mode: str, hinted: tuple[str, ...] | None 
     stack = PickerStack(service, pods)
     try:
         await service.start()
-        stack.envoy = procs.EnvoyProcess.from_config(
+        stack.envoy = envoyproc.EnvoyProcess.from_config(
             lambda listen, admin, log: picker_config(listen, admin, str(log), service.grpc_port,
                                                      body_mode, subset),
             workdir=tmp_path / "envoy").start()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from devstack import envoyconf, procs
+from devstack import envoyconf, envoyproc
 from devstack.testkit import eventually, posted
 from devstack.upstream import UpstreamHandle
 from extproc.protocol.service import SERVICE
@@ -131,7 +131,7 @@ async def test_no_serving_replica_is_the_router_unavailable_503(
     assert upstreams["judge"].stats.served == 0 and sum(s.streams for s in stubs) == 0
 
 
-async def healthy(envoy: procs.EnvoyProcess, expected: dict[int, bool]) -> None:
+async def healthy(envoy: envoyproc.EnvoyProcess, expected: dict[int, bool]) -> None:
     """Wait until Envoy's health view of the ext_proc replicas is ``expected``."""
     await eventually(lambda: envoy.extproc_health() == expected, HEALTH_SETTLE,
                      f"Envoy to see the replicas as {expected}", blocking=True, interval=0.1)

@@ -14,7 +14,7 @@ from typing import AsyncIterator
 
 import pytest
 
-from devstack import procs
+from devstack import envoyproc
 from devstack.testkit import stop_front_to_back
 from devstack.upstream import UpstreamHandle, start_upstream
 from extproc.app import Service
@@ -81,13 +81,13 @@ def gateway_run(pool: ExamplePool, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 def run_translated(gateway_run: GatewayRun, extproc_port: int, member_ports: dict[str, int],
-                   workdir: Path) -> procs.EnvoyProcess:
+                   workdir: Path) -> envoyproc.EnvoyProcess:
     """Our Envoy on the translated config, its backends played by these loopback ports."""
     loopback = {(EXTPROC_SERVICE, EXTPROC_PORT): extproc_port}
     loopback |= {(name, MEMBER_PORT): port for name, port in member_ports.items()}
     stand_ins = {address: loopback[backend]
                  for address, backend in gateway_run.backends.items() if backend in loopback}
-    return procs.EnvoyProcess.from_config(
+    return envoyproc.EnvoyProcess.from_config(
         lambda listen, admin, log: static_bootstrap(
             gateway_run.config_dump, GATEWAY_LISTENER, listen, admin, str(log), stand_ins),
         workdir=workdir).start()
@@ -99,7 +99,7 @@ class GatewayStack:
 
     service: Service
     members: dict[str, UpstreamHandle] = field(default_factory=dict)
-    envoy: procs.EnvoyProcess | None = None
+    envoy: envoyproc.EnvoyProcess | None = None
     extproc_up: bool = True
 
     @property

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from devstack.picker_envoy import POOL_ROUTE, ext_proc_filter, pool_clusters
-from devstack.procs import EnvoyProcess
+from devstack.envoyproc import EnvoyProcess
 from tests.deploy.conftest import render_path
 from tests.gateway.bootstrap import connection_managers, dumped, static_bootstrap
 from tests.gateway.conftest import GATEWAY_LISTENER, require_egctl

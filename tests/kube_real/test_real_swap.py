@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 
 from control_plane import ControlPlane
-from devstack import procs
+from devstack import envoyproc
 from devstack.stack_manifests import dump, pool_with_members
 from platform_entry import until
 from rbac import rbac_covers, rbac_excess
@@ -44,7 +44,7 @@ def stack(control_plane: ControlPlane,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealApiStack]:
     """The stack on the real server, its ext_proc running as deploy/base's ServiceAccount."""
     try:
-        procs.envoy_binary()
+        envoyproc.envoy_binary()
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
     control_plane.ensure_namespace(NAMESPACE)

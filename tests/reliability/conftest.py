@@ -11,7 +11,7 @@ import pytest
 import pytest_asyncio
 from relstack import POOLS, Stack, settings_for, settle
 
-from devstack import procs
+from devstack import envoyproc
 from devstack.testkit import finish_within
 from devstack.upstream import start_upstream
 from extproc.app import Service
@@ -26,7 +26,7 @@ async def stack(envoy_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> As
     upstreams = {name: await start_upstream(name, token_delay_ms=1) for name in ("judge", "coder")}
     service = Service(settings_for(pools))
     await service.start()
-    envoy = procs.EnvoyProcess(service.grpc_port, {f"{n}.demo": h.port
+    envoy = envoyproc.EnvoyProcess(service.grpc_port, {f"{n}.demo": h.port
                                                    for n, h in upstreams.items()},
                                workdir=workdir / "envoy")
     try:

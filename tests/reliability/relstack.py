@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from devstack import procs
+from devstack import envoyproc
 from devstack.testkit import DEMO_POOLS
 from devstack.upstream import UpstreamHandle
 from extproc import metrics
@@ -25,7 +25,7 @@ class Stack:
     """What a reliability test talks to and inspects."""
 
     service: Service
-    envoy: procs.EnvoyProcess
+    envoy: envoyproc.EnvoyProcess
     upstreams: dict[str, UpstreamHandle]
 
     def served(self) -> dict[str, int]:

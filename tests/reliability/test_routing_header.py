@@ -12,7 +12,7 @@ import pytest
 from rawhttp import RawResponse, build_request, send
 from relstack import Stack
 
-from devstack import procs
+from devstack import envoyproc, procs
 
 pytestmark = [pytest.mark.envoy, pytest.mark.asyncio(loop_scope="module")]
 
@@ -64,9 +64,9 @@ async def test_forged_header_cannot_smuggle_a_refused_request(
 
 @pytest.fixture(scope="module")
 def envoy_without_extproc(stack: Stack, tmp_path_factory: pytest.TempPathFactory
-                          ) -> Iterator[procs.EnvoyProcess]:
+                          ) -> Iterator[envoyproc.EnvoyProcess]:
     """An Envoy for the same members whose ext_proc port has nothing listening."""
-    envoy = procs.EnvoyProcess(procs.free_port(), {f"{n}.demo": h.port
+    envoy = envoyproc.EnvoyProcess(procs.free_port(), {f"{n}.demo": h.port
                                                    for n, h in stack.upstreams.items()},
                                workdir=Path(tmp_path_factory.mktemp("envoy-down")))
     envoy.start()
@@ -78,7 +78,7 @@ def envoy_without_extproc(stack: Stack, tmp_path_factory: pytest.TempPathFactory
 
 @pytest.mark.parametrize("headers, trailers", FORGERIES)
 async def test_forged_header_is_stripped_when_the_ext_proc_is_down(
-        stack: Stack, envoy_without_extproc: procs.EnvoyProcess,
+        stack: Stack, envoy_without_extproc: envoyproc.EnvoyProcess,
         headers: list[tuple[str, str]], trailers: list[tuple[str, str]]) -> None:
     before = stack.served()
     response = await _post(envoy_without_extproc.listen_port, headers, trailers)
