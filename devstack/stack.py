@@ -20,35 +20,29 @@ With one replica the ext_proc's log is ``extproc.log`` and `start_extproc` / `ki
 `metrics()` and `debug_pools()`, which read replica 0 (`replica(i).metrics()` reads another),
 and `metric()`, which sums over the replicas that answer.
 
-Each client of the API server gets its own kubeconfig user (``stack``, ``simulator``,
-``modelpool-extproc``, ``llmkube-controller``), so the emulator's request record can tell their
-calls apart.
+Each client of the API server gets its own kubeconfig user (devstack/stack_api.py: kubectl and
+GETs as the ``stack`` user, the request record).
 Everything is synchronous: the pieces are processes, and tests call in from any thread.
 """
 
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import signal
-import subprocess
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Iterable
-
-import yaml
 
 from devstack import proberouter
 from devstack import stack_manifests as manifests
 from devstack.envoyproc import EnvoyProcess
 from devstack.picker_envoy import picker_config
-from devstack.procs import LOCALHOST, PROJECT_ROOT, ManagedProcess, StackError, await_ready, \
-    free_port, kill_member_server, wait_for_http, writing_into
+from devstack.procs import LOCALHOST, PROJECT_ROOT, ManagedProcess, await_ready, free_port, \
+    kill_member_server, wait_for_http, writing_into
 from devstack.reconciler import USER as RECONCILER_USER
 from devstack.simulator_timeline import read_timeline
+from devstack.stack_api import StackApi
 from devstack.stack_ports import Ports
 from devstack.stack_replicas import STOP_GRACE, Replica, Samples, metric_sum, serve_args, \
     through_proxy
@@ -65,7 +59,7 @@ ROLLOUT_DELAY = 0.5
 LLAMA_MODELS = PROJECT_ROOT / ".tools" / "llama.cpp" / "models"
 
 
-class LocalStack:
+class LocalStack(StackApi):
     """Emulator, simulator, ext_proc and Envoy on loopback; `stop()` leaves no process behind."""
 
     def __init__(self, workdir: Path | str, docs: list[dict[str, Any]], ports: Ports, *,
@@ -245,61 +239,6 @@ class LocalStack:
         for replica in self._configured():
             replica.restart(timeout, grace=STOP_GRACE)
 
-    # ---- the API server --------------------------------------------------------------------
-
-    def kubectl(self, *args: str, check: bool = True, stdin: str | None = None,
-                timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
-        """Run kubectl against the emulator with the stack's kubeconfig; text output."""
-        done = subprocess.run(["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
-                              input=stdin, capture_output=True, text=True, timeout=timeout)
-        if check and done.returncode != 0:
-            raise StackError(f"kubectl {' '.join(args)} failed ({done.returncode}): "
-                             f"{done.stderr.strip()}")
-        return done
-
-    def apply(self, docs: list[dict[str, Any]]) -> None:
-        """`kubectl apply` the objects (namespaces already exist: the emulator creates them)."""
-        objects = [d for d in docs if d.get("kind") != "Namespace"]
-        if objects:
-            self.kubectl("apply", "-f", "-", stdin=manifests.dump(objects))
-
-    def annotate(self, member: str, key: str, value: str | None, namespace: str = "") -> None:
-        """Set (or with None remove) an annotation on a member InferenceService."""
-        pair = f"{key}-" if value is None else f"{key}={value}"
-        self.kubectl("annotate", "isvc", member, pair, "--overwrite",
-                     "-n", namespace or self.namespace_of(member))
-
-    def namespace_of(self, member: str) -> str:
-        """The namespace a member of this stack lives in."""
-        return next(ns for ns, m in self.members if m == member)
-
-    def get(self, path: str) -> Any:
-        """GET an API path (``/apis/...``) from the emulator as the `stack` user; parsed JSON."""
-        req = urllib.request.Request(self.kubeapi_url + path,
-                                     headers={"Authorization": "Bearer stack-token"})
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return json.loads(resp.read())
-
-    def pool(self, name: str, namespace: str) -> dict[str, Any]:
-        """A ModelPool object as the API holds it."""
-        return self.get(f"/apis/inference.llmkube.dev/v1alpha1/namespaces/{namespace}"
-                        f"/modelpools/{name}")
-
-    def isvc(self, name: str, namespace: str = "") -> dict[str, Any]:
-        """A member InferenceService object as the API holds it."""
-        ns = namespace or self.namespace_of(name)
-        return self.get(f"/apis/inference.llmkube.dev/v1alpha1/namespaces/{ns}"
-                        f"/inferenceservices/{name}")
-
-    def api_requests(self, user: str | None = None) -> list[dict[str, Any]]:
-        """The emulator's request record so far, oldest first; only `user`'s when given.
-
-        Users are the stack's kubeconfig users: ``stack`` (kubectl, these helpers),
-        ``simulator``, ``modelpool-extproc`` and (llmkube mode) ``llmkube-controller``.
-        """
-        query = f"?user={user}" if user is not None else ""
-        return self.get(f"/_emulator/requests{query}")
-
     # ---- what the pieces recorded --------------------------------------------------------
 
     def timeline(self) -> list[dict[str, Any]]:
@@ -399,17 +338,6 @@ class LocalStack:
         await_ready(proc, self.kubeconfig.exists, timeout, "the API emulator")
         self._user_kubeconfig("stack", path=self.kubeconfig)
 
-    def _user_kubeconfig(self, user: str, path: Path | None = None) -> Path:
-        """A copy of the emulator's kubeconfig whose user (and bearer token) is `user`."""
-        config = yaml.safe_load(self.kubeconfig.read_text(encoding="utf-8"))
-        config["users"] = [{"name": user, "user": {"token": f"{user}-token"}}]
-        for context in config["contexts"]:
-            context["context"]["user"] = user
-            context["context"]["namespace"] = self.namespaces[0] if self.namespaces else "default"
-        target = path or self.workdir / f"{user}.kubeconfig"
-        target.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-        return target
-
     def _start_simulator(self, timeout: float) -> None:
         self.timeline_path.unlink(missing_ok=True)
         args = [sys.executable, "-m", "devstack.simulator",
@@ -439,18 +367,3 @@ class LocalStack:
         proc = self._launch("reconciler", args)
         # It writes every pool's status at once, MetalSupported included (LLMKube's mark).
         await_ready(proc, self._pools_reconciled, timeout, "the reconciler to write pool status")
-
-    def _pools_reconciled(self) -> bool:
-        try:
-            statuses = [self.pool(name, ns).get("status") or {} for ns, name in self.pools]
-            return all(any(c.get("type") == "MetalSupported" for c in s.get("conditions") or [])
-                       for s in statuses)
-        except (OSError, urllib.error.HTTPError):
-            return False
-
-    def _members_reported(self) -> bool:
-        try:
-            return all((self.isvc(m, ns).get("status") or {}).get("phase")
-                       for ns, m in self.members)
-        except (OSError, urllib.error.HTTPError):
-            return False

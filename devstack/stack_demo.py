@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from devstack import stack_manifests as manifests
-from devstack.procs import PROJECT_ROOT
-from devstack.stack import START_TIMEOUT, LocalStack, StackError
+from devstack.procs import PROJECT_ROOT, StackError
+from devstack.stack import START_TIMEOUT, LocalStack
 from devstack.stack_ports import Ports
 from devstack.stack_replicas import Replica
 from devstack.stack_swaps import LogTail, describe, swap_notices
