@@ -11,7 +11,8 @@ import aiohttp
 import pytest
 
 from devstack import procs
-from devstack.upstream import MAX_TOKENS, UpstreamHandle, start_upstream
+from devstack.upstream import UpstreamHandle, start_upstream
+from devstack.upstream_answers import MAX_TOKENS
 
 
 async def read_sse(resp: aiohttp.ClientResponse) -> list[str]:
