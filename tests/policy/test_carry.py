@@ -7,18 +7,16 @@ member that is up.
 
 from __future__ import annotations
 
-import math
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cluster_model import FAILS, LOADS, Cluster
+from draws import member_names, random_cluster, random_pool, random_requests
 from extproc.policy.events import (Admit, CarryAnswered, CarrySlots, Hold, MemberObserved,
                                    Notice, RequestArrived, RequestEnded, Scale,
                                    StatusObserved, Tick, Trigger)
 from extproc.policy.machine import PoolMachine
 from extproc.policy.model import Actuation, MemberObservation, PoolSpec, PoolStatus
-from harness import KEY, Driver, limits, settle, spec
+from harness import KEY, Driver, limits, settle
 
 TIMEOUT = 10.0
 HORIZON = 300.0
@@ -153,30 +151,19 @@ def test_llmkube_mode_saves_before_the_trigger_and_restores_once_resident() -> N
 @st.composite
 def carrying_drivers(draw: st.DrawFn) -> Driver:
     """Random pools whose members carry their cache, with random answers and faults."""
-    members = ("a", "b", "c")[:draw(st.integers(2, 3))]
+    members = member_names(draw)
     some = st.sampled_from(members)
-    pool_spec = spec(members, default=draw(st.sampled_from(("",) + members)),
-                     swap_budget=draw(st.floats(5, 300)),
-                     fairness_window=draw(st.sampled_from([0.0, 30.0]) | st.floats(1, 60)))
-    cluster = Cluster(members, load_delay=draw(st.floats(0.5, 20)),
-                      unload_delay=draw(st.floats(0, 5)),
-                      outcome={m: draw(st.sampled_from([LOADS, LOADS, FAILS])) for m in members},
-                      capacity={m: draw(st.integers(0, 3)) for m in members},
-                      carry=frozenset(members) if draw(st.booleans())
-                      else frozenset(draw(st.lists(some, unique=True))))
-    for m in draw(st.lists(some, max_size=1)):
-        cluster.warm(m)
+    pool_spec = random_pool(draw, members, max_budget=300)
+    carry = frozenset(members) if draw(st.booleans()) \
+        else frozenset(draw(st.lists(some, unique=True)))
+    cluster = random_cluster(draw, members, max_capacity=3, carry=carry)
     knobs = limits(carry_timeout=draw(st.floats(0.5, 10)), swap_timeout=60.0,
                    paced_release=draw(st.booleans()), idle_gate=draw(st.booleans()),
                    drain_linger=draw(st.sampled_from([0.0, 0.5])))
     d = Driver(pool_spec, knobs, cluster, carry_delay=draw(st.floats(0, 15)),
                carry_ok=draw(st.sampled_from([True, True, False, None])))
     d.start()
-    requests = st.tuples(st.floats(0, HORIZON), some, st.floats(0.1, 15),
-                         st.none() | st.floats(0, 60))
-    for at, member, duration, abandon in draw(st.lists(requests, min_size=2, max_size=40)):
-        d.request(member, at=at, duration=duration,
-                  abandon_after=math.inf if abandon is None else abandon)
+    random_requests(draw, d, HORIZON, min_size=2, max_size=40)
     for at, member in draw(st.lists(st.tuples(st.floats(0, HORIZON), some), max_size=2)):
         d.at(at, lambda m=member: d.cluster.kill(m, d.now))
     return d

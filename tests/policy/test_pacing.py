@@ -8,17 +8,15 @@ random traffic with swaps and faults.
 
 from __future__ import annotations
 
-import math
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cluster_model import FAILS, LOADS, Cluster
+from draws import member_names, random_cluster, random_pool, random_requests
 from extproc.policy.events import (Admit, Hold, MemberObserved, PeersObserved, Reject,
                                    RequestArrived, RequestEnded)
 from extproc.policy.machine import PoolMachine
 from extproc.policy.model import MemberObservation, PeerState, PoolSpec
-from harness import KEY, Driver, limits, settle, spec
+from harness import KEY, Driver, limits, settle
 
 HORIZON = 200.0
 
@@ -117,27 +115,16 @@ def test_the_held_bound_applies_to_paced_requests() -> None:
 @st.composite
 def paced_drivers(draw: st.DrawFn) -> Driver:
     """A random pool with paced members, swaps, abandons and failed loads, started."""
-    members = ("a", "b", "c")[:draw(st.integers(2, 3))]
+    members = member_names(draw)
     some = st.sampled_from(members)
-    pool = spec(members, default=draw(st.sampled_from(("",) + members)),
-                swap_budget=draw(st.floats(5, 120)),
-                fairness_window=draw(st.sampled_from([0.0, 30.0]) | st.floats(1, 60)),
-                max_held=draw(st.none() | st.integers(1, 8)))
-    cluster = Cluster(members, load_delay=draw(st.floats(0.5, 20)),
-                      unload_delay=draw(st.floats(0, 5)),
-                      outcome={m: draw(st.sampled_from([LOADS, LOADS, FAILS])) for m in members},
-                      capacity={m: draw(st.integers(0, 4)) for m in members})
-    for m in draw(st.lists(some, max_size=1)):
-        cluster.warm(m)
+    pool = random_pool(draw, members, max_budget=120,
+                       max_held=draw(st.none() | st.integers(1, 8)))
+    cluster = random_cluster(draw, members, max_capacity=4)
     knobs = limits(paced_release=True, swap_timeout=60.0, idle_gate=draw(st.booleans()),
                    drain_linger=draw(st.sampled_from([0.0, 0.5])))
     d = Driver(pool, knobs, cluster, reuse_rids=draw(st.booleans()))
     d.start()
-    requests = st.tuples(st.floats(0, HORIZON), some, st.floats(0.1, 15),
-                         st.none() | st.floats(0, 60))
-    for at, member, duration, abandon in draw(st.lists(requests, max_size=50)):
-        d.request(member, at=at, duration=duration,
-                  abandon_after=math.inf if abandon is None else abandon)
+    random_requests(draw, d, HORIZON, max_size=50)
     for member, at, n in draw(st.lists(st.tuples(some, st.floats(0, HORIZON),
                                                  st.integers(1, 12)), max_size=2)):
         for _ in range(n):  # a burst at one instant: the herd paced release exists for
