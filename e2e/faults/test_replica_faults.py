@@ -10,6 +10,7 @@ import asyncio
 import random
 import time
 from collections import Counter
+from typing import Awaitable, Callable
 
 import aiohttp
 from faultkit import at_rest, attempt, emulator, violations
@@ -75,42 +76,47 @@ async def serves_every_member(stack: LocalStack) -> None:
                 assert outcome.status == 200 and outcome.served_by == member, outcome
 
 
-async def test_rolling_restart_of_every_replica_under_mixed_traffic(
-        stack: LocalStack, recorder: ApiRecorder) -> None:
+async def traffic_beside(stack: LocalStack, seed: int, duration: float,
+                         fault: Callable[[], Awaitable[None]]) -> Traffic:
+    """Mixed traffic (its choices drawn from ``seed``) for ``duration`` s, ``fault`` beside it."""
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=CONCURRENCY)) as http:
-        traffic = Traffic(stack, http, seed=14)
+        traffic = Traffic(stack, http, seed)
+        await asyncio.gather(traffic.run(duration), fault())
+    return traffic
 
-        async def roll() -> None:
-            await asyncio.sleep(2)
-            for replica in stack.replicas:  # one by one, as a RollingUpdate does
-                await asyncio.to_thread(replica.restart, 60)
-                await asyncio.sleep(1)
-        await asyncio.gather(traffic.run(25), roll())
+
+async def comes_back(stack: LocalStack, recorder: ApiRecorder, traffic: Traffic,
+                     fault: str) -> None:
+    """Once the fault is over: the pools at rest, every member served again, every error an
+    explicit 503 (Retry-After), and the invariant gate passed."""
     await at_rest(stack, timeout=60)
-    print(f"rolling restart: {len(traffic.outcomes)} requests, {traffic.served()} served, "
+    print(f"{fault}: {len(traffic.outcomes)} requests, {traffic.served()} served, "
           f"the rest {Counter((o.status, o.code) for o in traffic.outcomes if o.status != 200)}")
     await serves_every_member(stack)
     assert traffic.without_retry_after() == []
     assert violations(stack, recorder.ordered(), traffic.outcomes) == []
+
+
+async def test_rolling_restart_of_every_replica_under_mixed_traffic(
+        stack: LocalStack, recorder: ApiRecorder) -> None:
+    async def roll() -> None:
+        await asyncio.sleep(2)
+        for replica in stack.replicas:  # one by one, as a RollingUpdate does
+            await asyncio.to_thread(replica.restart, 60)
+            await asyncio.sleep(1)
+    traffic = await traffic_beside(stack, 14, 25, roll)
+    await comes_back(stack, recorder, traffic, "rolling restart")
 
 
 async def test_throttled_lease_writes_defer_never_force(stack: LocalStack,
                                                         recorder: ApiRecorder) -> None:
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=CONCURRENCY)) as http:
-        traffic = Traffic(stack, http, seed=15)
-
-        async def throttle() -> None:
-            for _ in range(4):  # bursts of 429s on every Lease write, for ~12 s in all
-                await asyncio.to_thread(emulator, stack, "faults/throttle",
-                                        {"resource": "leases", "count": 20})
-                await asyncio.sleep(3)
-        await asyncio.gather(traffic.run(15), throttle())
-    await at_rest(stack, timeout=60)
-    print(f"throttled lease writes: {len(traffic.outcomes)} requests, {traffic.served()} served, "
-          f"the rest {Counter((o.status, o.code) for o in traffic.outcomes if o.status != 200)}")
-    await serves_every_member(stack)
-    assert traffic.without_retry_after() == []
-    assert violations(stack, recorder.ordered(), traffic.outcomes) == []
+    async def throttle() -> None:
+        for _ in range(4):  # bursts of 429s on every Lease write, for ~12 s in all
+            await asyncio.to_thread(emulator, stack, "faults/throttle",
+                                    {"resource": "leases", "count": 20})
+            await asyncio.sleep(3)
+    traffic = await traffic_beside(stack, 15, 15, throttle)
+    await comes_back(stack, recorder, traffic, "throttled lease writes")
 
 
 async def test_soak_with_a_replica_killed_every_10s(stack: LocalStack,
@@ -118,18 +124,16 @@ async def test_soak_with_a_replica_killed_every_10s(stack: LocalStack,
     swaps_before = sum(len(notices(stack, name, "SwapCompleted")) for name in POOLS)
     rng = random.Random(16)
     kills = 0
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=CONCURRENCY)) as http:
-        traffic = Traffic(stack, http, seed=16)
 
-        async def kill_one_every_10s() -> None:
-            nonlocal kills
-            for _ in range(4):
-                await asyncio.sleep(10)
-                victim = rng.choice(stack.replicas)
-                await asyncio.to_thread(victim.kill)
-                kills += 1
-                await asyncio.to_thread(victim.start, 60)  # same name: it takes its Leases back
-        await asyncio.gather(traffic.run(45), kill_one_every_10s())
+    async def kill_one_every_10s() -> None:
+        nonlocal kills
+        for _ in range(4):
+            await asyncio.sleep(10)
+            victim = rng.choice(stack.replicas)
+            await asyncio.to_thread(victim.kill)
+            kills += 1
+            await asyncio.to_thread(victim.start, 60)  # same name: it takes its Leases back
+    traffic = await traffic_beside(stack, 16, 45, kill_one_every_10s)
     await at_rest(stack, timeout=90)
     swaps = sum(len(notices(stack, name, "SwapCompleted")) for name in POOLS) - swaps_before
     print(f"replica soak: {len(traffic.outcomes)} requests, {traffic.served()} served, "
