@@ -63,6 +63,30 @@ class StructuredLogger:
         self._log(logging.ERROR, msg, exc_info, fields)
 
 
+class Throttled:
+    """One warning per ``every`` seconds at most, saying how many like it were held back:
+    what a peer can make happen per request must not become a line per request (a flood of
+    bad frames or messages would otherwise turn the log into the attack's amplifier)."""
+
+    __slots__ = ("_log", "_msg", "_every", "_next", "_held", "_clock")
+
+    def __init__(self, log: StructuredLogger, msg: str, every: float = 10.0,
+                 clock: Any = time.monotonic) -> None:
+        self._log, self._msg, self._every, self._clock = log, msg, every, clock
+        self._next = 0.0
+        self._held = 0
+
+    def warning(self, **fields: Any) -> None:
+        """Log the warning now, or count it for the next line."""
+        now = self._clock()
+        if now < self._next:
+            self._held += 1
+            return
+        self._next = now + self._every
+        held, self._held = self._held, 0
+        self._log.warning(self._msg, held_back=held, **fields)
+
+
 def get_logger(name: str) -> StructuredLogger:
     """Return the structured logger for a module."""
     return StructuredLogger(logging.getLogger(name))

@@ -107,6 +107,15 @@ class Settings:
         "SETTINGS_MAX_CONCURRENT_STREAMS): every held request is one of Envoy's; past it a new "
         "stream is refused (REFUSED_STREAM) and Envoy's retry to another replica or its "
         "fail-open route answers", group="listeners", metavar="N")
+    max_connections: int = _opt(
+        1_000, "gRPC connections served at once on --listen (the native server): Envoy opens "
+        "one per worker thread; past the cap a new connection is closed at once and a warning "
+        "says so (keep it below the process's open-file limit)", group="listeners",
+        metavar="N")
+    connection_idle_timeout: float = _opt(
+        300.0, "a gRPC connection with no stream for this long is closed gracefully (GOAWAY, "
+        "then a PING, so that no stream Envoy sent meanwhile is lost; 0: never)",
+        group="listeners", metavar="DURATION")
     shutdown_grace: float = _opt(30.0, "on SIGTERM, stop accepting streams and let in-flight "
                                  "ones finish for up to this long", group="listeners",
                                  metavar="DURATION")
@@ -151,6 +160,11 @@ class Settings:
     max_body_bytes: int = _opt(25 * 1024 * 1024, "largest request body accepted (413 above); "
                                "keep Envoy's buffer limit above it", group="routing",
                                metavar="BYTES")
+    streamed_body_limit: int = _opt(
+        32 * 1024, "with --endpoint-picker behind a gateway sending request bodies STREAMED: "
+        "the largest content-length routed, 413 at once above (Envoy forwards the headers of a "
+        "body it has not buffered whole before the picker sees it); set it to the listener's "
+        "per_connection_buffer_limit_bytes", group="routing", metavar="BYTES")
 
     # --- swap policy ---------------------------------------------------------------------------
     swap_budget: float = _opt(300.0, "default time a request may be held for a swap when the "
@@ -322,6 +336,8 @@ def validate(settings: Settings) -> str:
         return "--api-retry-initial must be above 0 and at most --api-retry-max"
     if settings.max_streams_per_connection < 1:
         return "--max-streams-per-connection must be at least 1"
+    if settings.max_connections < 1:
+        return "--max-connections must be at least 1"
     if settings.grpc_server not in ("native", "grpcio"):
         return f"bad grpc_server {settings.grpc_server!r}: use native or grpcio"
     if settings.event_loop not in ("uvloop", "asyncio"):

@@ -11,11 +11,12 @@ from typing import Any, Callable, Protocol
 
 import grpc
 
-from ..logs import get_logger
+from ..logs import Throttled, get_logger
 from . import frames as f
 from .connection import ServerConnection
 
 log = get_logger(__name__)
+_bad_messages = Throttled(log, "gRPC request message does not parse")
 
 
 class Link(Protocol):
@@ -56,6 +57,17 @@ def _trailers(code: grpc.StatusCode, message: str) -> bytes:
     return block
 
 
+_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+
+
+def deadline_of(value: bytes) -> float | None:
+    """Seconds of a ``grpc-timeout`` value (at most 8 digits and a unit), None if malformed."""
+    digits, unit = value[:-1], value[-1:]
+    if not digits.isdigit() or len(digits) > 8 or unit not in _UNITS:
+        return None
+    return int(digits) * _UNITS[unit]
+
+
 class Aborted(Exception):
     """Raised by ``Call.abort`` to unwind the handler (its status is already sent)."""
 
@@ -65,7 +77,7 @@ class Call:
 
     __slots__ = ("_protocol", "_sid", "_deserialize", "_serialize", "_messages", "_waiter",
                  "_buffer", "_unread", "_owed", "_ended", "_headers_sent", "_finished",
-                 "_callbacks", "task")
+                 "_callbacks", "_deadline", "task")
 
     def __init__(self, protocol: Link, sid: int, deserialize: Callable | None,
                  serialize: Callable | None) -> None:
@@ -80,6 +92,7 @@ class Call:
         self._headers_sent = False
         self._finished = False
         self._callbacks: list[Callable[[Any], None]] = []
+        self._deadline: asyncio.TimerHandle | None = None
         self.task: asyncio.Task[None] | None = None
 
     # ---- the servicer context --------------------------------------------------------------
@@ -99,7 +112,13 @@ class Call:
         if self._owed and self._unread <= _UNREAD_LIMIT:
             self._give_back()
             self._protocol.schedule_flush()
-        return self._deserialize(raw) if self._deserialize is not None else raw
+        if self._deserialize is None:
+            return raw
+        try:
+            return self._deserialize(raw)
+        except Exception as exc:  # a peer's bytes: its status, and a throttled line, no trace
+            _bad_messages.warning(error=f"{type(exc).__name__}: {exc}"[:200], bytes=len(raw))
+            await self.abort(grpc.StatusCode.INTERNAL, "the request message does not parse")
 
     async def write(self, message: Any) -> None:
         """Send one response message."""
@@ -119,6 +138,15 @@ class Call:
         """End the call with ``code`` and unwind the handler."""
         self.finish(code, details)
         raise Aborted(details)
+
+    def expire_after(self, seconds: float) -> None:
+        """End the call with DEADLINE_EXCEEDED ``seconds`` from now (``grpc-timeout``)."""
+        self._deadline = self._protocol.loop.call_later(seconds, self._expire)
+
+    def _expire(self) -> None:
+        self.finish(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
+        if self.task is not None:
+            self.task.cancel()
 
     def add_done_callback(self, callback: Callable[[Any], None]) -> None:
         """Call ``callback(self)`` when the call ends, however it ends."""
@@ -213,6 +241,8 @@ class Call:
             self.task.cancel()
 
     def _done(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
         callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             try:

@@ -10,23 +10,46 @@ The connection's receive window is replenished as data arrives, a stream's once 
 application says it has taken the data (``consumed``): a handler that does not read stops
 its peer after one stream window, so a peer cannot make this side buffer without bound (a
 gRPC message above the server's size limit ends its stream, ``server.py``).
+
+What a peer may cost is bounded: ``receive`` reads at most ``max_frames`` frames per call
+(``backlog`` then says more may wait), so one connection cannot hold the event loop; frames that ask
+work without serving anything, and streams reset by the peer, draw on budgets (``calm.py``).
 """
 
 from __future__ import annotations
 
 import struct
+import time
+from typing import Callable
 
 from . import frames as f
+from .calm import Calm
 from .events import Closed, ConnectionError_, Data, Request, Reset
 from .headerblocks import DecodingError, HeaderBlocks
 from .requests import content_length, malformed
 from .sending import Sending, StreamState
 
 _PAIR = struct.Struct(">HI")
+_TOO_LARGE = f.literal(b":status", b"431")  # Request Header Fields Too Large
+# Frames that serve no request: each draws on the control budget (DATA when empty, RST_STREAM
+# when its stream is closed, HEADERS when refused, and unknown types, are counted where known)
+_CONTROL = frozenset({f.PRIORITY, f.SETTINGS, f.PING, f.GOAWAY, f.WINDOW_UPDATE})
 _U32 = struct.Struct(">I")
-# A header block's CONTINUATION frames, at most: our largest block (2 x 64 KiB) needs 8 at the
-# smallest frame size, and a peer splitting finer than 1 KiB is flooding, not talking
+# A header block's CONTINUATION frames, at most: our largest block (2 x 16 KiB) needs 2 at the
+# smallest frame size, and a peer splitting finer than 256 bytes is flooding, not talking
 MAX_CONTINUATIONS = 128
+# The header list a request may carry (SETTINGS_MAX_HEADER_LIST_SIZE): Envoy's ext_proc
+# streams carry ~300 bytes (the HTTP request's own headers travel inside the messages), and
+# gRPC's own servers refuse metadata past 8 KiB. Decoding costs ~0.4 ms per KiB in pure-Python
+# HPACK, so a smaller list is a cheaper worst case.
+MAX_HEADER_LIST = 16 << 10
+# A list up to this many times the limit is decoded whole and refused on its stream alone
+# (431); one larger ends the connection (decoding stops inside it: the table is then unknown).
+DECODED_SLACK = 4
+# The opaque data of the PING that follows a draining GOAWAY: its ACK says the peer has seen it.
+DRAIN_PING = b"drain\x00\x00\x00"
+# Seconds a draining connection waits for that ACK before it refuses new streams regardless.
+DRAIN_NOTICE_WAIT = 1.0
 # Closed streams remembered (and whether we reset them): a frame the peer sent before it saw
 # our reset is ignored (RFC 9113 §5.1, "closed"), one it sends after closing a stream itself is
 # an error; streams older than these are ignored, as is any frame the record cannot place.
@@ -38,18 +61,26 @@ class ServerConnection(Sending):
 
     def __init__(self, *, max_concurrent_streams: int = 1 << 20,
                  initial_window: int = 1 << 20, connection_window: int = 16 << 20,
-                 max_frame_size: int = 1 << 20, max_header_list_size: int = 1 << 16) -> None:
+                 max_header_list_size: int = MAX_HEADER_LIST,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._inbox = bytearray()
         self._preface = False
+        self.settings_acked = False  # the peer has acknowledged our SETTINGS (§6.5.3)
+        self.backlog = False  # whole frames wait in the inbox: call receive(b"") again
         self._out = bytearray()
-        self._blocks = HeaderBlocks(max_header_list_size)
+        self._calm = Calm(clock)
+        self._clock = clock
+        self._max_list = max_header_list_size
+        self._blocks = HeaderBlocks(DECODED_SLACK * max_header_list_size)
         # An encoded block is no longer than the list it decodes to (each field counts 32
         # bytes more there); twice that leaves room for odd encoders. Without a bound, a peer
         # sending CONTINUATION frames without END_HEADERS grows the block for ever.
         self._max_block = 2 * max_header_list_size
         self._max_streams = max_concurrent_streams
         self._initial_recv = initial_window
-        self._max_frame = max_frame_size
+        # Frames of RFC 9113's default size at most (16 KiB): a frame still arriving waits
+        # whole in the inbox, and Envoy sends no larger ones anyway.
+        self._max_frame = f.DEFAULT_FRAME_SIZE
         self._conn_recv_full = self._conn_recv = connection_window
         self._peer_initial = f.DEFAULT_WINDOW
         self._peer_frame = f.DEFAULT_FRAME_SIZE
@@ -67,10 +98,10 @@ class ServerConnection(Sending):
         self._block_frames = 0  # CONTINUATION frames of the block so far
         self._size_update_due = True
         self._goaway_at: int | None = None  # the last stream accepted once GOAWAY was sent
+        self._draining: tuple[int, float] | None = None  # (code, since): a notice went out
         self.closed = False
         self._out += f.settings({f.MAX_CONCURRENT_STREAMS: max_concurrent_streams,
                                  f.INITIAL_WINDOW_SIZE: initial_window,
-                                 f.MAX_FRAME_SIZE: max_frame_size,
                                  f.MAX_HEADER_LIST_SIZE: max_header_list_size,
                                  f.ENABLE_PUSH: 0})
         if connection_window > f.DEFAULT_WINDOW:
@@ -81,6 +112,21 @@ class ServerConnection(Sending):
         """Streams not yet closed on both sides."""
         return len(self._streams)
 
+    @property
+    def preface_received(self) -> bool:
+        """Whether the peer's connection preface has arrived."""
+        return self._preface
+
+    @property
+    def draining(self) -> bool:
+        """Whether a drain notice went out and its final GOAWAY has not yet."""
+        return self._draining is not None and self._goaway_at is None
+
+    @property
+    def drained(self) -> bool:
+        """Whether a GOAWAY has been said and no stream is left: the connection may close."""
+        return self._goaway_at is not None and not self._streams
+
     def data_to_send(self) -> bytes:
         """The bytes to write now (and forget here)."""
         out = bytes(self._out)
@@ -89,8 +135,10 @@ class ServerConnection(Sending):
 
     # ---- receiving -------------------------------------------------------------------------
 
-    def receive(self, data: bytes) -> list[Request | Data | Reset | Closed]:
-        """Take bytes from the peer; the events they complete."""
+    def receive(self, data: bytes, max_frames: int = 0) -> list[Request | Data | Reset | Closed]:
+        """Take bytes from the peer; the events they complete, from at most ``max_frames``
+        frames when it is not 0 (``backlog`` then says whether more may wait)."""
+        self.backlog = False
         if self.closed:
             return []
         self._inbox += data
@@ -105,8 +153,12 @@ class ServerConnection(Sending):
                     raise ConnectionError_(f.PROTOCOL_ERROR, "not an HTTP/2 preface")
                 del self._inbox[:len(f.PREFACE)]
                 self._preface = True
-            inbox, at = self._inbox, 0
+            inbox, at, left = self._inbox, 0, max_frames or -1
             while len(inbox) - at >= f.HEADER_SIZE:
+                if not left:
+                    self.backlog = True
+                    break
+                left -= 1
                 first, flags, stream_id = f.HEADER.unpack_from(inbox, at)
                 length, kind = first >> 8, first & 0xFF
                 if length > self._max_frame:
@@ -124,9 +176,16 @@ class ServerConnection(Sending):
             events.append(Closed(exc.code, exc.why))
         return events
 
+    def _control(self) -> None:
+        """A frame that asks work and serves nothing: drawn on its budget, cut past it."""
+        if not self._calm.control_frame():
+            raise ConnectionError_(f.ENHANCE_YOUR_CALM, "too many control frames")
+
     def _frame(self, kind: int, flags: int, sid: int, payload: bytes, events: list) -> None:
         if self._block is not None and (kind != f.CONTINUATION or sid != self._block[0]):
             raise ConnectionError_(f.PROTOCOL_ERROR, "header block interrupted")
+        if kind > f.CONTINUATION or kind in _CONTROL:
+            self._control()
         if kind == f.DATA:
             self._data(flags, sid, payload, events)
         elif kind == f.HEADERS:
@@ -156,6 +215,8 @@ class ServerConnection(Sending):
                 raise ConnectionError_(f.PROTOCOL_ERROR, "malformed PING")
             if not flags & f.ACK:
                 self._out += f.frame(f.PING, f.ACK, 0, payload)
+            elif payload == DRAIN_PING and self._draining is not None:
+                self.goaway(self._draining[0])  # it has seen the notice: the final GOAWAY
         elif kind == f.RST_STREAM:
             if not sid or len(payload) != 4:
                 raise ConnectionError_(f.PROTOCOL_ERROR, "malformed RST_STREAM")
@@ -163,6 +224,9 @@ class ServerConnection(Sending):
                 raise ConnectionError_(f.PROTOCOL_ERROR, "RST_STREAM on an idle stream")
             if self._forget(sid):
                 events.append(Reset(sid, _U32.unpack(payload)[0]))
+                self._peer_reset()
+            else:
+                self._control()  # a reset of a closed stream serves nothing
         elif kind == f.GOAWAY:
             # the peer opens no more streams; the open ones run to their end
             if sid:
@@ -190,6 +254,8 @@ class ServerConnection(Sending):
         if not sid:
             raise ConnectionError_(f.PROTOCOL_ERROR, "DATA on stream 0")
         size = len(payload)
+        if not size and not flags & f.END_STREAM:
+            self._control()  # an empty DATA frame moves nothing
         self._conn_recv -= size
         if self._conn_recv < 0:
             raise ConnectionError_(f.FLOW_CONTROL_ERROR, "connection window exceeded")
@@ -200,6 +266,7 @@ class ServerConnection(Sending):
         if stream is None or stream.remote_closed:
             if sid > self._last_stream:
                 raise ConnectionError_(f.PROTOCOL_ERROR, "DATA on an idle stream")
+            self._control()
             self._after_close(sid, stream, events)
             return
         stream.recv_window -= size
@@ -274,16 +341,26 @@ class ServerConnection(Sending):
             raise ConnectionError_(f.PROTOCOL_ERROR, f"stream {sid} cannot be opened")
         self._last_stream = sid
         if self._goaway_at is not None or len(self._streams) >= self._max_streams:
+            self._control()
             self._out += f.rst_stream(sid, f.REFUSED_STREAM)
             self._remember(sid, True)
             return
         why = malformed(headers)
         if why:  # a stream error (§8.1.1): this stream only
+            self._control()
             self._out += f.rst_stream(sid, f.PROTOCOL_ERROR)
             self._remember(sid, True)
             return
         stream = StreamState(self._peer_initial, self._initial_recv)
         self._streams[sid] = stream
+        if sum(len(k) + len(v) + 32 for k, v in headers) > self._max_list:
+            self._control()  # too large, but decoded whole: refused on its stream alone
+            self.send_headers(sid, _TOO_LARGE, end_stream=True)
+            if ended:
+                self._remote_close(sid, stream)
+            else:
+                self.finish(sid)
+            return
         stream.length_left = content_length(headers)
         if ended:
             if stream.length_left:
@@ -298,6 +375,7 @@ class ServerConnection(Sending):
         if flags & f.ACK:
             if payload:
                 raise ConnectionError_(f.FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
+            self.settings_acked = True
             return
         if len(payload) % 6:
             raise ConnectionError_(f.FRAME_SIZE_ERROR, "SETTINGS of a partial entry")
@@ -378,6 +456,21 @@ class ServerConnection(Sending):
             del self._closed[oldest]
             self._closed_before = max(self._closed_before, oldest)
 
+    def _peer_reset(self) -> None:
+        """The peer reset an open stream. Past the reset budget (HTTP/2 rapid reset) the
+        connection is drained, not cut: a crowd of Envoy's clients giving up at once is no
+        attack, and its other streams must not be lost. Resets past the budget while the
+        peer has not confirmed the drain notice count as control frames: a peer that goes on
+        opening and resetting streams without reading ends up cut."""
+        if self._calm.peer_reset():
+            return
+        if self._draining is None and self._goaway_at is None:
+            self.drain(f.ENHANCE_YOUR_CALM)
+        elif self._goaway_at is None:
+            self._control()
+            if self._clock() - self._draining[1] > DRAIN_NOTICE_WAIT:  # type: ignore[index]
+                self.goaway(self._draining[0])  # type: ignore[index]
+
     def _stream_error(self, sid: int, code: int, events: list) -> None:
         """RST_STREAM with ``code``; an open stream's handler hears of it."""
         if sid in self._streams:
@@ -391,3 +484,12 @@ class ServerConnection(Sending):
         "half-closed (remote)" and "closed"), unless we reset it and the frame was on its way."""
         if stream is not None or self._closed.get(sid) is False:
             self._stream_error(sid, f.STREAM_CLOSED, events)  # half-closed: our answer stops
+
+    def drain(self, code: int = f.NO_ERROR) -> None:
+        """Ask the peer to open no more streams, losing none it has already sent: a GOAWAY
+        naming the highest possible stream and a PING; its ACK (the peer has seen the
+        notice) brings the final GOAWAY, which names the last stream served (RFC 9113 §6.8's
+        graceful shutdown, as nghttp2's shutdown notice)."""
+        if self._draining is None and self._goaway_at is None and not self.closed:
+            self._draining = (code, self._clock())
+            self._out += f.goaway(f.MAX_WINDOW, code) + f.frame(f.PING, 0, 0, DRAIN_PING)

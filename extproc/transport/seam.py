@@ -31,7 +31,9 @@ async def start(settings: Settings, register: Callable[[Any], None],
     """The chosen server with ``register``'s handlers, serving on ``--listen``: (it, its port)."""
     if settings.grpc_server == "native":
         server = native.Server(max_message=max_message,
-                               max_concurrent_streams=settings.max_streams_per_connection)
+                               max_concurrent_streams=settings.max_streams_per_connection,
+                               max_connections=settings.max_connections,
+                               idle_timeout=settings.connection_idle_timeout)
         register(server)
         return server, await server.start(settings.listen, tls_context(settings))
     aio = grpc.aio.server(options=[
@@ -43,6 +45,8 @@ async def start(settings: Settings, register: Callable[[Any], None],
         ("grpc.server.max_pending_requests", 100_000),
         ("grpc.server.max_pending_requests_hard_limit", 100_000),
         ("grpc.so_reuseport", 0),
+        *([("grpc.max_connection_idle_ms", int(settings.connection_idle_timeout * 1000))]
+          if settings.connection_idle_timeout else []),
     ])
     register(aio)
     port = _bind(aio, settings)

@@ -7,6 +7,11 @@ unchanged), and gives each call a context with the part of ``grpc.aio.ServicerCo
 they use: ``read``, ``write``, ``abort``, ``add_done_callback``. What one turn of the loop
 writes, over every call of a connection, leaves in one ``write``.
 
+What one peer may cost the others is bounded: a connection's frames are read at most
+``FRAMES_PER_TURN`` per turn of the loop (its socket is not read meanwhile), a connection that
+does not complete its handshake within ``HANDSHAKE_TIMEOUT`` is closed, one idle past the idle
+timeout is drained, and connections past ``max_connections`` are refused with a warning.
+
 Not served: message compression (no ``grpc-encoding``; Envoy does not compress ext_proc),
 and HTTP/2 server push. TLS is the listener's (``ssl`` with ALPN ``h2``).
 """
@@ -22,13 +27,22 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import grpc
 
-from ..logs import get_logger
+from ..logs import Throttled, get_logger
 from . import frames as f
-from .call import EOF, GRPC_CONTENT_TYPE, Aborted, Call
+from .call import EOF, GRPC_CONTENT_TYPE, Aborted, Call, deadline_of
 from .connection import ServerConnection
 from .events import Closed, Data, Request, Reset
 
 log = get_logger(__name__)
+_peer_errors = Throttled(log, "HTTP/2 connection error from the peer")
+_over_cap = Throttled(log, "gRPC connection refused: --max-connections reached")
+
+# Frames read from one connection per turn of the event loop, at most: ~1 ms of work, so a
+# peer's flood of small frames (256 KiB a read under uvloop is ~10,000 of them) cannot hold
+# every other connection's turn.
+FRAMES_PER_TURN = 256
+# Seconds a new connection has to send its preface and acknowledge our SETTINGS (§6.5.3).
+HANDSHAKE_TIMEOUT = 10.0
 
 
 class _Details(NamedTuple):
@@ -51,18 +65,57 @@ class _Protocol(asyncio.Protocol):
         self._flush_due = False
         self._writable: asyncio.Future[None] | None = None
         self._stalled: dict[int, asyncio.Future[None]] = {}  # streams waiting on the peer
+        self._backlog = False  # frames wait in the connection: reading is paused for them
+        self._busy_at = self.loop.time()  # when a stream was last open
+        self._handshake_timer: asyncio.TimerHandle | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         if self.server.stopping:  # accepted before stop(), its TLS handshake ending after it:
             transport.close()  # stop() did not see it, so it would be served on after stop()
             return
+        if len(self.server.connections) >= self.server.max_connections:
+            _over_cap.warning(connections=len(self.server.connections))
+            transport.abort()
+            return
         self.server.connections.add(self)
+        self._handshake_timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._check_handshake)
+        if self.server.idle_timeout:
+            self._idle_timer = self.loop.call_later(self.server.idle_timeout / 4,
+                                                    self._check_idle)
         self.schedule_flush()  # our SETTINGS
 
+    def _check_handshake(self) -> None:
+        if not self.conn.preface_received or not self.conn.settings_acked:
+            _peer_errors.warning(error="no HTTP/2 preface or SETTINGS ACK within "
+                                 f"{HANDSHAKE_TIMEOUT:g}s")
+            self.close()
+
+    def _check_idle(self) -> None:
+        now = self.loop.time()
+        if self.calls or self.conn.open_streams:
+            self._busy_at = now
+        elif now - self._busy_at >= self.server.idle_timeout:
+            if self.conn.draining:  # the notice went out a quarter timeout ago, no ACK came
+                self.conn.goaway()
+            else:
+                self.conn.drain()
+            self._flush()
+        if self.transport is not None and not self.transport.is_closing():
+            self._idle_timer = self.loop.call_later(self.server.idle_timeout / 4,
+                                                    self._check_idle)
+
     def data_received(self, data: bytes) -> None:
+        self._take(data)
+
+    def _take(self, data: bytes) -> None:
+        """Read what the connection holds, a turn's worth of frames at most (the rest on a
+        later turn, the socket not read meanwhile)."""
+        if self.transport is None or self.transport.is_closing():
+            return
         limit = self.server.max_message
-        for event in self.conn.receive(data):
+        for event in self.conn.receive(data, FRAMES_PER_TURN):
             if type(event) is Data:
                 call = self.calls.get(event.stream_id)
                 if call is not None:
@@ -77,21 +130,30 @@ class _Protocol(asyncio.Protocol):
                 if call is not None:
                     call.cancel()
             elif type(event) is Closed:
-                log.warning("HTTP/2 connection error from the peer", error=event.why)
+                _peer_errors.warning(error=event.why)
         if self._stalled:  # a WINDOW_UPDATE or SETTINGS may have let their output go
             self._wake(lambda sid: not self.conn.blocked(sid))
+        if self.conn.backlog:
+            if not self._backlog:
+                self._backlog = True
+                self.transport.pause_reading()
+            self.loop.call_soon(self._take, b"")
+        elif self._backlog:
+            self._backlog = False
+            if self._writable is None:  # (else resume_writing resumes it)
+                self.transport.resume_reading()
         self._flush()
-        if self.conn.closed and self.transport is not None:
-            self.transport.close()
 
     def _start(self, request: Request) -> None:
         sid = request.stream_id
-        path = content_type = b""
+        path = content_type = timeout = b""
         for name, value in request.headers:
             if name == b":path":
                 path = value
             elif name == b"content-type":
                 content_type = value
+            elif name == b"grpc-timeout":
+                timeout = value
         if not content_type.startswith(GRPC_CONTENT_TYPE):
             if request.ended:
                 self._refuse(sid)
@@ -105,6 +167,12 @@ class _Protocol(asyncio.Protocol):
             call.finish(grpc.StatusCode.UNIMPLEMENTED, f"method {path.decode('latin-1')} "
                         "is not served here")
             return
+        if timeout:
+            seconds = deadline_of(timeout)
+            if seconds is None:
+                call.finish(grpc.StatusCode.INTERNAL, "malformed grpc-timeout")
+                return
+            call.expire_after(seconds)
         self.calls[sid] = call
         if request.ended:
             call.feed(b"", True, 0)
@@ -174,8 +242,12 @@ class _Protocol(asyncio.Protocol):
     def _flush(self) -> None:
         self._flush_due = False
         data = self.conn.data_to_send()
-        if data and self.transport is not None and not self.transport.is_closing():
+        if self.transport is None or self.transport.is_closing():
+            return
+        if data:
             self.transport.write(data)
+        if self.conn.closed or self.conn.drained:  # (the transport sends what it holds first)
+            self.transport.close()
 
     async def flushed(self) -> None:
         """Return once the transport takes more (at once unless Envoy reads slower)."""
@@ -192,11 +264,14 @@ class _Protocol(asyncio.Protocol):
         writable, self._writable = self._writable, None
         if writable is not None and not writable.done():
             writable.set_result(None)
-        if self.transport is not None and not self.transport.is_closing():
+        if self.transport is not None and not self.transport.is_closing() and not self._backlog:
             self.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
+        for timer in (self._handshake_timer, self._idle_timer):
+            if timer is not None:
+                timer.cancel()
         self.resume_writing()
         self._wake(lambda sid: True)
         calls, self.calls = self.calls, {}
@@ -228,10 +303,13 @@ class _Protocol(asyncio.Protocol):
 class Server:
     """A gRPC server on the event loop, with grpc.aio.Server's registration and stop()."""
 
-    def __init__(self, *, max_message: int, max_concurrent_streams: int = 1 << 20) -> None:
+    def __init__(self, *, max_message: int, max_concurrent_streams: int = 1 << 20,
+                 max_connections: int = 1000, idle_timeout: float = 0.0) -> None:
         self.loop = asyncio.get_running_loop()
         self.max_message = max_message
         self.max_concurrent_streams = max_concurrent_streams
+        self.max_connections = max_connections
+        self.idle_timeout = idle_timeout  # seconds without a stream before a drain (0: never)
         self.connections: set[_Protocol] = set()
         self.stopping = False  # stop() has begun: a connection made now is closed at once
         self._generic: list[grpc.GenericRpcHandler] = []

@@ -150,11 +150,11 @@ def test_the_preface_may_come_a_byte_at_a_time() -> None:
 
 def test_the_server_settings_and_window_reach_the_client() -> None:
     pair = Pair(max_concurrent_streams=7, initial_window=1 << 18, connection_window=1 << 22,
-                max_frame_size=1 << 15, max_header_list_size=1 << 14)
+                max_header_list_size=1 << 14)
     changed = pair.take(ev.RemoteSettingsChanged)[0].changed_settings
     assert changed[S.MAX_CONCURRENT_STREAMS].new_value == 7
     assert changed[S.INITIAL_WINDOW_SIZE].new_value == 1 << 18
-    assert changed[S.MAX_FRAME_SIZE].new_value == 1 << 15
+    assert S.MAX_FRAME_SIZE not in changed  # RFC 9113's default, 16 KiB: not said
     assert changed[S.MAX_HEADER_LIST_SIZE].new_value == 1 << 14
     assert changed[S.ENABLE_PUSH].new_value == 0
     assert pair.client.outbound_flow_control_window == 1 << 22
@@ -502,7 +502,7 @@ def test_hpack_garbage_is_a_compression_error() -> None:
 
 
 def test_a_frame_above_the_max_frame_size_is_refused_before_it_arrives() -> None:
-    server = raw_server(max_frame_size=f.DEFAULT_FRAME_SIZE)
+    server = raw_server()
     events = server.receive(f.HEADER.pack(((f.DEFAULT_FRAME_SIZE + 1) << 8) | f.DATA, 0, 1))
     assert events[0].code == f.FRAME_SIZE_ERROR
 

@@ -63,7 +63,9 @@ def test_a_stream_window_update_visits_that_stream_only() -> None:
 
 def test_a_settings_frame_of_many_window_entries_is_one_pass() -> None:
     server = starved_server(200)
-    payload = b"".join(struct.pack(">HI", f.INITIAL_WINDOW_SIZE, 0) for _ in range(20000))
+    # as many entries as a 16 KiB frame holds (the old 1 MiB frames held 174,762)
+    payload = b"".join(struct.pack(">HI", f.INITIAL_WINDOW_SIZE, 0)
+                       for _ in range(f.DEFAULT_FRAME_SIZE // 6))
     server.receive(f.frame(f.SETTINGS, 0, 0, payload[:-6] + struct.pack(
         ">HI", f.INITIAL_WINDOW_SIZE, 100)))
     sent = frames_of(server.data_to_send())
