@@ -106,8 +106,10 @@ async def _start(tmp_path: Path, body_mode: str, hinted: tuple[str, ...] | None 
                         "endpoints": {m: [join(h, port)] for m, h in hosts.items()}}]}
     pools_file = tmp_path / "pools.yaml"
     pools_file.write_text(yaml.safe_dump(pools), encoding="utf-8")
+    # STREAMED bodies route up to the gateway's buffer limit: here Envoy's default, 1 MiB
     settings = Settings(listen="127.0.0.1:0", metrics_listen="", endpoint_picker=True,
-                        endpoint_port=port, pools_file=str(pools_file), **options)
+                        endpoint_port=port, pools_file=str(pools_file),
+                        **{"streamed_body_limit": 1024 * 1024, **options})
     service = Service(settings, SlowLoads(pools_file, settings, load) if load else None)
     stack = PickerStack(service, pods)
     try:

@@ -146,6 +146,8 @@ def follow_up(message: ep.ProcessingRequest, duplex_response: bool) -> bytes | N
     if message.observability_mode:
         return None
     kind = message.WhichOneof("request")
+    if kind == "request_body":  # STREAMED: a chunk after the one the decision rode on
+        return answers.CONTINUE_BODY
     if kind == "response_headers":
         return _CONTINUE_RESPONSE_HEADERS
     if kind == "response_body":

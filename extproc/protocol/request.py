@@ -57,6 +57,10 @@ class RequestHead:
     # Envoy sends the whole body in one message (BUFFERED): that message ends it, whatever its
     # end_of_stream says (false when trailers follow, which Envoy sends only once answered)
     buffered: bool = False
+    # Envoy sends the body STREAMED: it holds each chunk until that chunk is answered
+    streamed: bool = False
+    content_length: int = -1  # the content-length header (-1: none, as for chunked uploads)
+    split: bool = False  # STREAMED, default mode: the body came in more than one message
     activation: str = ""  # the raw x-modelpool-activation value ("" when absent)
     objective: str = ""  # the raw x-gateway-inference-objective value
     priority: str = ""  # the raw x-modelpool-priority value
@@ -77,6 +81,9 @@ def read_head(header_map: object) -> RequestHead:
             head.content_encoding = h.raw_value.decode("latin-1").strip().lower()
         elif key == "x-request-id":
             head.request_id = h.raw_value.decode("latin-1")
+        elif key == "content-length":
+            value = h.raw_value.decode("latin-1").strip()
+            head.content_length = int(value) if value.isdigit() else -1
         elif key == MAX_WAIT_HEADER:
             head.max_wait = h.raw_value.decode("latin-1")
         elif key == ACTIVATION_HEADER:
@@ -191,6 +198,24 @@ def model_from_body(head: RequestHead, body: bytes, max_bytes: int) -> str:
     if "model" not in document:
         raise BadRequest(400, "missing_model", "request body must name a model", "model")
     return _check_model(document["model"])
+
+
+def body_complete(head: RequestHead, body: bytes) -> bool:
+    """Whether ``body`` is a whole document of its type: a JSON object, or a multipart body
+    with its closing delimiter (where a STREAMED body's end is known before Envoy says so)."""
+    tail = body.rstrip(b" \t\r\n")
+    if head.content_type.split(";", 1)[0].strip().lower() == "multipart/form-data":
+        try:
+            return tail.endswith(b"--" + _boundary(head.content_type) + b"--")
+        except BadRequest:
+            return False
+    if not tail.endswith(b"}") or head.content_encoding not in ("", "identity"):
+        return False
+    try:
+        json.loads(body)
+    except (ValueError, RecursionError):  # (UnicodeDecodeError is a ValueError)
+        return False
+    return True
 
 
 def _check_model(model: object) -> str:

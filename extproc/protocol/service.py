@@ -105,6 +105,8 @@ class ExtProcService:
             head, end_of_stream, first = opened
             del opened  # a parked stream keeps only what it still needs
             early = self._decide_on_headers(head, end_of_stream and first is None)
+            if early is None and first is None and head.streamed and self._picker is not None:
+                early = self._streamed_too_large(head)
             if early is not None:
                 await context.write(early)
                 return await stream.until_closed(context)
@@ -197,6 +199,22 @@ class ExtProcService:
             return self._error(head, 400, "missing_body",
                                "request body is empty; it must name a model", "model")
         return None
+
+    def _streamed_too_large(self, head: RequestHead) -> bytes | None:
+        """Endpoint picker, STREAMED: the 413 for a body Envoy cannot hold whole, else None.
+
+        Envoy sends a STREAMED body only after the headers are answered, and passes the
+        headers on to its router with that answer unless the whole body is already in its
+        buffer (it then sends it in one message, whose answer can still name the pod). A
+        larger body would meet a router with no destination (503 no healthy upstream)."""
+        limit = self._settings.streamed_body_limit
+        if head.content_length <= limit:
+            return None
+        return self._refuse(head, BadRequest(
+            413, "streamed_body_too_large", f"request body is {head.content_length} bytes; "
+            f"with STREAMED request bodies the endpoint picker routes at most {limit} (the "
+            "gateway's buffer holds no more before it must route): configure the gateway's "
+            "ext_proc filter FULL_DUPLEX_STREAMED or BUFFERED"))
 
     async def _park(self, context: grpc.aio.ServicerContext, ticket: Ticket, route: Route,
                     head: RequestHead) -> bool:

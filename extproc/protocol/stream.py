@@ -14,14 +14,25 @@ import grpc
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 
 from ..logs import get_logger
-from . import picker
-from .request import ATTRIBUTES_KEY, BadRequest, RequestHead, read_attributes, read_head
+from . import answers, picker
+from .request import (ATTRIBUTES_KEY, BadRequest, RequestHead, body_complete, model_from_body,
+                      read_attributes, read_head)
 
 log = get_logger("extproc.protocol.service")  # its lines kept the service's logger name
 
 # Body modes in which Envoy sends the request body in one message (protocol_config says which)
 _WHOLE_BODY = (processing_mode_pb2.ProcessingMode.BUFFERED,
                processing_mode_pb2.ProcessingMode.BUFFERED_PARTIAL)
+_STREAMED = processing_mode_pb2.ProcessingMode.STREAMED
+# A STREAMED body is checked for being a whole document only when a chunk ends the way one
+# does ("}"), and at most this many times: a body of many such chunks costs a few parses,
+# not one per chunk (it then ends where Envoy says: end_of_stream or trailers).
+_COMPLETE_CHECKS = 8
+_RESPONSE_PHASES = ("response_headers", "response_body", "response_trailers")
+_SPLIT_TRAILERS = answers.error(
+    400, "streamed_body_with_trailers", "a request body Envoy sends STREAMED in several chunks "
+    "cannot be followed by trailers here (Envoy would forward a wrong content-length): send it "
+    "without trailers, or configure the ext_proc filter BUFFERED")
 
 
 async def read_opening(context: grpc.aio.ServicerContext, picking: bool
@@ -51,6 +62,7 @@ async def read_opening(context: grpc.aio.ServicerContext, picking: bool
     else:
         return None
     opened[0].buffered = first.protocol_config.request_body_mode in _WHOLE_BODY
+    opened[0].streamed = first.protocol_config.request_body_mode == _STREAMED
     if picking:
         head = opened[0]
         head.allowed = picker.subset_hint(first)
@@ -66,19 +78,43 @@ async def read_body(context: grpc.aio.ServicerContext, head: RequestHead, limit:
     ``first`` is the chunk that came with the head in one-message mode, ``ended`` whether
     it was the last. Behind a picker, trailers end the body too (``head.trailers``:
     answered after the decision).
+
+    STREAMED: Envoy holds each chunk until it is answered, and stops reading the client
+    while unanswered data passes its buffer limit, so every chunk but the last is answered
+    at once (the decision rides on the last one's answer). The last is the one with
+    end_of_stream, or, when trailers follow (Envoy sends them only after every chunk is
+    answered, and never with ``request_trailer_mode: SKIP``), the one that completes the
+    document (``request.body_complete``).
     """
     chunks: list[bytes] = [] if first is None else [first]
     size = len(first or b"")
+    checks = _COMPLETE_CHECKS
     # a headers message's end says nothing of a body; a buffered body message is the body
     ended = (ended or head.buffered) and first is not None
+    if head.streamed and first is not None and not ended:
+        ended, checks = _whole(head, chunks, checks)
+        if not ended:
+            await context.write(answers.CONTINUE_BODY)
     while not ended:
         msg = await context.read()
         if msg is grpc.aio.EOF:
             return None
-        if msg.HasField("request_trailers") and picking:
-            # a gateway's picker filter sends trailers (none of our own configs do)
+        if msg.HasField("request_trailers") and (picking or head.streamed):
+            # a gateway's picker filter sends trailers (none of our own configs do); in
+            # STREAMED mode they come only once every chunk was answered: no body answer is
+            # left to carry the decision (only a body that is no document gets here)
             head.trailers = ended = True
+            if head.streamed and size <= limit:
+                model_from_body(head, b"".join(chunks), limit)  # no document: its own 400
+                raise BadRequest(400, "unroutable_body", "the request body's end was not "
+                                 "recognised before its trailers: send one JSON object")
             continue
+        if msg.WhichOneof("request") in _RESPONSE_PHASES:
+            # Envoy answered the request itself (413 for a buffered body over its buffer
+            # limit): the response's phases come, each waiting for its answer
+            await context.write(picker.follow_up(msg, head.duplex_response) or b"")
+            await until_closed(context, head)
+            return None
         if not msg.HasField("request_body"):
             continue  # tolerate anything else
         chunk = msg.request_body.body
@@ -86,10 +122,24 @@ async def read_body(context: grpc.aio.ServicerContext, head: RequestHead, limit:
         if size <= limit:
             chunks.append(chunk)
         ended = msg.request_body.end_of_stream or head.buffered
+        head.split = head.streamed and not picking and (first is not None or len(chunks) > 1)
+        if head.streamed and not ended:
+            if size > limit:
+                break  # answered at once: the rest need not be read
+            ended, checks = _whole(head, chunks, checks)
+            if not ended:
+                await context.write(answers.CONTINUE_BODY)
     if size > limit:
         raise BadRequest(413, "request_too_large", f"request body is {size} bytes; "
                          f"the limit is {limit}")
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _whole(head: RequestHead, chunks: list[bytes], checks: int) -> tuple[bool, int]:
+    """Whether the STREAMED body so far is the whole document, and the checks left."""
+    if not checks or not chunks[-1].rstrip(b" \t\r\n").endswith((b"}", b"--")):
+        return False, checks
+    return body_complete(head, b"".join(chunks)), checks - 1
 
 
 async def until_closed(context: grpc.aio.ServicerContext,
@@ -100,6 +150,13 @@ async def until_closed(context: grpc.aio.ServicerContext,
     duplex = head is not None and head.duplex_response
     with contextlib.suppress(Exception):  # (grpc raises its private _ServerStoppedError)
         while (message := await context.read()) is not grpc.aio.EOF:
+            if head is not None and head.split and message.HasField("request_trailers"):
+                # Envoy 1.40 hands a STREAMED body of several chunks with trailers on past
+                # envoy/envoy.yaml's buffer filter with twice its content-length: the member
+                # would wait for bytes that never come. The trailers pass the ext_proc before
+                # the buffer filter lets the request go, so this answer still reaches the client.
+                await context.write(_SPLIT_TRAILERS)
+                return
             answer = picker.follow_up(message, duplex)
             if answer is not None:
                 await context.write(answer)
