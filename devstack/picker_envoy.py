@@ -8,7 +8,7 @@ FULL_DUPLEX_STREAMED) and an ORIGINAL_DST cluster that connects to the address i
 reference Envoy configuration consumes the picker's answer. In FULL_DUPLEX_STREAMED mode it is
 what Envoy AI Gateway (the extension through which Envoy Gateway serves InferencePools; Envoy
 Gateway alone does not) renders for a pool's picker: headers, bodies and trailers both ways,
-bodies full duplex, a 5 s message timeout, no failure mode allow.
+bodies full duplex, a 300 s message timeout, no failure mode allow.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from extproc.protocol.picker import DESTINATION, SUBSET_KEY, SUBSET_NAMESPACE
 
 EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 # What Envoy AI Gateway (the InferencePool extension of Envoy Gateway) renders for a pool's
-# picker: a 5 s message timeout and no max_message_timeout. In FULL_DUPLEX_STREAMED mode Envoy
-# does not time a held request out by it (tested: e2e/test_e2e_endpoint_picker.py); in
-# BUFFERED mode it answers 504 after 5 s (measured), so a gateway choosing that mode needs a
-# message timeout above the pools' swapBudget.
-GATEWAY_MESSAGE_TIMEOUT = "5s"
+# picker: a 300 s message timeout (5 s before v0.4.0) and no max_message_timeout. In
+# FULL_DUPLEX_STREAMED mode Envoy does not time a held request out by it (tested:
+# e2e/test_e2e_endpoint_picker.py); in BUFFERED mode a hold longer than it is answered 504
+# (measured with 5 s), so a pool's swapBudget must stay below it.
+GATEWAY_MESSAGE_TIMEOUT = "300s"
 FILE_LOG = "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog"
 ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 HCM = ("type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3."
