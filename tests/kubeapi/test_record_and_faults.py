@@ -76,21 +76,27 @@ async def test_injected_conflicts_hit_only_the_next_writes_to_that_resource(cust
 async def test_unavailable_switch_answers_503_and_drops_watches(custom, emulator):
     await custom.create_namespaced_custom_object(*ISVCS, isvc("a"))
 
-    async def watch_all() -> list[str]:
-        stream, seen = awatch.Watch(), []
+    seen: list[str] = []
+    opened = asyncio.Event()
+
+    async def watch_all() -> None:
+        stream = awatch.Watch()
         try:
             async for event in stream.stream(custom.list_namespaced_custom_object, *ISVCS, timeout_seconds=60):
                 seen.append(event["type"])
+                opened.set()
         finally:
             await stream.close()
-        return seen
 
     watching = asyncio.create_task(watch_all())
-    await asyncio.sleep(0.3)
+    # the watch is open (its ADDED came) before the outage: a fixed sleep let a busy machine
+    # send the watch request only after the switch, which then answered it 503 (fresh run 26)
+    await asyncio.wait_for(opened.wait(), 10)
     async with aiohttp.ClientSession(emulator.url) as http:
         async with http.post("/_emulator/unavailable", json={"on": True}) as response:
             assert await response.json() == {"on": True}
-        assert await asyncio.wait_for(watching, 10) == ["ADDED"]  # ended early: its own end is 60 s away
+        await asyncio.wait_for(watching, 10)  # ended early: its own end is 60 s away
+        assert seen == ["ADDED"]
         with pytest.raises(AioApiException) as info:
             await custom.get_namespaced_custom_object(*ISVCS, "a")
         assert info.value.status == 503
