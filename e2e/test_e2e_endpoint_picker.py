@@ -6,11 +6,14 @@ modes, on a stack whose members' pods share one port on addresses of their own (
 whose Envoy runs Envoy Gateway's translation of deploy/overlays/inference-pool (an HTTPRoute
 whose backend is the InferencePool) completed as its InferencePool extension completes it
 (tests/gateway/inference_extension.py): request and response bodies FULL_DUPLEX_STREAMED, a
-5 s message timeout, the pod the picker names. A member's server listens on its pod's address
+5 s message timeout (Envoy AI Gateway's before v0.4.0, 300 s since: the shorter one is the
+one a hold must outlast), the pod the picker names. A member's server listens on its pod's address
 only, so a reply from the right member shows the picker named the right pod.
 """
 
 from __future__ import annotations
+
+import functools
 
 import aiohttp
 
@@ -29,8 +32,10 @@ from test_e2e_swaps import (  # noqa: F401  (collected here, on this module's st
     test_swap_waits_for_an_sse_stream_on_the_incumbent)
 
 BOTH_MODES = True
-LONG_LOAD = "7s"  # above the gateway's 5 s message timeout (GATEWAY_MESSAGE_TIMEOUT)
-STACK_OPTIONS = {"endpoint_picker": True, "gateway": inference_gateway}
+MESSAGE_TIMEOUT = "5s"
+LONG_LOAD = "7s"  # above the picker filter's message timeout
+STACK_OPTIONS = {"endpoint_picker": True,
+                 "gateway": functools.partial(inference_gateway, message_timeout=MESSAGE_TIMEOUT)}
 STACK_DOCS = swaps.STACK_DOCS + [
     d for d in faults.STACK_DOCS if d["metadata"]["name"].startswith("budget")] + \
     [d for d in pools(("spoof", ["spoof-a", "spoof-b"], {"default": "spoof-a"}),
@@ -55,7 +60,7 @@ async def test_a_spoofed_destination_from_the_client_is_ignored(
 async def test_a_hold_outlasts_the_gateways_message_timeout(
         stack: LocalStack, http: aiohttp.ClientSession) -> None:
     # Full duplex: Envoy holds the request headers for our answer without timing them out
-    # by the filter's 5 s message timeout, so a swap longer than that still ends in a 200.
+    # by the filter's message timeout (5 s here), so a longer swap still ends in a 200.
     await wait_resident(stack, "long", "long-a")
     reply = await chat(http, stack, "long-b")
     assert (reply.status, reply.served_by) == (200, "long-b"), reply.body

@@ -19,7 +19,8 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from devstack.picker_envoy import POOL_ROUTE, ext_proc_filter, pool_clusters
+from devstack.picker_envoy import (GATEWAY_MESSAGE_TIMEOUT, POOL_ROUTE, ext_proc_filter,
+                                   pool_clusters)
 from devstack.envoyproc import EnvoyProcess
 from tests.deploy.conftest import render_path
 from tests.gateway.bootstrap import connection_managers, dumped, static_bootstrap
@@ -55,15 +56,15 @@ PICKER_TLS = {"name": "envoy.transport_sockets.tls", "typed_config": {
     "common_tls_context": {"validation_context": {}}}}
 
 
-def with_extension(bootstrap: dict[str, Any], extproc_port: int,
-                   tls: bool = False) -> dict[str, Any]:
+def with_extension(bootstrap: dict[str, Any], extproc_port: int, tls: bool = False,
+                   message_timeout: str = GATEWAY_MESSAGE_TIMEOUT) -> dict[str, Any]:
     """The extension's part on a static bootstrap of the translation (changed in place);
     ``tls``: dial the picker as the extension does (the ext_proc must serve TLS)."""
     for listener in bootstrap["staticResources"]["listeners"]:
         for hcm in connection_managers(listener):
             filters = hcm["httpFilters"]
             at = next(i for i, f in enumerate(filters) if f["name"] == ROUTER)
-            filters.insert(at, ext_proc_filter("FULL_DUPLEX_STREAMED"))
+            filters.insert(at, ext_proc_filter("FULL_DUPLEX_STREAMED", message_timeout))
             for host in hcm["routeConfig"]["virtualHosts"]:
                 for route in host["routes"]:
                     if route.get("directResponse", {}).get("status") == 500 and \
@@ -77,12 +78,15 @@ def with_extension(bootstrap: dict[str, Any], extproc_port: int,
     return bootstrap
 
 
-def inference_gateway(stack: Any, tls: bool = False) -> EnvoyProcess:
-    """For LocalStack(gateway=...): the completed translation on the stack's Envoy ports."""
+def inference_gateway(stack: Any, tls: bool = False,
+                      message_timeout: str = GATEWAY_MESSAGE_TIMEOUT) -> EnvoyProcess:
+    """For LocalStack(gateway=...): the completed translation on the stack's Envoy ports
+    (``message_timeout``: the picker filter's; 5 s in Envoy AI Gateway before v0.4.0)."""
     (dump,) = translated(stack.workdir.parent / "egctl-inference-pool").xds.values()
     grpc = stack.replicas[0].grpc_port
     return EnvoyProcess.from_config(
         lambda listen, admin, log: with_extension(
-            static_bootstrap(dump, GATEWAY_LISTENER, listen, admin, str(log), {}), grpc, tls),
+            static_bootstrap(dump, GATEWAY_LISTENER, listen, admin, str(log), {}), grpc, tls,
+            message_timeout),
         workdir=stack.workdir / "envoy", listen_port=stack.ports.envoy,
         admin_port=stack.ports.envoy_admin)
