@@ -143,6 +143,7 @@ def render(r: dict[str, Any]) -> str:
             f"{h['extproc_counted_calls']}."]
     out += report_ha.section(r.get("ha"))
     out += report_warm.section(r.get("warm"))
+    out += report_warm.attacks_section(r.get("attacks"))
     out += ["", "### Commands", "", "```",
             "make bench            # = .venv/bin/python -m bench.run"]
     for c in ("c1", "c32"):

@@ -67,3 +67,25 @@ def llama_section(r: dict[str, Any] | None) -> list[str]:
             "appears 0.5 s after the scale-up, as LLMKube's controller makes it), which "
             "`sim_load_extra` includes."]
     return out
+
+
+def attacks_section(r: dict[str, Any] | None) -> list[str]:
+    """Part 8's lines ([] before its first run: ``python -m bench.run --only attacks``)."""
+    if not r:
+        return []
+    m = r.get("measured", {})
+    out = ["", "### 8. A healthy client beside each attack (`python -m bench.run --only attacks`)",
+           "", f"Run of {m.get('date', '?')} at commit `{m.get('git_commit', '?')}`. Each attack "
+           f"(devstack/h2attacks.py) runs {r['seconds']:g} s from a process of its own against "
+           f"`serve`; a gRPC health check every {r['probe_every_ms']} ms beside it. CPU is the "
+           "server's over the attack; memory its RSS before, at the peak, and 1 s after.", ""]
+    rows = [[row["attack"], row["probes"], row["lost"], row["p50_ms"], row["p99_ms"],
+             row["max_ms"], row["server_cpu_s"],
+             f"{row['rss_before_mb']} / {row['rss_peak_mb']} / {row['rss_after_mb']}"]
+            for row in r["rows"]]
+    head = ["attack", "probes", "lost", "p50 ms", "p99 ms", "max ms", "server CPU s",
+            "RSS before / peak / after MB"]
+    out.append("| " + " | ".join(head) + " |")
+    out.append("|" + "---|" * len(head))
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return out

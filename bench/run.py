@@ -11,7 +11,8 @@ their figures). With
 ours in the same run (``--only peer`` alone). Part 6 (hand-offs per request for each way of
 running the service) runs only alone, ``--only handoffs``, and so does part 7 (warm swaps,
 ``--only warm``), and part 2c (part 2's swaps on llama.cpp's own servers, ``make
-llama-server`` first: ``--only llama``); a full run keeps their last figures.
+llama-server`` first: ``--only llama``), and part 8 (attacks on the gRPC port, ``--only
+attacks``); a full run keeps their last figures.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import ha, handoffs, held, hotpath, machine, overhead, peer, report, swap, tools, warm
+from . import (attacks, ha, handoffs, held, hotpath, machine, overhead, peer, report, swap,
+               tools, warm)
 
 # Part 1: seconds per wrk run, after a warm-up of its own.
 WRK_SECONDS, WRK_WARMUP = 10, 3
@@ -86,13 +88,15 @@ def main(argv: list[str] | None = None) -> None:
     """Run everything (or ``--only`` one part) in a scratch directory (kept on failure)."""
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
     parser.add_argument("--only", choices=("swap", "llmkube", "ha", "handoffs", "warm", "peer",
-                                                  "llama"),
+                                           "llama", "attacks"),
                         help="run only this part and merge it into bench/results.json "
                         "(swap: part 2's own-mode half, about 1 minute; llama: part 2c, part "
                         "2's swaps on real llama.cpp members, about 2 minutes; handoffs: part 6, context switches and CPU per request for each "
                         "way of running the service, about 5 minutes; not in the full run; "
                         "warm: part 7, prompt-cache carry-over and paced release, about 2 "
-                        "minutes, not in the full run; "
+                        "minutes, not in the full run; attacks: part 8, a healthy client "
+                        "beside each attack on the gRPC port, about 2 minutes, not in the full "
+                        "run; "
                         f"peer: part 1b, about 5 minutes, needs ${peer.PEER_ENV})")
     only = parser.parse_args(argv).only
     peer_binary = os.environ.get(peer.PEER_ENV)
@@ -108,6 +112,9 @@ def main(argv: list[str] | None = None) -> None:
         if only == "peer":
             print("bench: 1b ours beside the Go peer", flush=True)
             results["peer"] = _stamped(peer.run(work / "peer", peer_binary), began, versions)
+        elif only == "attacks":
+            print("bench: 8 a healthy client beside each attack", flush=True)
+            results["attacks"] = _stamped(attacks.run(work / "attacks"), began, versions)
         elif only == "warm":
             print("bench: 7 warm swaps, carry-over and paced release", flush=True)
             results["warm"] = _stamped(warm.run(work / "warm"), began, versions)
@@ -157,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
         # parts 6 and 7 run only alone, part 1b only with the peer binary: a run without them
         # keeps their last figures (each stamped with its own date and commit)
         last = json.loads(report.RESULTS.read_text(encoding="utf-8"))
-        for part in ("handoffs", "warm", "peer"):
+        for part in ("handoffs", "warm", "peer", "attacks", "llama"):
             if part not in results and last.get(part) is not None:
                 results[part] = last[part]
     _finish(results, work)

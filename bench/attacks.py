@@ -1,0 +1,71 @@
+"""Part 8: a healthy client beside each attack on the gRPC port (``--only attacks``).
+
+``serve`` on a pools file (uvloop, the native server) alone on the machine; for each attack of
+devstack/h2attacks.py, run for a few seconds from a process of its own, a healthy client checks
+health every 20 ms and the server's CPU and resident memory are read from /proc before, at the
+peak and once the attack is over. The first row is the same client with no attack.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from devstack.h2attacks import ATTACKS, Prober, launch
+from devstack.procs import LOCALHOST, PROJECT_ROOT, free_port, wait_for_port
+
+from .procstat import cpu_seconds, memory_mb
+
+SECONDS = 4.0
+SETTLE = 1.0  # after an attack, before memory is read again
+POOLS = "pools:\n- name: shared-gpu\n  namespace: demo\n  members: [judge, coder]\n"
+
+
+def _one(name: str, pid: int, port: int) -> dict[str, Any]:
+    before_cpu, before = cpu_seconds(pid), memory_mb(pid)["VmRSS"]
+    peak = before
+    with Prober(f"{LOCALHOST}:{port}") as prober:
+        time.sleep(0.2)
+        attacker = launch(name, LOCALHOST, port, SECONDS) if name != "none" else None
+        deadline = time.monotonic() + SECONDS
+        while time.monotonic() < deadline or (attacker and attacker.poll() is None
+                                              and time.monotonic() < deadline + 30):
+            peak = max(peak, memory_mb(pid)["VmRSS"])
+            time.sleep(0.1)
+        if attacker is not None:
+            attacker.kill()
+            attacker.wait()
+    cpu = cpu_seconds(pid) - before_cpu
+    time.sleep(SETTLE)
+    lat = sorted(x * 1000 for x in prober.latencies)
+    return {"attack": name, "probes": len(lat), "lost": len(prober.lost),
+            "p50_ms": round(statistics.median(lat), 2) if lat else None,
+            "p99_ms": round(prober.p99() * 1000, 2), "max_ms": round(max(lat), 2) if lat else None,
+            "server_cpu_s": round(cpu, 2), "rss_before_mb": round(before, 1),
+            "rss_peak_mb": round(peak, 1), "rss_after_mb": round(memory_mb(pid)["VmRSS"], 1)}
+
+
+def run(work: Path) -> dict[str, Any]:
+    """Every attack in turn against one server; one row each."""
+    work.mkdir(parents=True, exist_ok=True)
+    pools = work / "pools.yaml"
+    pools.write_text(POOLS, encoding="utf-8")
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "extproc", "serve", "--pools-file", str(pools),
+         "--listen", f"{LOCALHOST}:{port}", "--metrics-listen", ""],
+        cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(LOCALHOST, port, timeout=30)
+        rows = []
+        for name in ["none", *sorted(ATTACKS)]:
+            rows.append(_one(name, proc.pid, port))
+            print(f"  {name:24} {rows[-1]}", flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return {"seconds": SECONDS, "probe_every_ms": 20, "rows": rows}
