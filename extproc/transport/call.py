@@ -77,7 +77,7 @@ class Call:
 
     __slots__ = ("_protocol", "_sid", "_deserialize", "_serialize", "_messages", "_waiter",
                  "_buffer", "_unread", "_owed", "_ended", "_headers_sent", "_finished",
-                 "_callbacks", "_deadline", "task")
+                 "_callbacks", "_deadline", "unparsed", "task")
 
     def __init__(self, protocol: Link, sid: int, deserialize: Callable | None,
                  serialize: Callable | None) -> None:
@@ -93,6 +93,7 @@ class Call:
         self._finished = False
         self._callbacks: list[Callable[[Any], None]] = []
         self._deadline: asyncio.TimerHandle | None = None
+        self.unparsed = ""  # why the last message read did not parse ("": it did)
         self.task: asyncio.Task[None] | None = None
 
     # ---- the servicer context --------------------------------------------------------------
@@ -116,9 +117,17 @@ class Call:
             return raw
         try:
             return self._deserialize(raw)
-        except Exception as exc:  # a peer's bytes: its status, and a throttled line, no trace
-            _bad_messages.warning(error=f"{type(exc).__name__}: {exc}"[:200], bytes=len(raw))
-            await self.abort(grpc.StatusCode.INTERNAL, "the request message does not parse")
+        except Exception as exc:
+            # Raised to the handler, which may answer it its own way (the ext_proc service
+            # counts it); one that does not is answered by ``unparsed``, not as a failure.
+            self.unparsed = f"{type(exc).__name__}: {exc}"[:200]
+            raise
+
+    def answer_unparsed(self) -> None:
+        """A handler let a message that does not parse escape: INTERNAL, and one throttled
+        line without a traceback (a peer's garbage must not cost a trace per request)."""
+        _bad_messages.warning(error=self.unparsed)
+        self.finish(grpc.StatusCode.INTERNAL, "the request message does not parse")
 
     async def write(self, message: Any) -> None:
         """Send one response message."""

@@ -213,8 +213,11 @@ class _Protocol(asyncio.Protocol):
         except asyncio.CancelledError:
             call.cancel()  # reset by the peer, or the server stopping: no status to send
         except Exception:
-            log.error("gRPC handler failed", exc_info=True)
-            call.finish(grpc.StatusCode.UNKNOWN, "handler failed")
+            if call.unparsed:
+                call.answer_unparsed()
+            else:
+                log.error("gRPC handler failed", exc_info=True)
+                call.finish(grpc.StatusCode.UNKNOWN, "handler failed")
         finally:
             self.calls.pop(call._sid, None)  # noqa: SLF001 (the protocol owns its calls)
 

@@ -511,9 +511,10 @@ class Frames:
 
     @classmethod
     async def open(cls, port: int) -> "Frames":
-        """Connect, send the preface and empty SETTINGS."""
+        """Connect, send the preface, empty SETTINGS and the ACK of the server's (which a
+        client sends once it has read them: the server closes a connection without one)."""
         frames = cls(*await asyncio.open_connection("127.0.0.1", port))
-        frames.writer.write(f.PREFACE + f.settings({}))
+        frames.writer.write(f.PREFACE + f.settings({}) + f.frame(f.SETTINGS, f.ACK, 0))
         return frames
 
     def request(self, sid: int, message: bytes, path: bytes = b"/t.S/Hang") -> None:
