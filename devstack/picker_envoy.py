@@ -16,7 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from devstack.procs import LOCALHOST
-from extproc.protocol.picker import DESTINATION, SUBSET_KEY, SUBSET_NAMESPACE
+from extproc.protocol.picker import (DESTINATION, LB_NAMESPACE, SERVED_KEY, SUBSET_KEY,
+                                     SUBSET_NAMESPACE)
 
 EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 # What Envoy AI Gateway (the InferencePool extension of Envoy Gateway) renders for a pool's
@@ -33,20 +34,31 @@ HCM = ("type.googleapis.com/envoy.extensions.filters.network.http_connection_man
 
 def picker_config(listen_port: int, admin_port: int, access_log: str, extproc_port: int,
                   body_mode: str, subset: list[str] | None = None,
-                  message_timeout: str = GATEWAY_MESSAGE_TIMEOUT) -> dict[str, Any]:
+                  message_timeout: str = GATEWAY_MESSAGE_TIMEOUT,
+                  served: str | None = None) -> dict[str, Any]:
     """The bootstrap: listener -> ext_proc (``body_mode`` both ways) -> the picked pod.
 
     ``subset``: the proxy's subset hint, set as request metadata before the ext_proc filter
     (the set_metadata filter), as a gateway that subsets the pool would send it.
+    ``served``: report the endpoint that served each response as the protocol's gateways do
+    (``envoy.lb`` ``x-gateway-destination-endpoint-served`` on the response headers message),
+    with this value (an Envoy format string such as ``%UPSTREAM_REMOTE_ADDRESS%``).
     """
+    route = dict(POOL_ROUTE)
+    reporting = [] if served is None else [_served_filter()]
+    extproc = ext_proc_filter(body_mode, message_timeout)
+    if served is not None:
+        extproc["typed_config"]["metadata_options"]["forwarding_namespaces"]["untyped"].append(
+            LB_NAMESPACE)
     hcm = {"@type": HCM, "stat_prefix": "picker",
            "access_log": [{"name": "envoy.access_loggers.file", "typed_config": {
                "@type": FILE_LOG, "path": access_log}}],
-           "route_config": {"virtual_hosts": [{"name": "pool", "domains": ["*"],
-                                               "routes": [{"match": {"prefix": "/"},
-                                                           "route": POOL_ROUTE}]}]},
+           "route_config": {"virtual_hosts": [{"name": "pool", "domains": ["*"], "routes": [{
+               "match": {"prefix": "/"}, "route": route,
+               **({} if served is None else {"response_headers_to_add": [{"header": {
+                   "key": SERVED_HEADER, "value": served}}]})}]}]},
            "http_filters": ([] if subset is None else [_subset_filter(subset)]) + [
-               ext_proc_filter(body_mode, message_timeout),
+               extproc, *reporting,
                {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER}}]}
     return {
         "admin": {"address": _address(admin_port)},
@@ -57,6 +69,22 @@ def picker_config(listen_port: int, admin_port: int, access_log: str, extproc_po
                                "typed_config": hcm}]}]}],
             "clusters": pool_clusters(extproc_port)},
     }
+
+
+#: The response header that carries the served endpoint from the route to the metadata filter
+SERVED_HEADER = "x-modelpool-test-served"
+HEADER_TO_METADATA = ("type.googleapis.com/envoy.extensions.filters.http.header_to_metadata.v3."
+                      "Config")
+
+
+def _served_filter() -> dict[str, Any]:
+    # The route adds the served endpoint as a response header before the encoder filters run;
+    # this filter (after ext_proc in the list, so before it on the response) moves it into
+    # the metadata ext_proc forwards, as a gateway reporting it natively would.
+    return {"name": "envoy.filters.http.header_to_metadata", "typed_config": {
+        "@type": HEADER_TO_METADATA, "response_rules": [{
+            "header": SERVED_HEADER, "remove": True, "on_header_present": {
+                "metadata_namespace": LB_NAMESPACE, "key": SERVED_KEY, "type": "STRING"}}]}}
 
 
 #: The route action to the pool: whichever pod the picker named; no route timeout.

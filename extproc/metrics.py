@@ -126,6 +126,11 @@ SERVING = Gauge(
 REQUESTS = Counter(
     "modelpool_extproc_requests_total", "Requests decided, by pool and outcome",
     ["namespace", "pool", "outcome"], registry=REGISTRY)
+SERVED_ELSEWHERE = Counter(
+    "modelpool_extproc_picker_served_elsewhere_total", "Endpoint picker: responses whose "
+    "gateway reported (envoy.lb x-gateway-destination-endpoint-served) an endpoint other than "
+    "the one picked: its retry or fallback moved the request", ["namespace", "pool"],
+    registry=REGISTRY)
 MALFORMED = Counter(
     "modelpool_extproc_malformed_messages_total", "ext_proc messages that did not decode "
     "(their streams end INVALID_ARGUMENT; the log says so at most once per 10 s)",

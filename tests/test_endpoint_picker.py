@@ -25,9 +25,10 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from devstack import envoyproc, procs
-from devstack.picker_envoy import picker_config
+from devstack.picker_envoy import SERVED_HEADER, picker_config
 from devstack.testkit import stop_front_to_back
 from devstack.upstream import SERVED_BY, UpstreamHandle, start_upstream
+from extproc import metrics
 from extproc.app import Service
 from extproc.platform.hostport import join
 from extproc.platform.static import StaticPlatform, load_endpoints, load_specs
@@ -91,10 +92,11 @@ class PickerStack:
 
 
 async def _start(tmp_path: Path, body_mode: str, hinted: tuple[str, ...] | None = None,
-                 hosts: Mapping[str, str] = PODS, load: float = 0.0,
+                 hosts: Mapping[str, str] = PODS, load: float = 0.0, served: str | None = None,
                  **options: Any) -> AsyncIterator[PickerStack]:
     """The stack; ``hinted``: the members whose pods the proxy's subset hint allows;
     ``hosts``: each member's pod address; ``load``: seconds a member takes to start;
+    ``served``: what Envoy reports as the served endpoint (None: nothing);
     ``options``: more settings."""
     pods: dict[str, UpstreamHandle] = {}
     port = procs.free_port()
@@ -116,7 +118,7 @@ async def _start(tmp_path: Path, body_mode: str, hinted: tuple[str, ...] | None 
         await service.start()
         stack.envoy = envoyproc.EnvoyProcess.from_config(
             lambda listen, admin, log: picker_config(listen, admin, str(log), service.grpc_port,
-                                                     body_mode, subset),
+                                                     body_mode, subset, served=served),
             workdir=tmp_path / "envoy").start()
         yield stack
     finally:
@@ -269,3 +271,19 @@ async def test_full_duplex_request_trailers_are_answered_after_the_decision(
     streamed = forwarded.request_body.response.body_mutation.streamed_response
     assert (streamed.body, streamed.end_of_stream) == (body, True)
     assert trailers.HasField("request_trailers")
+
+
+@pytest.mark.parametrize("reported, elsewhere", [
+    ("%UPSTREAM_REMOTE_ADDRESS%", 0),  # where Envoy really sent it: the pod we named
+    ("127.0.0.9:1", 1),  # a gateway whose retry or fallback moved it
+])
+async def test_a_gateways_served_endpoint_is_compared_with_the_pick(
+        reported: str, elsewhere: int, envoy_bin: Path, tmp_path: Path) -> None:
+    async for stack in _start(tmp_path, "FULL_DUPLEX_STREAMED", served=reported):
+        assert stack.envoy is not None
+        counter = metrics.SERVED_ELSEWHERE.labels("demo", "shared-gpu")
+        before = counter._value.get()  # noqa: SLF001
+        status, headers, text = await _chat(stack.envoy.url, "judge")
+        assert (status, headers[SERVED_BY]) == (200, "judge"), text
+        assert SERVED_HEADER not in headers  # moved into the metadata, not shown the client
+        assert counter._value.get() - before == elsewhere  # noqa: SLF001

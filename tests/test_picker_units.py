@@ -140,3 +140,22 @@ def test_a_pools_file_names_ipv6_pods_in_brackets(tmp_path) -> None:
     with pytest.raises(ConfigError, match=r"pools\[0\]\.endpoints\.a: '::1:19611' is not "
                                           r"ip:port: bracket an IPv6 address, as \[::1\]:19611"):
         load_endpoints(pools, specs, picking)
+
+
+def _served(value: str | None) -> ep.ProcessingRequest:
+    message = ep.ProcessingRequest(response_headers=ep.HttpHeaders())
+    if value is not None:
+        message.metadata_context.filter_metadata[picker.LB_NAMESPACE].update(
+            {picker.SERVED_KEY: value})
+    return message
+
+
+@pytest.mark.parametrize("reported, picked, elsewhere", [
+    ("10.0.0.5:8000", "10.0.0.5:8000", None),  # served where picked
+    ("10.0.0.6:8000", "10.0.0.5:8000", "10.0.0.6:8000"),  # the gateway's retry moved it
+    ("[FD00:0::5]:80", "[fd00::5]:80", None),  # one address, two spellings
+    (None, "10.0.0.5:8000", None),  # a gateway that does not report it
+    ("10.0.0.6:8000", "", None),  # nothing picked (an answer of our own)
+])
+def test_the_served_endpoint_is_compared_with_the_pick(reported, picked, elsewhere) -> None:
+    assert picker.served_elsewhere(_served(reported), picked) == elsewhere

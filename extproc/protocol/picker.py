@@ -36,6 +36,8 @@ from . import answers
 DESTINATION = "x-gateway-destination-endpoint"
 LB_NAMESPACE = "envoy.lb"
 SUBSET_NAMESPACE, SUBSET_KEY = "envoy.lb.subset_hint", "x-gateway-destination-endpoint-subset"
+#: The ``envoy.lb`` key under which a gateway reports, on the response, the endpoint that served
+SERVED_KEY = "x-gateway-destination-endpoint-served"
 _FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 
 #: The headers answer of a request we do not route (yet): a client's own destination header
@@ -74,6 +76,17 @@ def subset_hint(message: ep.ProcessingRequest) -> tuple[str, ...] | None:
         return tuple(_canonical(part.strip()) for part in value.string_value.split(",")
                      if part.strip())
     return ()  # a hint of another shape allows nothing: 503, never a guess
+
+
+def served_elsewhere(message: ep.ProcessingRequest, picked: str) -> str | None:
+    """The endpoint the gateway says served the request, when it is not the one ``picked``
+    (None when it is, or when the gateway does not say: the protocol's ``envoy.lb``
+    ``x-gateway-destination-endpoint-served`` on the response headers message)."""
+    struct = message.metadata_context.filter_metadata.get(LB_NAMESPACE)
+    if struct is None or SERVED_KEY not in struct.fields or not picked:
+        return None
+    served = _canonical(struct.fields[SERVED_KEY].string_value)
+    return None if served == picked else served
 
 
 def _canonical(entry: str) -> str:

@@ -64,6 +64,9 @@ class RequestHead:
     activation: str = ""  # the raw x-modelpool-activation value ("" when absent)
     objective: str = ""  # the raw x-gateway-inference-objective value
     priority: str = ""  # the raw x-modelpool-priority value
+    # --endpoint-picker: the endpoint we named, and for whom (namespace, pool, member)
+    picked: str = ""
+    picked_for: tuple[str, str, str] = ("", "", "")
 
 
 def read_head(header_map: object) -> RequestHead:

@@ -295,6 +295,7 @@ class ExtProcService:
                      hinted=head.allowed is not None)
             return [self._error(head, 503, "no_endpoint", f"no Ready pod of {route.member!r}"
                                 f"{allowed}", "model", (("retry-after", "1"),))]
+        head.picked, head.picked_for = endpoint, (key.namespace, key.name, route.member)
         return self._forward(head, endpoint, kept)
 
     @staticmethod

@@ -13,12 +13,14 @@ import contextlib
 import grpc
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 
-from ..logs import get_logger
+from .. import metrics
+from ..logs import Throttled, get_logger
 from . import answers, picker
 from .request import (ATTRIBUTES_KEY, BadRequest, RequestHead, body_complete, model_from_body,
                       read_attributes, read_head)
 
 log = get_logger("extproc.protocol.service")  # its lines kept the service's logger name
+_served_elsewhere = Throttled(log, "the gateway served a request elsewhere than picked")
 
 # Body modes in which Envoy sends the request body in one message (protocol_config says which)
 _WHOLE_BODY = (processing_mode_pb2.ProcessingMode.BUFFERED,
@@ -142,6 +144,18 @@ def _whole(head: RequestHead, chunks: list[bytes], checks: int) -> tuple[bool, i
     return body_complete(head, b"".join(chunks)), checks - 1
 
 
+def _check_served(head: RequestHead, message: object) -> None:
+    """Endpoint picker: a gateway that reports serving the request elsewhere than we named
+    (its retry or fallback configuration moved it) is counted and said, once per 10 s."""
+    served = picker.served_elsewhere(message, head.picked)  # type: ignore[arg-type]
+    if served is None:
+        return
+    namespace, pool, member = head.picked_for
+    metrics.SERVED_ELSEWHERE.labels(namespace, pool).inc()
+    _served_elsewhere.warning(namespace=namespace, pool=pool, member=member, picked=head.picked,
+                              served=served, request_id=head.request_id)
+
+
 async def until_closed(context: grpc.aio.ServicerContext,
                        head: RequestHead | None = None) -> None:
     """Keep the stream (the request) open until Envoy ends it, or the server stops (its
@@ -157,6 +171,8 @@ async def until_closed(context: grpc.aio.ServicerContext,
                 # the buffer filter lets the request go, so this answer still reaches the client.
                 await context.write(_SPLIT_TRAILERS)
                 return
+            if head is not None and message.HasField("response_headers"):
+                _check_served(head, message)
             answer = picker.follow_up(message, duplex)
             if answer is not None:
                 await context.write(answer)
