@@ -38,7 +38,8 @@ EVENT_ONLY = {"llmkube_modelpool_busy_skips_total", "modelpool_extproc_conflicts
               "modelpool_extproc_prompt_cache_carry_total",
               "modelpool_extproc_prompt_cache_tokens_total",
               "modelpool_extproc_swap_deferred_total",
-              "modelpool_extproc_watch_restarts_total"}
+              "modelpool_extproc_watch_restarts_total",
+              "modelpool_extproc_picker_served_elsewhere_total"}
 _NAME = re.compile(r"\b((?:llmkube_modelpool|modelpool_extproc|process)_[a-z_]+|up)\b(?!\s*\()")
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
