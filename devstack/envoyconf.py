@@ -97,7 +97,7 @@ def render(
 
     clusters = cfg["static_resources"]["clusters"]
     extproc = _named(clusters, EXTPROC_CLUSTER)
-    _set_replicas(extproc, ports)
+    set_replicas(extproc, ports)
     # Any template member cluster serves as the model for the new ones (same options).
     model = next(c for c in clusters if c["name"] != EXTPROC_CLUSTER)
     cfg["static_resources"]["clusters"] = [extproc] + [
@@ -140,7 +140,9 @@ def _member_cluster(model: dict[str, Any], name: str, port: int) -> dict[str, An
     return cluster
 
 
-def _set_replicas(cluster: dict[str, Any], ports: Sequence[int]) -> None:
+def set_replicas(cluster: dict[str, Any], ports: Sequence[int]) -> None:
+    """Point the ext_proc's cluster at every replica: round robin, health-checked (gRPC
+    health), no panic routing, when there are several."""
     if not ports:
         raise ValueError("the ext_proc needs at least one port")
     endpoints = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]

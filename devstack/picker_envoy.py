@@ -13,8 +13,10 @@ bodies full duplex, a 300 s message timeout, no failure mode allow.
 
 from __future__ import annotations
 
-from typing import Any
+import copy
+from typing import Any, Sequence
 
+from devstack.envoyconf import REPLICA_RETRY, set_replicas
 from devstack.procs import LOCALHOST
 from extproc.protocol.picker import (DESTINATION, LB_NAMESPACE, SERVED_KEY, SUBSET_KEY,
                                      SUBSET_NAMESPACE)
@@ -32,7 +34,8 @@ HCM = ("type.googleapis.com/envoy.extensions.filters.network.http_connection_man
        "HttpConnectionManager")
 
 
-def picker_config(listen_port: int, admin_port: int, access_log: str, extproc_port: int,
+def picker_config(listen_port: int, admin_port: int, access_log: str,
+                  extproc_port: int | Sequence[int],
                   body_mode: str, subset: list[str] | None = None,
                   message_timeout: str = GATEWAY_MESSAGE_TIMEOUT,
                   served: str | None = None) -> dict[str, Any]:
@@ -47,6 +50,9 @@ def picker_config(listen_port: int, admin_port: int, access_log: str, extproc_po
     route = dict(POOL_ROUTE)
     reporting = [] if served is None else [_served_filter()]
     extproc = ext_proc_filter(body_mode, message_timeout)
+    if not isinstance(extproc_port, int) and len(extproc_port) > 1:
+        # a stream that could not reach a replica (killed, not yet seen unhealthy) tries another
+        extproc["typed_config"]["grpc_service"]["retry_policy"] = copy.deepcopy(REPLICA_RETRY)
     if served is not None:
         extproc["typed_config"]["metadata_options"]["forwarding_namespaces"]["untyped"].append(
             LB_NAMESPACE)
@@ -108,17 +114,21 @@ def ext_proc_filter(body_mode: str,
         "metadata_options": {"forwarding_namespaces": {"untyped": [SUBSET_NAMESPACE]}}}}
 
 
-def pool_clusters(extproc_port: int) -> list[dict[str, Any]]:
-    """The picker (HTTP/2 to the ext_proc) and the pool (the address the picker named)."""
+def pool_clusters(extproc_ports: int | Sequence[int]) -> list[dict[str, Any]]:
+    """The picker (HTTP/2 to the ext_proc replicas: with several, round robin over the ones
+    whose gRPC health says SERVING) and the pool (the address the picker named)."""
+    ports = [extproc_ports] if isinstance(extproc_ports, int) else list(extproc_ports)
+    picker = {"name": "picker", "type": "STATIC", "connect_timeout": "1s",
+              "typed_extension_protocol_options": {
+                  "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                      "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3."
+                               "HttpProtocolOptions",
+                      "explicit_http_config": {"http2_protocol_options": {}}}},
+              "load_assignment": {"cluster_name": "picker", "endpoints": [{"lb_endpoints": [
+                  {"endpoint": {"address": _address(ports[0])}}]}]}}
+    set_replicas(picker, ports)
     return [
-        {"name": "picker", "type": "STATIC", "connect_timeout": "1s",
-         "typed_extension_protocol_options": {
-             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                 "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3."
-                          "HttpProtocolOptions",
-                 "explicit_http_config": {"http2_protocol_options": {}}}},
-         "load_assignment": {"cluster_name": "picker", "endpoints": [{"lb_endpoints": [
-             {"endpoint": {"address": _address(extproc_port)}}]}]}},
+        picker,
         {"name": "pool", "type": "ORIGINAL_DST", "lb_policy": "CLUSTER_PROVIDED",
          "connect_timeout": "2s",
          "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION}},

@@ -73,8 +73,6 @@ class LocalStack(StackApi):
             raise ValueError(f"actuation must be one of {', '.join(ACTUATIONS)}: {actuation!r}")
         if replicas < 1:
             raise ValueError(f"replicas must be at least 1: {replicas}")
-        if endpoint_picker and replicas > 1:
-            raise ValueError("behind an endpoint picker the stack runs one ext_proc replica")
         self.actuation = actuation
         # LLMKube's reconciler stand-in: always in llmkube mode; in own mode only to show what
         # happens when both run (the conflict the service must detect)
@@ -301,8 +299,8 @@ class LocalStack(StackApi):
 
     def _picker_envoy(self) -> EnvoyProcess:
         """Envoy as an InferencePool's gateway, full duplex as the protocol asks, on the
-        stack's ports (one ext_proc replica: the hand-written config has one picker)."""
-        grpc = self.replicas[0].grpc_port
+        stack's ports (every replica a picker endpoint, as the picker's Service is)."""
+        grpc = [r.grpc_port for r in self.replicas]
         return EnvoyProcess.from_config(
             lambda listen, admin, log: picker_config(listen, admin, str(log), grpc,
                                                      "FULL_DUPLEX_STREAMED"),
