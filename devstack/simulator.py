@@ -9,17 +9,21 @@ Lifecycle of one member (phases written through the ``/status`` subresource, mer
 
 - ``spec.replicas`` ≥ 1 (absent counts as 1), no pod: create Pod ``<member>-<5 chars>``
   (labels ``app=<member>``, ``inference.llmkube.dev/service=<member>``), phase ``Creating``
-  (replicas 1, readyReplicas 0). After the load delay start ``python -m devstack.upstream
-  --name <member> --port <port>``, wait for its ``/health``, then phase ``Ready`` (replicas 1,
-  readyReplicas 1, ``endpoint: http://127.0.0.1:<port>``) and the pod's phase ``Running``.
+  (replicas 1, readyReplicas 0). With the pod, the member's server ``python -m
+  devstack.upstream --name <member> --port <port>`` binds and answers 503 while it "loads"
+  (as llama-server does); once the load delay has passed since the pod's creation it is told
+  the load is over, and when its ``/health`` answers 200 the pod's phase becomes ``Running``,
+  then the member's ``Ready`` (replicas 1, readyReplicas 1, ``endpoint:
+  http://127.0.0.1:<port>``).
   With ``rollout_delay`` (default 0) the pod appears only that long after the scale-up, as a
   Deployment's controllers take a moment; a member scaled back to 0 meanwhile gets no pod.
-- ``spec.replicas`` 0 with a pod: phase ``Progressing`` (replicas 1, readyReplicas 0); the pod
-  is deleted but held by the finalizer ``sim.llmkube.dev/unload``, so it stays visible with
-  ``metadata.deletionTimestamp`` (a terminating pod still holds the GPU). The upstream process
-  stops first, and after the unload delay the finalizer goes and the Pod object with it; only
-  then phase ``Stopped`` (replicas 0, readyReplicas 0). ``Stopped`` therefore means "fully torn
-  down", as LLMKube reports it. A 1→0→1 flip finishes the unload before the new pod appears.
+- ``spec.replicas`` 0 with a pod: the pod is deleted but held by the finalizer
+  ``sim.llmkube.dev/unload``, so it stays visible with ``metadata.deletionTimestamp`` (a
+  terminating pod still holds the GPU), and phase ``Progressing`` (replicas 1, readyReplicas
+  0). The upstream process stops first, and once the unload delay has passed since the
+  deletion the finalizer goes and the Pod object with it; only then phase ``Stopped``
+  (replicas 0, readyReplicas 0). ``Stopped`` therefore means "fully torn down", as LLMKube
+  reports it. A 1→0→1 flip finishes the unload before the new pod appears.
 - A pod that dies out of band (``kill-pod`` below, or ``kubectl delete pod``) goes at once: its
   process is SIGKILLed, the pod removed, phase ``Progressing`` (replicas 0), and since
   ``spec.replicas`` is still 1 a replacement pod is created and loads again (``Creating``).

@@ -205,8 +205,19 @@ class Kube:
 
     async def begin_delete_pod(self, namespace: str, name: str) -> None:
         """Ask for deletion; the finalizer keeps the object, now with a deletionTimestamp."""
+        # No grace period: the finalizer alone holds the pod (we play its kubelet), so the
+        # write that drops it ends the deletion on any API server (`release_pod`).
         try:
-            await self.core.delete_namespaced_pod(name, namespace)
+            await self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    async def release_pod(self, namespace: str, name: str) -> None:
+        """Let a pod deleted by `begin_delete_pod` go: drop the finalizer, the one write left."""
+        try:
+            await self.core.patch_namespaced_pod(
+                name, namespace, {"metadata": {"finalizers": None}}, _content_type=MERGE_PATCH)
         except ApiException as exc:
             if exc.status != 404:
                 raise

@@ -4,7 +4,8 @@ Rules of this file: all work for one member runs in that member's single task, s
 1→0→1 flip is handled strictly in order (the unload finishes, the pod is gone, then a new pod
 is created). Every pass re-reads the member's pods from the API and acts on what it finds, so
 a restarted simulator converges from whatever state it is handed. Timed waits (load delay,
-stuck) wake on every change and re-check, so run-time annotation edits take effect at once.
+stuck) wake on every change and re-check, so run-time annotation edits take effect at once;
+a change to the status alone (the echo of its own writes, mostly) wakes nothing.
 """
 
 from __future__ import annotations
@@ -17,20 +18,19 @@ from pathlib import Path
 from typing import Any, Callable
 
 from devstack.simulator_kube import (
-    KILL_SEEN, TRANSIENT, Backoff, Kube, is_terminating, parse_duration, wait_event)
+    TRANSIENT, Backoff, Kube, is_terminating, parse_duration, wait_event)
 from devstack.procs import LOCALHOST, ManagedProcess
 from devstack.llamacpp import LlamaRuntime
-from devstack.simulator_server import STOP_GRACE, MemberServer, UpstreamServer, start_standby
+from devstack.simulator_server import (
+    STOP_GRACE, Loading, MemberServer, UpstreamServer, start_standby)
+from devstack.simulator_isvc import (
+    ANN_FAIL, ANN_KILL, ANN_LOAD_DELAY, ANN_STUCK, ANN_UNLOAD_DELAY, annotations, desired_replicas,
+    flag, kill_requested, needs_pass, uid)
 from devstack.simulator_timeline import Timeline
 from kubernetes.aio.client.exceptions import ApiException
 
 log = logging.getLogger("devstack.simulator")
 
-ANN_LOAD_DELAY = "sim.llmkube.dev/load-delay"
-ANN_UNLOAD_DELAY = "sim.llmkube.dev/unload-delay"
-ANN_FAIL = "sim.llmkube.dev/fail"
-ANN_KILL = "sim.llmkube.dev/kill-pod"
-ANN_STUCK = "sim.llmkube.dev/stuck"
 CRASH_POLL = 0.5  # seconds between checks that a serving upstream process is still alive
 
 
@@ -55,32 +55,6 @@ class SimContext:
     llama: LlamaRuntime | None = None
 
 
-def _annotations(isvc: dict[str, Any] | None) -> dict[str, str]:
-    return ((isvc or {}).get("metadata") or {}).get("annotations") or {}
-
-
-def _uid(isvc: dict[str, Any] | None) -> str | None:
-    return ((isvc or {}).get("metadata") or {}).get("uid")
-
-
-def _flag(isvc: dict[str, Any] | None, key: str) -> bool:
-    return _annotations(isvc).get(key, "").strip().lower() == "true"
-
-
-def desired_replicas(isvc: dict[str, Any] | None) -> int:
-    """spec.replicas; absent means 1, the Deployment default LLMKube inherits."""
-    if isvc is None:
-        return 0
-    replicas = (isvc.get("spec") or {}).get("replicas")
-    return 1 if replicas is None else int(replicas)
-
-
-def kill_requested(isvc: dict[str, Any] | None, pod: dict[str, Any]) -> bool:
-    """True when the kill-pod annotation changed since the pod was created."""
-    seen = (pod["metadata"].get("annotations") or {}).get(KILL_SEEN, "")
-    return _annotations(isvc).get(ANN_KILL, "") != seen
-
-
 class MemberActor:
     """Reconciles one InferenceService: its pod, its status and its fake upstream process."""
 
@@ -95,13 +69,15 @@ class MemberActor:
         self.failed_start: str | None = None  # pod whose server would not start: no retry on it
         self.task: asyncio.Task | None = None
         self.standby: ManagedProcess | None = None  # the next server, started ahead
+        self.loading: Loading | None = None  # the load under way: its pod, clock and server
 
     def observe(self, isvc: dict[str, Any] | None) -> None:
         """Take the latest InferenceService (None: deleted) and schedule a pass."""
-        if _uid(isvc) != _uid(self.isvc):
+        if uid(isvc) != uid(self.isvc):
             self.reported = None  # deleted or re-created: what we wrote belonged to the old one
-        self.isvc = isvc
-        self.wake.set()
+        before, self.isvc = self.isvc, isvc
+        if needs_pass(before, isvc):
+            self.wake.set()
 
     def poke(self) -> None:
         """Schedule a pass (a pod of this member changed)."""
@@ -118,6 +94,7 @@ class MemberActor:
             self.task.cancel()
             await asyncio.gather(self.task, return_exceptions=True)
         await self._stop_server()
+        await self._drop_loading()
         standby, self.standby = self.standby, None
         if standby is not None:
             await asyncio.to_thread(standby.stop, STOP_GRACE)
@@ -172,6 +149,8 @@ class MemberActor:
         for pod in live[1:]:  # one pod per member; extras only appear if someone made them
             await self._kill(pod)
         pod = live[0] if live else None
+        if self.loading and (pod is None or pod["metadata"]["name"] != self.loading.pod):
+            await self._drop_loading()  # its pod went while a pass failed mid-load
         if self.server and (pod is None or pod["metadata"]["name"] != self.server_pod):
             await self._lost_pod()  # the pod vanished out of band with the server still up
         if pod and isvc is not None and kill_requested(isvc, pod):
@@ -204,7 +183,7 @@ class MemberActor:
         self.ctx.timeline.record(self.namespace, self.name, event, pod, **extra)
 
     def _delay(self, key: str, default: float) -> float:
-        text = _annotations(self.isvc).get(key)
+        text = annotations(self.isvc).get(key)
         if not text:
             return default
         try:
@@ -226,10 +205,32 @@ class MemberActor:
 
     async def _create_pod(self) -> dict[str, Any]:
         pod = await self.kube.create_pod(self.namespace, self.name,
-                                         _annotations(self.isvc).get(ANN_KILL, ""))
+                                         annotations(self.isvc).get(ANN_KILL, ""))
         self._record("pod_created", pod["metadata"]["name"])
+        # the container starts with the pod: the load runs from here, and the controller's
+        # status write below happens while it runs, not before it
+        self._begin_load(pod["metadata"]["name"])
         await self._report("Creating", 1, 0)
         return pod
+
+    def _begin_load(self, pod_name: str) -> None:
+        """Start the load's clock (and the fake's server, answering 503) for this pod."""
+        if self.loading and self.loading.pod == pod_name:
+            return  # a pass that failed after the load began: it goes on, its clock kept
+        server: MemberServer | None = None
+        if self.ctx.llama is None:
+            standby, self.standby = self.standby, None
+            server = UpstreamServer(self.name, self.ctx.port_for(self.name), self.ctx.log_dir,
+                                    standby, self.ctx.host_for(self.name))
+            server.begin_load()
+            self._refill()  # the next standby imports while this load's delay runs
+        self.loading = Loading(pod_name, time.monotonic(), server)
+
+    async def _drop_loading(self) -> None:
+        """The load ended without a server (aborted, failed): stop what it had started."""
+        loading, self.loading = self.loading, None
+        if loading and loading.server:
+            await loading.server.stop(hard=True)
 
     async def _ensure_loaded(self, pod: dict[str, Any]) -> None:
         name = pod["metadata"]["name"]
@@ -238,19 +239,22 @@ class MemberActor:
             if phase != "Ready":
                 await self._report_ready()
             return
-        if phase == "Failed" and (_flag(self.isvc, ANN_FAIL) or self.failed_start == name):
+        if phase == "Failed" and (flag(self.isvc, ANN_FAIL) or self.failed_start == name):
             return  # stays failed until the annotation is cleared or the pod is replaced
         if phase == "Ready":
             # a simulator restart: the pod (and the model in it) survived, only our process
             # did not, so the server comes back without a new load delay
             await self._start_server(name, adopted=True)
             return
+        self._begin_load(name)
         if phase != "Creating":
             await self._report("Creating", 1, 0)
         outcome = await self._wait_loaded(pod)
         if outcome == "aborted":
+            await self._drop_loading()
             self.wake.set()  # the next pass handles whatever interrupted the load
         elif outcome == "failed":
+            await self._drop_loading()
             await self._report("Failed", 1, 0)
             self._record("failed", name)
         else:
@@ -258,17 +262,18 @@ class MemberActor:
 
     async def _wait_loaded(self, pod: dict[str, Any]) -> str:
         """Sit out the load delay: "loaded", "failed" (fail annotation) or "aborted"."""
-        began = time.monotonic()
+        assert self.loading is not None
+        began = self.loading.began
         while True:
             isvc = self.isvc
             if isvc is None or desired_replicas(isvc) < 1 or kill_requested(isvc, pod):
                 return "aborted"
             timeout: float | None = None
-            if not _flag(isvc, ANN_STUCK):
+            if not flag(isvc, ANN_STUCK):
                 timeout = began + self._delay(ANN_LOAD_DELAY, self.ctx.default_load_delay) \
                     - time.monotonic()
                 if timeout <= 0:
-                    return "failed" if _flag(isvc, ANN_FAIL) else "loaded"
+                    return "failed" if flag(isvc, ANN_FAIL) else "loaded"
             if await wait_event(self.wake, timeout):
                 self.wake.clear()
                 current = await self.kube.read_pod(self.namespace, pod["metadata"]["name"])
@@ -278,9 +283,14 @@ class MemberActor:
     async def _start_server(self, pod_name: str, adopted: bool) -> None:
         port = self.ctx.port_for(self.name)
         server: MemberServer
-        if self.ctx.llama is not None:
+        if adopted:
+            await self._drop_loading()  # (a load begun by a pass that then failed)
+        loading, self.loading = self.loading, None
+        if loading is not None and loading.server is not None:
+            server = loading.server  # bound at the load's start, answering 503 until now
+        elif self.ctx.llama is not None:
             server = self.ctx.llama.server(self.name, port, self.ctx.log_dir,
-                                           _annotations(self.isvc), self.ctx.host_for(self.name))
+                                           annotations(self.isvc), self.ctx.host_for(self.name))
         else:
             standby, self.standby = self.standby, None
             server = UpstreamServer(self.name, port, self.ctx.log_dir, standby,
@@ -299,10 +309,10 @@ class MemberActor:
             return
         self.server, self.server_pod = server, pod_name
         self._record("server_started", pod_name, port=port)
-        self._refill()  # after the record: its fork is not part of this load
         if adopted:
             self._record("adopted", pod_name)
         await self._report_ready()
+        self._refill()  # after Ready: its fork is not part of this load
 
     async def _report_ready(self) -> None:
         port, host = self.ctx.port_for(self.name), self.ctx.host_for(self.name)
@@ -340,6 +350,8 @@ class MemberActor:
         self._record("pod_killed", name)
         if self.server_pod == name:
             await self._stop_server(hard=True)
+        if self.loading and self.loading.pod == name:
+            await self._drop_loading()
         await self.kube.remove_pod(self.namespace, name)
         self._record("pod_deleted", name)
         if self.isvc is not None:
@@ -347,21 +359,26 @@ class MemberActor:
 
     async def _unload(self, pod: dict[str, Any]) -> None:
         """Graceful scale-down: the pod stays (terminating) until the model has unloaded."""
-        await self._report("Progressing", 1, 0)
-        await self.kube.begin_delete_pod(self.namespace, pod["metadata"]["name"])
-        self._record("pod_terminating", pod["metadata"]["name"])
-        await self._finish_unload(pod)
-
-    async def _finish_unload(self, pod: dict[str, Any]) -> None:
-        """Stop the server, sit out the unload delay, then let the pod go."""
         name = pod["metadata"]["name"]
-        # counted from here: a resumed unload (after an error or restart) then errs on the
-        # safe side, the pod holding the slot a little longer, never shorter
+        await self.kube.begin_delete_pod(self.namespace, name)
+        self._record("pod_terminating", name)
+        # The unload runs from the pod's deletion (its kubelet stops the container then); the
+        # controller's Progressing write races it in a cluster, so here it runs inside it.
         began = time.monotonic()
+        await self._report("Progressing", 1, 0)
+        await self._finish_unload(pod, began)
+
+    async def _finish_unload(self, pod: dict[str, Any], began: float | None = None) -> None:
+        """Stop the server, sit out the unload delay (from `began`), then let the pod go."""
+        name = pod["metadata"]["name"]
+        # a resumed unload (after an error or restart) counts from now: it then errs on the
+        # safe side, the pod holding the slot a little longer, never shorter
+        began = time.monotonic() if began is None else began
         delay = self._delay(ANN_UNLOAD_DELAY, self.ctx.default_unload_delay)
         await self._stop_server()  # the model goes first; the pod object goes last
+        await self._drop_loading()
         await asyncio.sleep(max(0.0, began + delay - time.monotonic()))
-        await self.kube.remove_pod(self.namespace, name)
+        await self.kube.release_pod(self.namespace, name)
         self._record("pod_deleted", name)
 
     async def _report_stopped(self) -> None:

@@ -3,8 +3,10 @@
 Starting a Python process costs ~0.4 s here (mostly imports), which a benchmark's swap would
 count as orchestration. So each member keeps one *standby* process started ahead
 (``--standby``: imported, waiting on its stdin); a load hands the member's next server to it
-with one line, and it binds and answers /health within milliseconds. The member's server is
-still a process of its own (fault tests SIGKILL it); the next standby is started right after.
+with one line at the start of the load, and it binds and answers 503 while the simulated
+model loads (as llama-server does), then /health 200 once a second line ends the load. The
+member's server is still a process of its own (fault tests SIGKILL it); the next standby is
+started right after the hand-over.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ import asyncio
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 
 from devstack.procs import LOCALHOST, PROJECT_ROOT, ManagedProcess, port_is_free
+from devstack.upstream import STANDBY_LOAD, STANDBY_LOADED, STANDBY_SERVE
 from devstack.upstream_slots import SLOT_SAVE_PATH_ENV
 
 START_TIMEOUT = 15.0
@@ -51,6 +55,7 @@ class MemberServer:
                  host: str = LOCALHOST) -> None:
         self.member, self.port, self.host = member, port, host
         self.process = process
+        self.bound = False  # set going at the load's start (`begin_load`): it holds the port
 
     @property
     def url(self) -> str:
@@ -61,12 +66,16 @@ class MemberServer:
         """Set the process going."""
         self.process.start()
 
+    def begin_load(self) -> None:
+        """The pod's container starts: servers that can bind and answer 503 while the model
+        loads do so now (`start` then only ends the load); the others start in `start`."""
+
     async def start(self, timeout: float | None = None) -> None:
         """Start the process and return once its /health answers 200; raise if it cannot
         (it exits, or stays unhealthy: llama.cpp answers 503 while its model loads)."""
         timeout = self.start_timeout if timeout is None else timeout
         # a leftover listener would answer /health in our place and hide a failed start
-        if not port_is_free(self.port, self.host):
+        if not self.bound and not port_is_free(self.port, self.host):
             raise RuntimeError(f"port {self.port} for {self.member} is already in use")
         self._launch()
         deadline = time.monotonic() + timeout
@@ -96,6 +105,15 @@ class MemberServer:
             await asyncio.to_thread(self.process.stop, STOP_GRACE)
 
 
+@dataclass
+class Loading:
+    """A load under way: its pod, when it began (monotonic), the server bound for it."""
+
+    pod: str
+    began: float
+    server: MemberServer | None
+
+
 class UpstreamServer(MemberServer):
     """One member's OpenAI-compatible fake server process (devstack/upstream.py)."""
 
@@ -108,8 +126,18 @@ class UpstreamServer(MemberServer):
                                              log_dir / f"upstream-{member}.log",
                                              env=_env(log_dir), cwd=PROJECT_ROOT), host)
 
+    def begin_load(self) -> None:
+        # A standby binds at once and answers 503 until the load is over: when the load ends,
+        # only a line and one /health separate it from Ready, and a standby still importing
+        # (a loaded machine) catches up within the load delay instead of after it.
+        if self._standby and port_is_free(self.port, self.host):
+            self.process.tell(STANDBY_LOAD)
+            self.bound = True
+
     def _launch(self) -> None:
-        if self._standby:
-            self.process.tell("serve")
+        if self.bound:
+            self.process.tell(STANDBY_LOADED)
+        elif self._standby:
+            self.process.tell(STANDBY_SERVE)
         else:
             self.process.start()

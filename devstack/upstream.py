@@ -35,6 +35,9 @@ TOKEN_DELAY_ENV = "MODELPOOL_UPSTREAM_TOKEN_DELAY_MS"
 LOAD_MS_ENV = "MODELPOOL_UPSTREAM_LOAD_MS"
 DEFAULT_TOKEN_DELAY_MS = 20.0
 SERVED_BY = "x-served-by"
+# The simulator's words to a standby (--standby) on its stdin: bind and serve now; bind now
+# and answer 503 while the model loads; the load is over.
+STANDBY_SERVE, STANDBY_LOAD, STANDBY_LOADED = "serve", "load", "loaded"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -85,16 +88,18 @@ class UpstreamHandle:
 
 
 def build_app(name: str, token_delay_ms: float | None = None,
-              slots: int | None = None, load_ms: float | None = None) -> web.Application:
+              slots: int | None = None, load_ms: float | None = None,
+              loaded: asyncio.Event | None = None) -> web.Application:
     """The aiohttp application of one fake member called `name` (slots None: from the
     environment, devstack/upstream_slots.py; 0: one per request; load_ms None: from the
-    environment, default 0: loaded at once)."""
+    environment, default 0: loaded at once; with `loaded`, the load lasts until it is set,
+    then load_ms more)."""
     if token_delay_ms is None:
         token_delay_ms = float(os.environ.get(TOKEN_DELAY_ENV, DEFAULT_TOKEN_DELAY_MS))
     if load_ms is None:
         load_ms = float(os.environ.get(LOAD_MS_ENV, "") or 0)
     stats = UpstreamStats(name)
-    fake = _Server(name, stats, load_ms)
+    fake = _Server(name, stats, load_ms, loaded)
     answers = Answers(name, token_delay_ms, Slots.from_env(slots, name))
     app = web.Application(middlewares=[fake.loading, fake.count],
                           client_max_size=64 * 1024 * 1024)
@@ -121,10 +126,11 @@ async def start_upstream(
     token_delay_ms: float | None = None,
     slots: int | None = None,
     load_ms: float | None = None,
+    loaded: asyncio.Event | None = None,
 ) -> UpstreamHandle:
     """Serve a fake member on host:port (0 = any free port) in the running event loop; with
     ``load_ms`` it answers 503 that long first, as llama.cpp does while its model loads."""
-    app = build_app(name, token_delay_ms, slots, load_ms)
+    app = build_app(name, token_delay_ms, slots, load_ms, loaded)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     # uvicorn's backlog (vLLM serves with it), not aiohttp's 128: a release sends every held
@@ -139,21 +145,25 @@ async def start_upstream(
 class _Server:
     """One member's server state: its loading phase, its counters, its name on every answer."""
 
-    def __init__(self, name: str, stats: UpstreamStats, load_ms: float = 0.0):
+    def __init__(self, name: str, stats: UpstreamStats, load_ms: float = 0.0,
+                 told: asyncio.Event | None = None):
         self.name = name
         self.stats = stats
         self.load_ms = max(0.0, load_ms)
         self.loaded = asyncio.Event()
+        self._told = told  # set by whoever plays the load (the simulator's standby word)
         self._load: asyncio.Task[None] | None = None
 
     async def start_loading(self, app: web.Application) -> None:
-        if self.load_ms <= 0:
+        if self.load_ms <= 0 and self._told is None:
             self.loaded.set()
             return
         # the listener is up before the load ends, as llama-server binds before loading
         self._load = asyncio.get_running_loop().create_task(self._finish_load())
 
     async def _finish_load(self) -> None:
+        if self._told is not None:
+            await self._told.wait()
         await asyncio.sleep(self.load_ms / 1000)
         self.loaded.set()
 
@@ -197,19 +207,35 @@ class _Server:
 
 
 async def _serve(args: argparse.Namespace) -> None:
+    loaded: asyncio.Event | None = None
     if args.standby:
         # Started ahead (the simulator's standby, devstack/simulator_server.py): everything is
         # imported, only the bind waits for the word, so a member "loads" in milliseconds, not
         # the ~0.4 s of a Python start. Its parent gone (EOF), there is nothing to wait for.
-        if not (await asyncio.to_thread(sys.stdin.readline)).strip():
+        word = (await asyncio.to_thread(sys.stdin.readline)).strip()
+        if not word:
             return
+        if word == STANDBY_LOAD:
+            # the pod's container started: bind now and answer 503 until the simulator says
+            # the (simulated) load is over, as llama-server binds before it loads its model
+            loaded = asyncio.Event()
     handle = await start_upstream(
         args.name, args.host, args.port, token_delay_ms=args.token_delay_ms, slots=args.slots,
-        load_ms=args.load_ms,
+        load_ms=args.load_ms, loaded=loaded,
     )
     print(f"fake upstream {args.name} listening on {handle.url}", flush=True)
+    if loaded is not None:
+        waiting = asyncio.create_task(_loaded_when_told(loaded))
     await until_signalled()
+    if loaded is not None:
+        waiting.cancel()
     await handle.stop()
+
+
+async def _loaded_when_told(loaded: asyncio.Event) -> None:
+    """Set ``loaded`` once the simulator writes its second line (EOF: the parent is gone)."""
+    if (await asyncio.to_thread(sys.stdin.readline)).strip() == STANDBY_LOADED:
+        loaded.set()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -179,7 +179,9 @@ async def test_stuck_stays_creating_until_cleared(cluster: Cluster, sims):
     await cluster.wait_phase("coder", "Creating")
     await asyncio.sleep(4 * LOAD)
     assert (await cluster.status("coder"))["phase"] == "Creating"
-    assert await health(port) is None
+    # its server is bound since the pod's start and answers 503 while "loading", as
+    # llama-server does (nothing yet if its standby is still importing on a busy machine)
+    assert await health(port) in (None, 503)
 
     await cluster.annotate("coder", "sim.llmkube.dev/stuck", "false")
     await cluster.wait_phase("coder", "Ready")
