@@ -5,19 +5,24 @@ fields) plus the environment of ``explore_env.py`` (a frozen value). From each s
 tries every enabled move of the environment, breadth first, up to a depth, and skips states
 it has seen. It checks two things:
 
-* Safety, at every step: no scale-up while another member holds the GPU as the machine sees
-  it (nor while a scale-up of ours is still in flight), no scale-down of a member with a
-  stream on it, no admission to a member the machine does not see Ready (nor, paced, beyond
-  its capacity), no trigger but of a
-  member seen at 0 replicas, no request held past its deadline, no ``PolicyError``, and every 503 that says
-  "the swap continues" has a swap that is moving.
+* Safety, at every step (``explore_checks.py``, in the environment's own words: Ready and
+  unloaded are read from the pods and phase the watch last delivered, never from the machine's
+  ``ready`` or ``unloaded``): no scale-up while another member holds the GPU (nor while a
+  scale-up of ours to another is in flight), no scale-down of a member with a stream on it, no
+  admission to a member not shown Ready (nor, paced, beyond its capacity), no trigger but of a
+  member shown at 0, no hold past its budget, no ``PolicyError``, no untrue "the swap
+  continues", a stalled swap has said SwapStalled, no request for the incumbent admitted past
+  the fairness window of a moving swap, and (paced) no new request passing one held for the
+  same member.
 * No wedge, at every state, taken as the moment the environment goes quiet (no more faults or
   new clients; the cluster only carries out what it was asked, and time passes): after the
-  quiet horizon (``quiet_horizon``, from the limits) every held request has been answered, and
-  a new request for each member is served within its budget, unless something outside the
-  service blocks that member (a pod stuck terminating, a member that fails to load), where it
-  must be refused with the truth; and a new request for a resident the cluster shows Ready is
-  always served.
+  quiet horizon (``quiet_horizon``, from the limits) every held request has been answered, a
+  swap still under way has a deadline (it will be said stalled), and a new request for each
+  member is served within its budget, unless something outside the service blocks that
+  member (``explore_checks.blocked``, exactly), where it must be refused with the truth (and,
+  blocked by a stuck pod, with the swap said stalled); and a new request for a resident the
+  cluster shows Ready is always served (unless clients that never end keep a moving swap
+  draining).
 
 A violation carries the shortest trace that leads to it, one readable line per move.
 """
@@ -29,12 +34,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from enum import Enum
 
-from explore_env import (LEASE, NAMES, STATUS, TRIGGER, Env, announce, kubelet_step, land,
-                         landable, lead, reconcile)
-from extproc.policy.events import (Admit, CarryAnswered, CarrySlots, DrainAnnounced, Event,
-                                   Hold, IdleProbed, LeadershipChanged, MemberObserved,
-                                   ProbeIdle, Reject, RequestArrived, RequestEnded, Scale,
-                                   StatusObserved, Tick, Trigger)
+import explore_checks as checks
+from explore_faults import clients_and_faults
+from explore_env import (LEASE, NAMES, STATUS, TRIGGER, Env, kubelet_step, land, landable,
+                         lead, reconcile)
+from extproc.policy.events import (CarryAnswered, DrainAnnounced, Event, IdleProbed,
+                                   MemberObserved, RequestArrived, RequestEnded, StatusObserved,
+                                   Tick)
 from extproc.policy.model import Actuation
 from extproc.policy.machine import PolicyError, PoolMachine
 from extproc.policy.model import (PHASE_READY, MemberObservation, PeerState, PoolKey,
@@ -67,6 +73,7 @@ class Node:
     env: Env
     trace: tuple[str, ...] = ()
     answers: dict[int, str] = field(default_factory=dict)  # rid -> "admitted" or the refusal
+    said: tuple[str, float] | None = None  # the stalled swap SwapStalled was said for
 
 
 _HASHABLE = (MemberObservation, PoolKey, PoolStatus, StartHints, _Limits)  # frozen, flat
@@ -180,7 +187,7 @@ class Search:
                 add(f"the leader Lease shows epoch {env.epoch} for {env.announced!r}", rest,
                     DrainAnnounced(env.epoch, env.announced))
             else:
-                add(f"the watch delivers {env.observe(name)}", rest,
+                add(f"the watch delivers {env.observe(name)}", rest.delivered(name),
                     MemberObserved(env.observe(name)))
         if quiet and out:
             return out  # a quiet cluster takes the first progress move only
@@ -222,76 +229,18 @@ class Search:
                     f"status {led.status}, replicas {[x.replicas for x in led.members]}", led)
         if quiet and out:
             return out  # a quiet cluster takes the first progress move only
-        for rid, name in env.admitted:
+        for rid, name in () if quiet and env.endless else env.admitted:
             add(f"request {rid} on {name} ends", replace(
                 env, admitted=tuple(a for a in env.admitted if a[0] != rid)), RequestEnded(rid))
         if quiet and out:
             return out  # a quiet cluster takes the first progress move only
         if not quiet:
-            out.extend(self._clients_and_faults(node, add))
+            clients_and_faults(node, add)
         deadline = m.next_deadline()
         if deadline < float("inf"):
             out.append((f"time passes to {deadline:g}s",
                         lambda: self.apply(node, "time passes", env, (Tick(),), deadline)))
         return out
-
-    def _clients_and_faults(self, node: Node, add: Callable[..., None]) -> list:
-        env, m = node.env, node.machine
-        if env.arrivals:
-            for name in m.spec.members:
-                add(f"request {env.rid} for {name} arrives",
-                    replace(env, rid=env.rid + 1, arrivals=env.arrivals - 1),
-                    RequestArrived(env.rid, name))
-        if not env.faults:
-            return []
-        fault = replace(env, faults=env.faults - 1)
-        for name in NAMES:
-            member = env.member(name)
-            if member.replicas == 0:
-                add(f"FAULT someone scales {name} up", fault.with_member(
-                    name, replace(member, replicas=1)))
-            else:
-                add(f"FAULT someone scales {name} down", fault.with_member(
-                    name, replace(member, replicas=0)))
-            if member.replicas == 0 and member.pods and not member.stuck:
-                add(f"FAULT {name}'s terminating pod gets stuck",
-                    fault.with_member(name, replace(member, stuck=True)))
-        if env.llmkube and env.status[1]:
-            stale = reconcile(fault, m.spec.default, stale=True)
-            if stale is not None:
-                add(f"FAULT LLMKube's stale pass: status {stale.status}, "
-                    f"replicas {[x.replicas for x in stale.members]}", stale)
-        if env.follow:
-            if env.announced and env.announced != env.status[0]:
-                add(f"FAULT the leader gives the swap to {env.announced} up",
-                    announce(fault, ""))
-            add("FAULT the leader dies: this replica takes the lead",
-                replace(fault, follow=False), LeadershipChanged(True))
-        if not env.llmkube and not env.follow and not env.foreign:
-            add("FAULT another writer rewrites the status", replace(
-                fault, foreign=True, status=(m.resident, ""), dirty=env.dirty | {STATUS}))
-        for i, (name, replicas) in enumerate(env.patches):
-            if replicas == TRIGGER:
-                add(f"FAULT our trigger of {name} is refused (resourceVersion)", replace(
-                    fault, patches=env.patches[:i] + env.patches[i + 1:]))
-        if env.carries:
-            name, step = env.carries[0]
-            add(f"FAULT the slot {step} of {name} fails", replace(
-                fault, carries=env.carries[1:]), CarryAnswered(name, step, False, "fault"))
-        if env.probes:
-            add(f"FAULT the idle probe of {env.probes[0]} cannot tell",
-                replace(fault, probes=env.probes[1:]), IdleProbed(env.probes[0], None))
-        for rid, name in env.held:
-            add(f"FAULT the client of held request {rid} leaves", replace(
-                fault, held=tuple(h for h in env.held if h[0] != rid)), RequestEnded(rid))
-        relisted: list[Event] = [MemberObserved(env.observe(n)) for n in NAMES]
-        if env.llmkube or env.follow or env.foreign:
-            relisted.append(StatusObserved(env.pool_status()))
-        if env.follow:
-            relisted.append(DrainAnnounced(env.epoch, env.announced))
-        add("FAULT the watches restart and re-list", replace(fault, dirty=frozenset()),
-            *relisted)
-        return []
 
     # ---- one step --------------------------------------------------------------------------
 
@@ -302,7 +251,8 @@ class Search:
         m = node.machine if self._in_place else copy.deepcopy(node.machine)
         now = m.now if at is None else at
         trace = node.trace + (f"t={now:g}s {label}",)
-        child = Node(m, env, trace)
+        child = Node(m, env, trace, said=node.said)
+        arrival = None
         for event in events:
             full = None
             if isinstance(event, (RequestArrived, RequestEnded)):
@@ -319,14 +269,29 @@ class Search:
                                         f"counts or the deadline: {shown} -> {_shown(m)}", trace)
             except PolicyError as exc:
                 raise Violation(f"PolicyError: {exc}", trace) from None
-            for command in commands:
-                self._carry(child, command)
+            if isinstance(event, RequestArrived):
+                arrival = event
+            try:
+                for command in commands:
+                    checks.carry_out(child, command)
+            except checks.Unsafe as exc:
+                raise Violation(str(exc), trace) from None
         if m.actuation.value == "hands-off" and child.env.patches:
             # The runtime cancels its scaler with the spell (driver._on_notice); a patch
             # already on the wire lands within the API's request timeout, long before a spell
             # ends, so none is left in flight for the machine that resumes.
             child.env = replace(child.env, patches=())
-        self._check(child, now)
+        try:
+            checks.check_state(child, now, arrival)
+        except checks.Unsafe as exc:
+            raise Violation(str(exc), trace) from None
+        # (paced release only: unpaced, a held request's member is never routable for long
+        # enough to matter, and the copy per state would double the search's time)
+        if not self._in_place and child.env.held and m.limits.paced_release:
+            overtaken = checks.overtakes(child)
+            if overtaken:
+                raise Violation(f"a new request for {overtaken} would pass the one held for "
+                                "it (held requests go first)", trace)
         child.trace = trace[:-1] + (f"{trace[-1]}  [{m.stage.value}"
                                     f"{', ' + m.actuation.value if m.actuation.value != 'own' else ''}]",)
         return child
@@ -340,68 +305,6 @@ class Search:
             raise Violation(f"the quick path differs from the full pass: {commands} vs "
                             f"{expected}", trace)
 
-    def _carry(self, node: Node, command: object) -> None:
-        m, env = node.machine, node.env
-        fail = lambda what: Violation(what, node.trace)  # noqa: E731
-        match command:
-            case Admit(rid, member):
-                obs = m.obs.get(member)
-                if obs is None or not obs.ready:
-                    raise fail(f"request {rid} admitted to {member}, which it does not see Ready")
-                if obs.capacity and m.limits.paced_release and \
-                        sum(on == member for _, on in env.admitted) >= obs.capacity:
-                    raise fail(f"request {rid} admitted to {member}, already at its capacity "
-                               f"of {obs.capacity} (paced release)")
-                if m.actuation is Actuation.FOLLOW and m.drain[1] not in ("", member):
-                    raise fail(f"request {rid} admitted to {member} after the leader's "
-                               f"announcement for {m.drain[1]}")
-                node.env = replace(env, held=tuple(h for h in env.held if h[0] != rid),
-                                   admitted=env.admitted + ((rid, member),))
-                node.answers[rid] = "admitted"
-            case Hold(rid, member):
-                node.env = replace(env, held=env.held + ((rid, member),))
-            case Reject(rid, _, code, message):
-                member = next((n for r, n in env.held if r == rid), "")
-                swap = m.swap
-                if "continues" in message and (swap is None or swap.stalled
-                                               or swap.target != member):
-                    raise fail(f"request {rid} was told the swap continues; it does not: "
-                               f"{message}")
-                node.env = replace(env, held=tuple(h for h in env.held if h[0] != rid))
-                node.answers[rid] = f"{code}: {message}"
-            case Scale(member, replicas):
-                if replicas and any(not (m.obs.get(o) and m.obs[o].unloaded)
-                                    for o in m.spec.members if o != member):
-                    raise fail(f"{member} scaled up while another member holds the GPU")
-                if replicas and any(n != member and r > 0 for n, r in env.patches):
-                    raise fail(f"{member} scaled up while a scale-up of another is in flight")
-                if not replicas and env.busy(member):
-                    raise fail(f"{member} scaled down with a stream on it")
-                node.env = replace(env, patches=env.patches + ((member, replicas),))
-            case Trigger(member):
-                seen = m.obs.get(member)
-                if seen is None or seen.replicas:
-                    raise fail(f"{member} triggered though not seen at 0 replicas")
-                node.env = replace(env, patches=env.patches + ((member, TRIGGER),))
-            case ProbeIdle(member):
-                node.env = replace(env, probes=env.probes + (member,))
-            case CarrySlots(member, step):
-                seen = m.obs.get(member)
-                if seen is None or not seen.ready:  # (the cluster may have moved since)
-                    raise fail(f"slot {step} of {member}, which it does not see Ready")
-                if step == "save" and env.busy(member):
-                    raise fail(f"slot save of {member} with a stream on it")
-                node.env = replace(env, carries=env.carries + ((member, step),))
-
-    def _check(self, node: Node, now: float) -> None:
-        m, env = node.machine, node.env
-        late = [rid for rid, held in m.requests.held.items() if held.deadline <= now]
-        if late:
-            raise Violation(f"requests {late} held past their budget", node.trace)
-        if set(m.requests.held) != {r for r, _ in env.held} or \
-                dict(m.requests.in_flight) != dict(env.admitted):
-            raise Violation("the machine's request book and the clients disagree", node.trace)
-
     # ---- no wedge --------------------------------------------------------------------------
 
     def quiet(self, node: Node, until: float, done: Callable[[Node], bool],
@@ -410,7 +313,8 @@ class Search:
         progress moves, then time, up to ``until`` or until ``done``. With ``path``, each
         state's key is collected, and None returned on reaching a state already checked
         (the rest of a quiet continuation is fixed by its state)."""
-        node = Node(copy.deepcopy(node.machine), node.env, node.trace, dict(node.answers))
+        node = Node(copy.deepcopy(node.machine), node.env, node.trace, dict(node.answers),
+                    node.said)
         ticks, last = 0, node.machine.now
         self._in_place = True
         try:
@@ -447,6 +351,11 @@ class Search:
             if rest.machine.requests.held:
                 raise Violation(f"still held after the quiet horizon: "
                                 f"{list(rest.machine.held)}", rest.trace)
+            swap = rest.machine.swap
+            if swap is not None and swap.stage.value in ("Unloading", "Loading", "Triggered") \
+                    and not swap.stalled and rest.machine.next_deadline() == float("inf"):
+                raise Violation(f"the swap to {swap.target} waits at rest with no deadline: "
+                                "it would never be said stalled", rest.trace)
             for name in rest.machine.spec.members:
                 self._served_after_quiet(rest, name)
         self._verdicts.update(path)
@@ -467,12 +376,17 @@ class Search:
         serving = member.phase == PHASE_READY and member.replicas and member.pods
         if answer is None:
             raise Violation(f"request {rid} for {name} still held after its budget", end.trace)
-        if (serving and name == resident) or not self._blocked(env, name):
+        why = checks.blocked(env, m, name)
+        # (clients that never end may keep the resident's own requests held by fairness, for
+        # a swap that waits on them: only a stalled swap must let the resident serve)
+        owed = serving and name == resident and not (env.endless and m.swap is not None
+                                                     and not m.swap.stalled)
+        if owed or not why:
             raise Violation(f"request {rid} for {name} refused after the cluster went quiet "
                             f"({answer}) though nothing outside the service blocks it",
                             end.trace)
-
-    @staticmethod
-    def _blocked(env: Env, name: str) -> bool:
-        """Something outside the service keeps ``name`` from serving."""
-        return name in env.fails or any(m.stuck for m in env.members)
+        if "stuck" in why and answer.startswith("swap_budget_exceeded") \
+                and not end.machine.view().stalled:
+            # (c): a swap stuck on something outside says so (SwapStalled) by then
+            raise Violation(f"request {rid} for {name} refused at its budget ({answer}) while "
+                            f"{why}, and the pool does not say the swap is stalled", end.trace)

@@ -77,6 +77,15 @@ class Env:
     capacity: int = 0  # what every member takes at once under paced release (0: unpaced)
     carry: bool = False  # every member carries its prompt cache over swaps (carry.py)
     carries: tuple[tuple[str, str], ...] = ()  # slot saves and restores asked, not answered
+    # Each member as the watch last delivered it (None: as ``members`` at the start, where the
+    # search hands every member to the machine): the safety checks judge the machine by what
+    # it could know, in their own words, not its.
+    seen: tuple[Member, ...] | None = None
+    endless: bool = False  # admitted streams never end (clients that keep the incumbent busy)
+
+    def __post_init__(self) -> None:
+        if self.seen is None:
+            object.__setattr__(self, "seen", self.members)
 
     def member(self, name: str) -> Member:
         """The member called ``name``."""
@@ -95,6 +104,16 @@ class Env:
         if (resident, pending) == self.status:
             return self
         return replace(self, status=(resident, pending), dirty=self.dirty | {STATUS})
+
+    def seen_member(self, name: str) -> Member:
+        """``name`` as the watch last delivered it to the machine."""
+        return self.seen[NAMES.index(name)]  # type: ignore[index]
+
+    def delivered(self, name: str) -> Env:
+        """This environment once the watch delivered ``name`` as it is now."""
+        seen = list(self.seen)  # type: ignore[arg-type]
+        seen[NAMES.index(name)] = self.member(name)
+        return replace(self, seen=tuple(seen))
 
     def busy(self, name: str) -> bool:
         """A stream of ours is on ``name`` (what its idle probe would say)."""
@@ -164,6 +183,30 @@ def reconcile(env: Env, default: str, stale: bool = False) -> Env | None:
         out = out.with_status(owner, "") if ready else \
             out.with_status(resident, owner if owner != resident else "")
     return None if out == env else out
+
+
+def holds_gpu(m: Member) -> bool:
+    """The member holds (or is about to hold) the GPU: scaled up, a pod left (a terminating
+    one still holds memory), or a phase its controller only leaves once the workload is down.
+    The checks' own definition, independent of ``MemberObservation.unloaded``."""
+    return m.replicas > 0 or m.pods > 0 or m.phase in ("Creating", "Ready")
+
+
+def serves(m: Member) -> bool:
+    """The member serves requests: Ready, scaled up, with its pod (independent of
+    ``MemberObservation.ready``; Failed is not Ready)."""
+    return m.phase == "Ready" and m.replicas > 0 and m.pods > 0
+
+
+def wish(env: Env, name: str, replicas: int) -> Env:
+    """Our Scale reaching the scaler (runtime/scaling.py): one worker per member, latest wish
+    wins. The patch on the wire (the member's first) still lands; behind it only the newest
+    wish waits, and none if it equals the one on the wire (the worker then stops)."""
+    mine = [i for i, (n, r) in enumerate(env.patches) if n == name and r != TRIGGER]
+    rest = tuple(p for i, p in enumerate(env.patches) if i not in mine[1:])
+    if mine and env.patches[mine[0]][1] == replicas:
+        return replace(env, patches=rest)
+    return replace(env, patches=rest + ((name, replicas),))
 
 
 def land(env: Env, index: int) -> Env:
