@@ -61,6 +61,14 @@ SOAK_ARGS ?=
 soak-tests: bootstrap kube-tools ops-tools schemas llama-server
 	$(PY) -m devstack.soak --runs $(SOAK_RUNS) $(SOAK_ARGS)
 
+# The mutants of tests/policy/mutants.py (small plausible bugs in extproc/policy), each run
+# against a copy of the tree: which check catches it, the search or a named test
+# (docs/mutants.md). Not part of `make test`: a mutant the search misses costs the whole search.
+MUTANTS_ARGS ?=
+.PHONY: mutants
+mutants: bootstrap
+	$(PY) tests/policy/mutants_run.py $(MUTANTS_ARGS)
+
 # MODELPOOL_BENCH_PEER=/path/to/ai-gateway/extproc adds part 1b (the Go peer beside ours).
 bench: bootstrap
 	$(PY) -m bench.run
