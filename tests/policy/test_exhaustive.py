@@ -104,7 +104,7 @@ def test_no_wedge_and_no_invariant_broken_over_every_interleaving(
     record_property(EXPLORED, f"exhaustive {name}: {explored} states explored to depth "
                     f"{depth + DEPTH}, {quiet} quiet continuations checked, 0 wedges, "
                     f"0 invariants broken, {time.monotonic() - began:.1f}s")
-    assert explored > 100
+    assert explored > 100 or DEPTH < 0  # (a shallower run, as make mutants --depth asks)
     _RAN.add(name)
 
 
