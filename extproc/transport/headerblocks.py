@@ -31,11 +31,12 @@ class HeaderBlocks:
         self._kept: dict[bytes, Headers] = {}
         self._kept_bytes = 0
 
-    def decode(self, block: bytes) -> Headers:
-        """The fields of ``block`` (raw bytes), from memory when it is a remembered one."""
+    def decode(self, block: bytes) -> tuple[Headers, bool]:
+        """The fields of ``block`` (raw bytes), and whether it was decoded anew (False: from
+        memory, a remembered one)."""
         headers = self._kept.get(block)
         if headers is not None:
-            return headers
+            return headers, False
         table = self._decoder.header_table
         before = (len(table.dynamic_entries), table.dynamic_entries[0]
                   if table.dynamic_entries else None, table.maxsize)
@@ -48,9 +49,9 @@ class HeaderBlocks:
         if after[0] != before[0] or after[1] is not before[1] or after[2] != before[2]:
             self._kept.clear()  # the table changed: what was remembered may decode anew
             self._kept_bytes = 0
-            return headers
+            return headers, True
         size = len(block) + sum(len(k) + len(v) + FIELD_OVERHEAD for k, v in headers)
         if len(self._kept) < KEPT_BLOCKS and self._kept_bytes + size <= KEPT_BYTES:
             self._kept[block] = headers
             self._kept_bytes += size
-        return headers
+        return headers, True

@@ -66,6 +66,7 @@ class _Protocol(asyncio.Protocol):
         self._writable: asyncio.Future[None] | None = None
         self._stalled: dict[int, asyncio.Future[None]] = {}  # streams waiting on the peer
         self._backlog = False  # frames wait in the connection: reading is paused for them
+        self._starting: list[tuple[Call, Any]] = []  # calls of this read, their tasks not made
         self._busy_at = self.loop.time()  # when a stream was last open
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -115,6 +116,7 @@ class _Protocol(asyncio.Protocol):
         if self.transport is None or self.transport.is_closing():
             return
         limit = self.server.max_message
+        self._starting = []
         for event in self.conn.receive(data, FRAMES_PER_TURN):
             if type(event) is Data:
                 call = self.calls.get(event.stream_id)
@@ -131,6 +133,12 @@ class _Protocol(asyncio.Protocol):
                     call.cancel()
             elif type(event) is Closed:
                 _peer_errors.warning(error=event.why)
+        # Handlers start once the read is taken: a stream its peer reset in the same read (rapid
+        # reset sends HEADERS and RST_STREAM together) never costs a task
+        for call, method in self._starting:
+            if self.calls.get(call._sid) is call:  # noqa: SLF001 (the protocol owns its calls)
+                call.task = self.loop.create_task(self._run(call, method))
+        self._starting = []
         if self._stalled:  # a WINDOW_UPDATE or SETTINGS may have let their output go
             self._wake(lambda sid: not self.conn.blocked(sid))
         if self.conn.backlog:
@@ -176,7 +184,7 @@ class _Protocol(asyncio.Protocol):
         self.calls[sid] = call
         if request.ended:
             call.feed(b"", True, 0)
-        call.task = self.loop.create_task(self._run(call, method))
+        self._starting.append((call, method))
 
     def _refuse(self, sid: int) -> None:
         """Not gRPC: 415, trailers-only."""

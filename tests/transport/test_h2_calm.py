@@ -155,3 +155,29 @@ def test_a_header_list_over_the_limit_is_refused_on_its_stream_alone() -> None:
     assert hpack.Decoder().decode(answer[0][3]) == [(":status", "431")]
     events = server.receive(headers_frame(3))
     assert [type(e) for e in events] == [Request] and not server.closed
+
+
+def test_a_settings_frame_of_thousands_of_entries_is_a_flood() -> None:
+    server = server_on(Clock())
+    flood = f.frame(f.SETTINGS, 0, 0, struct.pack(">HI", f.INITIAL_WINDOW_SIZE, 65535)
+                    * (f.DEFAULT_FRAME_SIZE // 6))
+    events = server.receive(flood * 2)  # 2 x 2,714 entries past the 16 a SETTINGS may need
+    assert [e.code for e in events if isinstance(e, Closed)] == [f.ENHANCE_YOUR_CALM]
+
+
+def test_header_blocks_decoded_anew_weigh_on_the_turn() -> None:
+    server = server_on(Clock())
+    blocks = [hpack.Encoder().encode(REQUEST + [(b"x-fill", b"%d" % sid + b"v" * 8000)])
+              for sid in range(1, 20, 2)]
+    data = b"".join(f.frame(f.HEADERS, f.END_HEADERS, sid, block)
+                    for sid, block in zip(range(1, 20, 2), blocks))
+    first = server.receive(data, max_frames=256)
+    assert 0 < len(first) < 10 and server.backlog  # a few ~8 KB decodes fill a turn
+    events = first
+    while server.backlog:
+        events += server.receive(b"", max_frames=256)
+    assert [e.stream_id for e in events] == list(range(1, 20, 2))  # none lost
+    # an ordinary request's block (~100 bytes) costs about a frame: a turn takes 100 of them
+    again = hpack.Encoder().encode(REQUEST)
+    many = b"".join(f.frame(f.HEADERS, f.END_HEADERS, sid, again) for sid in range(21, 221, 2))
+    assert len(server.receive(many, max_frames=256)) == 100 and not server.backlog

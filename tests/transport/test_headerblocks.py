@@ -18,7 +18,7 @@ def test_large_distinct_blocks_are_remembered_within_the_byte_bound() -> None:
     blocks = HeaderBlocks(1 << 20)
     for i in range(40):
         block = neutral(bytes([65 + i % 26]) * 8000 + str(i).encode())
-        assert blocks.decode(block) == [(b"x-big", block_value(block))]
+        assert blocks.decode(block) == ([(b"x-big", block_value(block))], True)
     assert blocks._kept_bytes <= headerblocks.KEPT_BYTES  # noqa: SLF001 (the bound itself)
     assert 0 < len(blocks._kept) < 40  # noqa: SLF001
 
@@ -31,9 +31,11 @@ def block_value(block: bytes) -> bytes:
 def test_a_remembered_block_decodes_the_same_until_the_table_changes() -> None:
     blocks = HeaderBlocks(1 << 16)
     block = neutral(b"v")
-    first = blocks.decode(block)
-    assert blocks.decode(block) is first  # remembered
+    first, decoded = blocks.decode(block)
+    assert decoded
+    again, decoded = blocks.decode(block)
+    assert again is first and not decoded  # remembered
     indexed = hpack.Encoder().encode([(b"x-new", b"1")])  # adds to the dynamic table
     blocks.decode(indexed)
     assert blocks._kept == {}  # noqa: SLF001 (the table changed: nothing is trusted)
-    assert blocks.decode(block) == first
+    assert blocks.decode(block) == (first, True)
