@@ -1,19 +1,15 @@
 """The server side of one HTTP/2 connection, without I/O (the way h11 keeps HTTP/1.1).
 
 Bytes go in through ``receive``, which returns what happened (``Request``, ``Data``,
-``Reset``, ``Closed``); what the server says goes out through ``send_headers``,
-``send_data``, ``reset`` and ``goaway``, and ``data_to_send`` hands over the bytes. Flow
-control both ways, SETTINGS, PING, CONTINUATION and the stream states (RFC 9113 §5.1) are
-kept here, so the asyncio side (``server.py``) only moves bytes and runs handlers.
+``Reset``, ``Closed``); what the server says goes out through ``send_headers``, ``send_data``,
+``reset`` and ``goaway`` (``sending.py``), and ``data_to_send`` hands over the bytes. Frames,
+stream states (RFC 9113 §5.1) and the receive windows are kept here, control frames and the
+peer's budgets in ``control.py``: the asyncio side (``server.py``) only moves bytes.
 
 The connection's receive window is replenished as data arrives, a stream's once the
-application says it has taken the data (``consumed``): a handler that does not read stops
-its peer after one stream window, so a peer cannot make this side buffer without bound (a
-gRPC message above the server's size limit ends its stream, ``server.py``).
-
-What a peer may cost is bounded: ``receive`` reads at most ``max_frames`` frames per call
-(``backlog`` then says more may wait), so one connection cannot hold the event loop; frames that ask
-work without serving anything, and streams reset by the peer, draw on budgets (``calm.py``).
+application says it has taken the data (``consumed``): a handler that does not read stops its
+peer after one stream window. ``receive`` does at most ``max_frames`` frames' work per call
+(``backlog`` then says more may wait), so one connection cannot hold the event loop.
 """
 
 from __future__ import annotations
@@ -26,10 +22,10 @@ from . import frames as f
 from .calm import Calm
 from .events import Closed, ConnectionError_, Data, Request, Reset
 from .headerblocks import DecodingError, HeaderBlocks
+from .control import DRAIN_PING, Control
 from .requests import content_length, malformed
-from .sending import Sending, StreamState
+from .sending import StreamState
 
-_PAIR = struct.Struct(">HI")
 _TOO_LARGE = f.literal(b":status", b"431")  # Request Header Fields Too Large
 # Frames that serve no request: each draws on the control budget (DATA when empty, RST_STREAM
 # when its stream is closed, HEADERS when refused, and unknown types, are counted where known)
@@ -46,22 +42,15 @@ MAX_HEADER_LIST = 16 << 10
 # A list up to this many times the limit is decoded whole and refused on its stream alone
 # (431); one larger ends the connection (decoding stops inside it: the table is then unknown).
 DECODED_SLACK = 4
-# SETTINGS entries taken as one frame's work (RFC 9113 defines 6 kinds); each one more draws on
-# the control budget and on the turn: a frame of 2,730 entries is a flood, not a setting
-SETTINGS_ENTRIES = 16
 # Bytes of header block decoded anew (not remembered) that cost as much as one frame
 DECODED_BYTES_PER_FRAME = 64
-# The opaque data of the PING that follows a draining GOAWAY: its ACK says the peer has seen it.
-DRAIN_PING = b"drain\x00\x00\x00"
-# Seconds a draining connection waits for that ACK before it refuses new streams regardless.
-DRAIN_NOTICE_WAIT = 1.0
 # Closed streams remembered (and whether we reset them): a frame the peer sent before it saw
 # our reset is ignored (RFC 9113 §5.1, "closed"), one it sends after closing a stream itself is
 # an error; streams older than these are ignored, as is any frame the record cannot place.
 CLOSED_KEPT = 1024
 
 
-class ServerConnection(Sending):
+class ServerConnection(Control):
     """One HTTP/2 connection's state, from the server's side."""
 
     def __init__(self, *, max_concurrent_streams: int = 1 << 20,
@@ -184,15 +173,6 @@ class ServerConnection(Sending):
             self.closed = True
             events.append(Closed(exc.code, exc.why))
         return events
-
-    def _work(self, frames: int) -> None:
-        """A frame that costs as much as ``frames`` ordinary ones: the rest of the turn waits."""
-        self._turn_left -= frames
-
-    def _control(self) -> None:
-        """A frame that asks work and serves nothing: drawn on its budget, cut past it."""
-        if not self._calm.control_frame():
-            raise ConnectionError_(f.ENHANCE_YOUR_CALM, "too many control frames")
 
     def _frame(self, kind: int, flags: int, sid: int, payload: bytes, events: list) -> None:
         if self._block is not None and (kind != f.CONTINUATION or sid != self._block[0]):
@@ -384,78 +364,6 @@ class ServerConnection(Sending):
             stream.remote_closed = True
         events.append(Request(sid, headers, ended))
 
-    def _settings(self, flags: int, sid: int, payload: bytes) -> None:
-        if sid:
-            raise ConnectionError_(f.PROTOCOL_ERROR, "SETTINGS on a stream")
-        if flags & f.ACK:
-            if payload:
-                raise ConnectionError_(f.FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
-            self.settings_acked = True
-            return
-        if len(payload) % 6:
-            raise ConnectionError_(f.FRAME_SIZE_ERROR, "SETTINGS of a partial entry")
-        initial = frame_size = None
-        entries = len(payload) // 6
-        if entries > SETTINGS_ENTRIES:  # a SETTINGS has 6 kinds of entry: more is a flood
-            for _ in range(entries - SETTINGS_ENTRIES):
-                self._control()
-            self._work(entries // 8)
-        for at in range(0, len(payload), 6):
-            key, value = _PAIR.unpack_from(payload, at)
-            if key == f.INITIAL_WINDOW_SIZE:
-                if value > f.MAX_WINDOW:
-                    raise ConnectionError_(f.FLOW_CONTROL_ERROR, "initial window too large")
-                initial = value
-            elif key == f.MAX_FRAME_SIZE:
-                if not f.DEFAULT_FRAME_SIZE <= value <= f.MAX_FRAME_SIZE_LIMIT:
-                    raise ConnectionError_(f.PROTOCOL_ERROR, "max frame size out of range")
-                frame_size = value
-            elif key == f.HEADER_TABLE_SIZE:
-                self._size_update_due = True
-            elif key == f.ENABLE_PUSH and value > 1:
-                raise ConnectionError_(f.PROTOCOL_ERROR, "ENABLE_PUSH other than 0 or 1")
-        self._out += f.frame(f.SETTINGS, f.ACK, 0)
-        # Only the last value of each counts (§6.5.3 processes them in order): one pass over
-        # the streams per frame, not per entry (a frame may carry 174,762 of them).
-        if frame_size is not None:
-            self._peer_frame = frame_size
-        if initial is not None and initial != self._peer_initial:
-            delta, self._peer_initial = initial - self._peer_initial, initial
-            for stream in self._streams.values():
-                stream.send_window += delta
-                if stream.send_window > f.MAX_WINDOW:  # §6.9.2
-                    raise ConnectionError_(f.FLOW_CONTROL_ERROR, "a stream window overflows")
-            if delta > 0:
-                self._unstarve(list(self._starved))
-
-    def _window_update(self, sid: int, payload: bytes, events: list) -> None:
-        if len(payload) != 4:
-            raise ConnectionError_(f.FRAME_SIZE_ERROR, "WINDOW_UPDATE of a wrong size")
-        increment = _U32.unpack(payload)[0] & 0x7FFFFFFF
-        if not sid:
-            if not increment:
-                raise ConnectionError_(f.PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
-            self._conn_send += increment
-            if self._conn_send > f.MAX_WINDOW:
-                raise ConnectionError_(f.FLOW_CONTROL_ERROR, "connection window overflow")
-        else:
-            stream = self._streams.get(sid)
-            if stream is None:
-                if sid > self._last_stream:
-                    raise ConnectionError_(f.PROTOCOL_ERROR, "WINDOW_UPDATE on an idle stream")
-                if not increment:
-                    self._stream_error(sid, f.PROTOCOL_ERROR, events)  # §6.9
-                return  # (else allowed on closed streams for a while: §6.9)
-            stream.send_window += increment
-            if not increment or stream.send_window > f.MAX_WINDOW:
-                code = f.PROTOCOL_ERROR if not increment else f.FLOW_CONTROL_ERROR
-                self._reset(sid, code)
-                events.append(Reset(sid, code))  # its handler must stop waiting on it
-                return
-            self._unstarve((sid,))
-            return
-        self._flush_blocked()
-
     def _remote_close(self, sid: int, stream: StreamState) -> None:
         stream.remote_closed = True
         if stream.local_closed and not stream.pending:  # else the rest still goes out
@@ -476,21 +384,6 @@ class ServerConnection(Sending):
             del self._closed[oldest]
             self._closed_before = max(self._closed_before, oldest)
 
-    def _peer_reset(self) -> None:
-        """The peer reset an open stream. Past the reset budget (HTTP/2 rapid reset) the
-        connection is drained, not cut: a crowd of Envoy's clients giving up at once is no
-        attack, and its other streams must not be lost. Resets past the budget while the
-        peer has not confirmed the drain notice count as control frames: a peer that goes on
-        opening and resetting streams without reading ends up cut."""
-        if self._calm.peer_reset():
-            return
-        if self._draining is None and self._goaway_at is None:
-            self.drain(f.ENHANCE_YOUR_CALM)
-        elif self._goaway_at is None:
-            self._control()
-            if self._clock() - self._draining[1] > DRAIN_NOTICE_WAIT:  # type: ignore[index]
-                self.goaway(self._draining[0])  # type: ignore[index]
-
     def _stream_error(self, sid: int, code: int, events: list) -> None:
         """RST_STREAM with ``code``; an open stream's handler hears of it."""
         if sid in self._streams:
@@ -504,12 +397,3 @@ class ServerConnection(Sending):
         "half-closed (remote)" and "closed"), unless we reset it and the frame was on its way."""
         if stream is not None or self._closed.get(sid) is False:
             self._stream_error(sid, f.STREAM_CLOSED, events)  # half-closed: our answer stops
-
-    def drain(self, code: int = f.NO_ERROR) -> None:
-        """Ask the peer to open no more streams, losing none it has already sent: a GOAWAY
-        naming the highest possible stream and a PING; its ACK (the peer has seen the
-        notice) brings the final GOAWAY, which names the last stream served (RFC 9113 §6.8's
-        graceful shutdown, as nghttp2's shutdown notice)."""
-        if self._draining is None and self._goaway_at is None and not self.closed:
-            self._draining = (code, self._clock())
-            self._out += f.goaway(f.MAX_WINDOW, code) + f.frame(f.PING, 0, 0, DRAIN_PING)

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import grpc
 
 from ..settings import Settings
-from . import server as native
+from . import listener as native
 
 
 class GrpcServer(Protocol):

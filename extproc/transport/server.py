@@ -1,11 +1,9 @@
-"""gRPC over ``connection.ServerConnection`` on asyncio: the listener, one protocol object per
-connection, one task per call.
+"""gRPC over ``connection.ServerConnection`` on asyncio: one protocol object per connection,
+one task per call (the listener that accepts them is ``listener.Server``).
 
-It takes the handlers grpc.aio takes (``add_generic_rpc_handlers``,
-``add_registered_method_handlers``: the ext_proc service and ``grpc.health.v1`` register
-unchanged), and gives each call a context with the part of ``grpc.aio.ServicerContext``
-they use: ``read``, ``write``, ``abort``, ``add_done_callback``. What one turn of the loop
-writes, over every call of a connection, leaves in one ``write``.
+Each call gets a context with the part of ``grpc.aio.ServicerContext`` the service's handlers
+use: ``read``, ``write``, ``abort``, ``add_done_callback``. What one turn of the loop writes,
+over every call of a connection, leaves in one ``write``.
 
 What one peer may cost the others is bounded: a connection's frames are read at most
 ``FRAMES_PER_TURN`` per turn of the loop (its socket is not read meanwhile), a connection that
@@ -13,17 +11,14 @@ does not complete its handshake within ``HANDSHAKE_TIMEOUT`` is closed, one idle
 timeout is drained, and connections past ``max_connections`` are refused with a warning.
 
 Not served: message compression (no ``grpc-encoding``; Envoy does not compress ext_proc),
-and HTTP/2 server push. TLS is the listener's (``ssl`` with ALPN ``h2``).
+and HTTP/2 server push.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
-import ssl
-from pathlib import Path
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable
 
 import grpc
 
@@ -32,6 +27,9 @@ from . import frames as f
 from .call import EOF, GRPC_CONTENT_TYPE, Aborted, Call, deadline_of
 from .connection import ServerConnection
 from .events import Closed, Data, Request, Reset
+
+if TYPE_CHECKING:
+    from .listener import Server
 
 log = get_logger(__name__)
 _peer_errors = Throttled(log, "HTTP/2 connection error from the peer")
@@ -43,11 +41,6 @@ _over_cap = Throttled(log, "gRPC connection refused: --max-connections reached")
 FRAMES_PER_TURN = 256
 # Seconds a new connection has to send its preface and acknowledge our SETTINGS (§6.5.3).
 HANDSHAKE_TIMEOUT = 10.0
-
-
-class _Details(NamedTuple):
-    method: str
-    invocation_metadata: tuple[tuple[str, str], ...]
 
 
 class _Protocol(asyncio.Protocol):
@@ -309,103 +302,3 @@ class _Protocol(asyncio.Protocol):
         calls, self.calls = self.calls, {}
         for call in calls.values():
             call.cancel()
-
-
-class Server:
-    """A gRPC server on the event loop, with grpc.aio.Server's registration and stop()."""
-
-    def __init__(self, *, max_message: int, max_concurrent_streams: int = 1 << 20,
-                 max_connections: int = 1000, idle_timeout: float = 0.0) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.max_message = max_message
-        self.max_concurrent_streams = max_concurrent_streams
-        self.max_connections = max_connections
-        self.idle_timeout = idle_timeout  # seconds without a stream before a drain (0: never)
-        self.connections: set[_Protocol] = set()
-        self.stopping = False  # stop() has begun: a connection made now is closed at once
-        self._generic: list[grpc.GenericRpcHandler] = []
-        self._registered: dict[str, Any] = {}
-        self._methods: dict[str, Any] = {}
-        self._listeners: list[asyncio.AbstractServer] = []
-        self._socket_path: Path | None = None
-
-    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
-        """Serve these handlers (as grpc.aio.Server does)."""
-        self._generic.extend(handlers)
-
-    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
-        """Serve these methods of ``service`` (as grpc.aio.Server does)."""
-        for name, handler in handlers.items():
-            self._registered[f"/{service}/{name}"] = handler
-
-    def method(self, path: str) -> Any:
-        """The handler of ``path`` (``/package.Service/Method``), or None."""
-        if path in self._methods:
-            return self._methods[path]
-        found = self._registered.get(path)
-        for generic in self._generic:
-            if found is not None:
-                break
-            found = generic.service(_Details(path, ()))
-        if len(self._methods) < 64:  # bounded: a peer could name endless methods
-            self._methods[path] = found
-        return found
-
-    async def start(self, listen: str, tls: ssl.SSLContext | None = None) -> int:
-        """Listen on ``host:port`` or ``unix:PATH``; the bound TCP port (0 for a socket)."""
-        if listen.startswith("unix:"):
-            path = listen[len("unix:"):].removeprefix("//")
-            with contextlib.suppress(FileNotFoundError):
-                Path(path).unlink()  # a socket left by an earlier process
-            listener = await self.loop.create_unix_server(lambda: _Protocol(self), path,
-                                                          ssl=tls, backlog=4096)
-            self._listeners.append(listener)
-            self._socket_path = Path(path)
-            return 0
-        host, _, port = listen.rpartition(":")
-        listener = await self.loop.create_server(lambda: _Protocol(self), host.strip("[]"),
-                                                 int(port), ssl=tls, backlog=4096,
-                                                 reuse_address=True)
-        self._listeners.append(listener)
-        return listener.sockets[0].getsockname()[1]
-
-    async def stop(self, grace: float | None) -> None:
-        """Take no new calls; give open ones ``grace`` seconds, then cut them."""
-        self.stopping = True
-        for listener in self._listeners:
-            listener.close()
-        for protocol in list(self.connections):
-            protocol.goaway()
-        if grace:
-            deadline = self.loop.time() + grace
-            while any(p.calls for p in self.connections) and self.loop.time() < deadline:
-                await asyncio.sleep(0.05)
-        tasks = [c.task for p in self.connections for c in p.calls.values() if c.task]
-        for protocol in list(self.connections):
-            protocol.close()
-        for listener in self._listeners:
-            await listener.wait_closed()
-        if tasks:  # the cut calls' handlers unwind (their accounting runs) before we return
-            await asyncio.wait(tasks, timeout=5)
-        for _ in range(20):  # closed transports flush first; give a peer a second to read
-            if not self.connections:
-                break
-            await asyncio.sleep(0.05)
-        for protocol in list(self.connections):
-            protocol.abort()  # a peer not reading keeps no socket of ours after stop()
-        if self._socket_path is not None:
-            with contextlib.suppress(FileNotFoundError):
-                self._socket_path.unlink()
-
-
-def tls_context(cert: str, key: str, client_ca: str = "") -> ssl.SSLContext:
-    """A server TLS context offering h2 (ALPN); clients must present a certificate signed by
-    ``client_ca`` when it is given."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(cert, key)
-    context.set_alpn_protocols(["h2"])
-    if client_ca:
-        context.load_verify_locations(client_ca)
-        context.verify_mode = ssl.CERT_REQUIRED
-    return context

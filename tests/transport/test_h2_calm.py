@@ -12,7 +12,8 @@ from test_h2_connection import REQUEST, frames_of, goaway_code, headers_frame
 
 from extproc.transport import calm
 from extproc.transport import frames as f
-from extproc.transport.connection import DRAIN_PING, MAX_HEADER_LIST, ServerConnection
+from extproc.transport.connection import MAX_HEADER_LIST, ServerConnection
+from extproc.transport.control import DRAIN_PING
 from extproc.transport.events import Closed, Data, Request, Reset
 
 

@@ -25,7 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from extproc.transport import frames as f
-from extproc.transport.server import Server, tls_context
+from extproc.transport.listener import Server, tls_context
 
 WAIT = 10  # seconds: a bound on every wait, never a measured time
 
