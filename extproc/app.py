@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import signal
 import time
@@ -133,6 +134,11 @@ class Service:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await self.start()
+        # What start-up made (modules, settings, the pools' state) lives as long as the process:
+        # out of the cyclic collector's sight, a full collection does not walk it again and
+        # again while thousands of streams come and go (a 20,000-stream burst held the loop
+        # ~200 ms in collections otherwise). Young collections stay as they are.
+        gc.freeze()
         await stop.wait()
         await self.stop()
 

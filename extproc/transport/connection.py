@@ -22,7 +22,7 @@ from . import frames as f
 from .calm import Calm
 from .events import Closed, ConnectionError_, Data, Request, Reset
 from .headerblocks import DecodingError, HeaderBlocks
-from .control import DRAIN_PING, Control
+from .control import DECODED_BYTES_PER_FRAME, DRAIN_PING, NEW_STREAM_FRAMES, Control
 from .requests import content_length, malformed
 from .sending import StreamState
 
@@ -42,8 +42,6 @@ MAX_HEADER_LIST = 16 << 10
 # A list up to this many times the limit is decoded whole and refused on its stream alone
 # (431); one larger ends the connection (decoding stops inside it: the table is then unknown).
 DECODED_SLACK = 4
-# Bytes of header block decoded anew (not remembered) that cost as much as one frame
-DECODED_BYTES_PER_FRAME = 64
 # Closed streams remembered (and whether we reset them): a frame the peer sent before it saw
 # our reset is ignored (RFC 9113 §5.1, "closed"), one it sends after closing a stream itself is
 # an error; streams older than these are ignored, as is any frame the record cannot place.
@@ -348,6 +346,7 @@ class ServerConnection(Control):
             return
         stream = StreamState(self._peer_initial, self._initial_recv)
         self._streams[sid] = stream
+        self._work(NEW_STREAM_FRAMES)
         if sum(len(k) + len(v) + 32 for k, v in headers) > self._max_list:
             self._control()  # too large, but decoded whole: refused on its stream alone
             self.send_headers(sid, _TOO_LARGE, end_stream=True)

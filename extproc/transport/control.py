@@ -15,6 +15,11 @@ from .sending import Sending
 
 _PAIR = struct.Struct(">HI")
 _U32 = struct.Struct(">I")
+# A stream opened costs as much as this many frames (its call and its handler's task): a turn
+# starts 32 at most, and a burst of thousands still flows
+NEW_STREAM_FRAMES = 8
+# Bytes of header block decoded anew (not remembered) that cost as much as one frame
+DECODED_BYTES_PER_FRAME = 64
 # SETTINGS entries taken as one frame's work (RFC 9113 defines 6 kinds); each one more draws on
 # the control budget and on the turn: a frame of 2,730 entries is a flood, not a setting
 SETTINGS_ENTRIES = 16
