@@ -11,7 +11,6 @@ import asyncio
 import logging
 import os
 import random
-import signal
 import string
 from typing import Any, Awaitable, Callable, Protocol
 
@@ -19,6 +18,7 @@ import aiohttp
 from kubernetes.aio import client, config, watch
 from kubernetes.aio.client.exceptions import ApiException
 
+from devstack.signals import until_signalled
 from extproc.settings import parse_duration
 
 log = logging.getLogger("devstack.simulator")
@@ -126,14 +126,10 @@ def run_controller(controller: Controller, describe: Callable[[], str]) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
 
     async def serve() -> None:
-        stopping = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stopping.set)
         await controller.start()
         log.info("%s", describe())
         try:
-            await stopping.wait()
+            await until_signalled()
         finally:
             await controller.stop()
 
@@ -224,13 +220,8 @@ class Kube:
 
     async def remove_pod(self, namespace: str, name: str) -> None:
         """Make the pod disappear: drop the finalizer and delete (either order finishes it)."""
-        try:
-            await self.core.patch_namespaced_pod(
-                name, namespace, {"metadata": {"finalizers": None}}, _content_type=MERGE_PATCH)
-            await self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        await self.release_pod(namespace, name)
+        await self.begin_delete_pod(namespace, name)
 
     async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Merge-patch the InferenceService's status through the /status subresource."""
