@@ -354,6 +354,14 @@ def test_resident_lost_out_of_band_and_the_next_request_swaps_it_back() -> None:
     assert scales(d) == [] and d.machine.resident == "a"
 
 
+def test_a_resident_that_left_ready_is_no_longer_routed_to() -> None:
+    d = make(warm="a")
+    d.at(10, lambda: d.cluster.kill("a", d.now))
+    d.run(until=10.5)  # killed, not yet back (the controller recreates it 1 s later)
+    assert d.machine.resident == "" and d.machine.view().resident in ("", None)
+    assert [n.source for n in d.notices("MemberLost")] == ["a"]
+
+
 def test_resident_that_reloads_by_itself_is_adopted_again() -> None:
     d = make(warm="a")
     d.at(10, lambda: d.cluster.kill("a", d.now))
