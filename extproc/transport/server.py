@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 import grpc
 
@@ -27,9 +27,6 @@ from . import frames as f
 from .call import EOF, GRPC_CONTENT_TYPE, Aborted, Call, deadline_of
 from .connection import ServerConnection
 from .events import Closed, Data, Request, Reset
-
-if TYPE_CHECKING:
-    from .listener import Server
 
 log = get_logger(__name__)
 _peer_errors = Throttled(log, "HTTP/2 connection error from the peer")
@@ -45,10 +42,25 @@ CANCELS_PER_TURN = 256
 HANDSHAKE_TIMEOUT = 10.0
 
 
+class Host(Protocol):
+    """What a connection needs of the server that accepted it (``listener.Server``)."""
+
+    loop: asyncio.AbstractEventLoop
+    connections: set[Any]
+    stopping: bool
+    max_message: int
+    max_concurrent_streams: int
+    max_connections: int
+    idle_timeout: float
+
+    def method(self, path: str) -> Any:
+        """The handler of ``path``, or None."""
+
+
 class _Protocol(asyncio.Protocol):
     """One HTTP/2 connection: frames in, calls started, frames out."""
 
-    def __init__(self, server: "Server") -> None:
+    def __init__(self, server: Host) -> None:
         self.server = server
         self.loop = server.loop
         self.conn = ServerConnection(max_concurrent_streams=server.max_concurrent_streams)
