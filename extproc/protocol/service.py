@@ -30,7 +30,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from google.protobuf.message import DecodeError
 
 from .. import metrics
-from ..logs import get_logger
+from ..logs import Throttled, get_logger
 from ..policy.events import Admit, Divert, Reject
 from ..runtime.driver import Ticket
 from ..runtime.hub import Hub, Route
@@ -52,19 +52,7 @@ _open_streams = 0
 metrics.STREAMS_IN_FLIGHT.set_function(lambda: _open_streams)
 
 
-_MALFORMED_LOG_EVERY = 10.0
-_malformed_since = {"logged": -_MALFORMED_LOG_EVERY, "count": 0}
-
-
-def _malformed_note(error: str) -> None:
-    """Log an undecodable message, unless one was logged in the last 10 s (then count it)."""
-    now = time.monotonic()
-    _malformed_since["count"] += 1
-    if now - _malformed_since["logged"] < _MALFORMED_LOG_EVERY:
-        return
-    log.warning("undecodable ext_proc message", error=error,
-                count=_malformed_since["count"], per_s=_MALFORMED_LOG_EVERY)
-    _malformed_since.update(logged=now, count=0)
+_malformed = Throttled(log, "undecodable ext_proc message")
 
 
 def _request_id_header(head: RequestHead) -> tuple[tuple[str, str], ...]:
@@ -164,9 +152,9 @@ class ExtProcService:
             raise  # Envoy reset the stream (client gone); `finally` does the accounting
         except DecodeError as exc:
             # Garbage from a peer is the peer's problem: counted, and one line at most every
-            # _MALFORMED_LOG_EVERY seconds saying how many (a flood must not flood the log).
+            # 10 s saying how many were held back (a flood must not flood the log).
             metrics.MALFORMED.inc()
-            _malformed_note(str(exc))
+            _malformed.warning(error=str(exc))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed ProcessingRequest")
         except Exception:
             log.error("ext_proc stream failed", exc_info=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 import random
 
@@ -16,6 +15,7 @@ from grpcprobe import answers_a_good_request, body_message, headers_message, ope
 from relstack import SERVING, health_status, settle, streams_in_flight
 
 from extproc import metrics
+from extproc.logs import Throttled
 from extproc.app import Service
 from extproc.protocol import service as service_module
 from extproc.protocol.service import SERVICE
@@ -124,7 +124,8 @@ async def test_undecodable_message_fails_only_its_stream(service: Service) -> No
 async def test_a_garbage_flood_is_counted_and_logged_once(
         service: Service, caplog: pytest.LogCaptureFixture) -> None:
     before = metrics.MALFORMED._value.get()
-    service_module._malformed_since["logged"] = -math.inf  # none logged lately
+    # none logged lately (the throttle is the module's: an earlier test may have used it)
+    service_module._malformed = Throttled(service_module.log, "undecodable ext_proc message")
     caplog.set_level(logging.WARNING, logger="extproc.protocol.service")
     async with grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
         for _ in range(50):
