@@ -33,14 +33,14 @@ class Bucket:
         self._clock, self._burst, self._rate = clock, burst, rate
         self._tokens, self._at = burst, clock()
 
-    def take(self) -> bool:
-        """Spend one token; False (and nothing spent) once the bucket is empty."""
+    def take(self, count: int = 1) -> bool:
+        """Spend ``count`` tokens; False (and nothing spent) when fewer are left."""
         now = self._clock()
         self._tokens = min(self._burst, self._tokens + (now - self._at) * self._rate)
         self._at = now
-        if self._tokens < 1.0:
+        if self._tokens < count:
             return False
-        self._tokens -= 1.0
+        self._tokens -= count
         return True
 
 
@@ -55,9 +55,9 @@ class Calm:
         self._control = Bucket(clock, control_burst, control_rate)
         self._resets = Bucket(clock, reset_burst, reset_rate)
 
-    def control_frame(self) -> bool:
-        """One frame that asks work and serves nothing; False past the budget."""
-        return self._control.take()
+    def control_frame(self, count: int = 1) -> bool:
+        """Frames (or a frame's parts) that ask work and serve nothing; False past the budget."""
+        return self._control.take(count)
 
     def peer_reset(self) -> bool:
         """The peer reset an open stream; False past the budget."""

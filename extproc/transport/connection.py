@@ -14,7 +14,6 @@ peer after one stream window. ``receive`` does at most ``max_frames`` frames' wo
 
 from __future__ import annotations
 
-import struct
 import time
 from typing import Callable
 
@@ -22,7 +21,7 @@ from . import frames as f
 from .calm import Calm
 from .events import Closed, ConnectionError_, Data, Request, Reset
 from .headerblocks import DecodingError, HeaderBlocks
-from .control import DECODED_BYTES_PER_FRAME, DRAIN_PING, NEW_STREAM_FRAMES, Control
+from .control import DECODED_BYTES_PER_FRAME, DRAIN_PING, NEW_STREAM_FRAMES, U32, Control
 from .requests import content_length, malformed
 from .sending import StreamState
 
@@ -30,7 +29,6 @@ _TOO_LARGE = f.literal(b":status", b"431")  # Request Header Fields Too Large
 # Frames that serve no request: each draws on the control budget (DATA when empty, RST_STREAM
 # when its stream is closed, HEADERS when refused, and unknown types, are counted where known)
 _CONTROL = frozenset({f.PRIORITY, f.SETTINGS, f.PING, f.GOAWAY, f.WINDOW_UPDATE})
-_U32 = struct.Struct(">I")
 # A header block's CONTINUATION frames, at most: our largest block (2 x 16 KiB) needs 2 at the
 # smallest frame size, and a peer splitting finer than 256 bytes is flooding, not talking
 MAX_CONTINUATIONS = 128
@@ -214,7 +212,7 @@ class ServerConnection(Control):
             if sid > self._last_stream:
                 raise ConnectionError_(f.PROTOCOL_ERROR, "RST_STREAM on an idle stream")
             if self._forget(sid):
-                events.append(Reset(sid, _U32.unpack(payload)[0]))
+                events.append(Reset(sid, U32.unpack(payload)[0]))
                 self._peer_reset()
             else:
                 self._control()  # a reset of a closed stream serves nothing
@@ -229,7 +227,7 @@ class ServerConnection(Control):
                 raise ConnectionError_(f.PROTOCOL_ERROR, "PRIORITY on stream 0")
             if len(payload) != 5:
                 self._stream_error(sid, f.FRAME_SIZE_ERROR, events)  # §6.3
-            elif _U32.unpack_from(payload)[0] & 0x7FFFFFFF == sid:
+            elif U32.unpack_from(payload)[0] & 0x7FFFFFFF == sid:
                 self._stream_error(sid, f.PROTOCOL_ERROR, events)  # §5.3.1: on itself
         # other types: ignored (§4.1, extensions)
 
@@ -297,7 +295,7 @@ class ServerConnection(Control):
             raise ConnectionError_(f.PROTOCOL_ERROR, "HEADERS on stream 0")
         payload = self._unpad(flags, payload)
         if flags & f.PRIORITY_FLAG:
-            if len(payload) >= 4 and _U32.unpack_from(payload)[0] & 0x7FFFFFFF == sid:
+            if len(payload) >= 4 and U32.unpack_from(payload)[0] & 0x7FFFFFFF == sid:
                 # §5.3.1: a stream cannot depend on itself. A connection error, not the
                 # stream's: its header block (HPACK state) would still have to be read.
                 raise ConnectionError_(f.PROTOCOL_ERROR, f"stream {sid} depends on itself")

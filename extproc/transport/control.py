@@ -14,7 +14,7 @@ from .events import ConnectionError_, Reset
 from .sending import Sending
 
 _PAIR = struct.Struct(">HI")
-_U32 = struct.Struct(">I")
+U32 = struct.Struct(">I")  # a stream id or an error code
 # A stream opened costs as much as this many frames (its call and its handler's task): a turn
 # starts 32 at most, and a burst of thousands still flows
 NEW_STREAM_FRAMES = 8
@@ -43,9 +43,10 @@ class Control(Sending):
         """A frame that costs as much as ``frames`` ordinary ones: the rest of the turn waits."""
         self._turn_left -= frames
 
-    def _control(self) -> None:
-        """A frame that asks work and serves nothing: drawn on its budget, cut past it."""
-        if not self._calm.control_frame():
+    def _control(self, count: int = 1) -> None:
+        """A frame that asks work and serves nothing (``count``: as much as that many): drawn
+        on its budget, cut past it."""
+        if not self._calm.control_frame(count):
             raise ConnectionError_(f.ENHANCE_YOUR_CALM, "too many control frames")
 
     def _settings(self, flags: int, sid: int, payload: bytes) -> None:
@@ -61,8 +62,7 @@ class Control(Sending):
         initial = frame_size = None
         entries = len(payload) // 6
         if entries > SETTINGS_ENTRIES:  # a SETTINGS has 6 kinds of entry: more is a flood
-            for _ in range(entries - SETTINGS_ENTRIES):
-                self._control()
+            self._control(entries - SETTINGS_ENTRIES)
             self._work(entries // 8)
         for at in range(0, len(payload), 6):
             key, value = _PAIR.unpack_from(payload, at)
@@ -95,7 +95,7 @@ class Control(Sending):
     def _window_update(self, sid: int, payload: bytes, events: list) -> None:
         if len(payload) != 4:
             raise ConnectionError_(f.FRAME_SIZE_ERROR, "WINDOW_UPDATE of a wrong size")
-        increment = _U32.unpack(payload)[0] & 0x7FFFFFFF
+        increment = U32.unpack(payload)[0] & 0x7FFFFFFF
         if not sid:
             if not increment:
                 raise ConnectionError_(f.PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
