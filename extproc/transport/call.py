@@ -37,6 +37,7 @@ class Link(Protocol):
 
 EOF = grpc.aio.EOF
 _PREFIX = struct.Struct(">BI")
+_SMALL_PART = 4096  # a part of a message below this size is copied into its neighbour
 GRPC_CONTENT_TYPE = b"application/grpc"
 _RESPONSE_HEAD = f.STATUS_200 + f.literal(b"content-type", GRPC_CONTENT_TYPE)
 _OK_TRAILERS = f.literal(b"grpc-status", b"0")
@@ -76,7 +77,7 @@ class Call:
     """One RPC: its incoming messages, and the servicer context its handler is given."""
 
     __slots__ = ("_protocol", "_sid", "_deserialize", "_serialize", "_messages", "_waiter",
-                 "_buffer", "_unread", "_owed", "_ended", "_headers_sent", "_finished",
+                 "_parts", "_held", "_length", "_unread", "_owed", "_ended", "_headers_sent", "_finished",
                  "_callbacks", "_deadline", "unparsed", "task")
 
     def __init__(self, protocol: Link, sid: int, deserialize: Callable | None,
@@ -85,7 +86,11 @@ class Call:
         self._deserialize, self._serialize = deserialize, serialize
         self._messages: deque[bytes] = deque()
         self._waiter: asyncio.Future[None] | None = None
-        self._buffer = bytearray()  # a message still arriving (grown in place: linear)
+        # A message still arriving: its parts as they came (joined once, when it is whole),
+        # their size, and the message's length (-1 while its 5-byte prefix is split)
+        self._parts: list[bytes | bytearray] = []
+        self._held = 0
+        self._length = -1
         self._unread = 0  # bytes in _messages
         self._owed = 0  # bytes received, not yet given back to the stream window
         self._ended = False
@@ -179,44 +184,77 @@ class Call:
         """Bytes of the request stream; whole messages become readable."""
         if self._finished:
             return  # its status is said: nothing more to read (nor to keep)
-        # A message in one frame is cut from the frame itself; one spread over many frames is
-        # gathered in a bytearray that grows in place, so its cost is linear in its size
-        # (concatenating bytes per frame made a 16 MiB message in 16 KiB frames quadratic).
-        partial = self._buffer
-        if partial:
-            partial += data
-            buffer: bytes | bytearray = partial
-        else:
-            buffer = data
-        at, size = 0, len(buffer)
-        while size - at >= 5:
-            compressed, length = _PREFIX.unpack_from(buffer, at)
-            if length > limit or compressed:
-                self.finish(grpc.StatusCode.RESOURCE_EXHAUSTED if length > limit
-                            else grpc.StatusCode.UNIMPLEMENTED,
-                            f"message of {length} bytes; the limit is {limit}" if length > limit
-                            else "compressed messages are not supported")
-                self.cancel()
-                return
-            if size - at - 5 < length:
-                break
-            self._messages.append(bytes(buffer[at + 5:at + 5 + length]))
-            self._unread += length
-            at += 5 + length
-        if buffer is partial:
-            if at == size:
-                self._buffer = bytearray()  # (not the emptied one: it keeps its allocation)
-            else:
-                del partial[:at]  # (a bytearray drops its head without moving the rest)
-        elif at < size:
-            self._buffer = bytearray(buffer[at:])
-        self._owed += len(data)
+        size = len(data)
+        while data and not self._finished:
+            data = self._gather(data) if self._parts else self._cut(data, limit)
+        if self._finished:
+            return
+        self._owed += size
         if self._unread <= _UNREAD_LIMIT:  # (the caller, data_received, writes it out)
             self._give_back()
         if ended:
             self._ended = True
         if self._waiter is not None and not self._waiter.done() and (self._messages or ended):
             self._waiter.set_result(None)
+
+    def _cut(self, data: bytes, limit: int) -> bytes:
+        """Whole messages cut from ``data`` itself; the start of the next one kept in parts."""
+        at, size = 0, len(data)
+        while size - at >= 5:
+            compressed, length = _PREFIX.unpack_from(data, at)
+            if length > limit or compressed:
+                self._refuse(length, limit)
+                return b""
+            if size - at - 5 < length:
+                self._parts.append(data[at + 5:])
+                self._held, self._length = size - at - 5, length
+                return b""
+            self._messages.append(data[at + 5:at + 5 + length])
+            self._unread += length
+            at += 5 + length
+        if at < size:
+            self._parts.append(data[at:])  # a prefix split over frames: _gather joins it
+            self._length = -1
+        return b""
+
+    def _gather(self, data: bytes) -> bytes:
+        """``data`` added to the message in parts; what follows the message it completes."""
+        if self._length < 0:  # (fewer than 5 bytes held: the prefix, joined, is read anew)
+            head = b"".join(self._parts) + data
+            self._parts.clear()
+            return head
+        need = self._length - self._held
+        if len(data) < need:
+            self._keep(data)
+            self._held += len(data)
+            return b""
+        # One copy of the whole message, however many frames it came in (growing a buffer per
+        # frame and cutting the message from it copied each byte three times and more)
+        self._parts.append(data[:need] if need < len(data) else data)
+        self._messages.append(b"".join(self._parts))  # (bytes, even of one bytearray part)
+        self._unread += self._length
+        self._parts.clear()
+        self._held = 0
+        return data[need:]
+
+    def _keep(self, data: bytes) -> None:
+        # Small parts are gathered in one bytearray: a message in one-byte frames kept as a
+        # list of objects would take eight times its size (a pointer each) and more
+        last = self._parts[-1]
+        if len(data) >= _SMALL_PART:
+            self._parts.append(data)
+        elif type(last) is bytearray:
+            last += data
+        else:
+            self._parts.append(bytearray(data))
+
+    def _refuse(self, length: int, limit: int) -> None:
+        self.finish(grpc.StatusCode.RESOURCE_EXHAUSTED if length > limit
+                    else grpc.StatusCode.UNIMPLEMENTED,
+                    f"message of {length} bytes; the limit is {limit}" if length > limit
+                    else "compressed messages are not supported")
+        self.cancel()
+        self._parts.clear()
 
     def _give_back(self) -> None:
         self._protocol.conn.consumed(self._sid, self._owed)

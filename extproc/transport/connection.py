@@ -134,10 +134,11 @@ class ServerConnection(Control):
         self.backlog = False
         if self.closed:
             return []
-        self._inbox += data
         events: list[Request | Data | Reset | Closed] = []
         try:
             if not self._preface:
+                self._inbox += data
+                data = b""
                 if len(self._inbox) < len(f.PREFACE):
                     if not f.PREFACE.startswith(bytes(self._inbox)):
                         raise ConnectionError_(f.PROTOCOL_ERROR, "not an HTTP/2 preface")
@@ -146,24 +147,35 @@ class ServerConnection(Control):
                     raise ConnectionError_(f.PROTOCOL_ERROR, "not an HTTP/2 preface")
                 del self._inbox[:len(f.PREFACE)]
                 self._preface = True
-            inbox, at = self._inbox, 0
+            # Frames are cut from the read itself when nothing is left over from the last one,
+            # each payload copied once, through a view (a bytearray's slice copies twice)
+            if self._inbox:
+                self._inbox += data
+                inbox: bytes | bytearray = self._inbox
+            else:
+                inbox = data
+            at = 0
             self._turn_left = max_frames or -1
-            while len(inbox) - at >= f.HEADER_SIZE:
-                if self._turn_left <= 0 and max_frames:
-                    self.backlog = True
-                    break
-                self._turn_left -= 1
-                first, flags, stream_id = f.HEADER.unpack_from(inbox, at)
-                length, kind = first >> 8, first & 0xFF
-                if length > self._max_frame:
-                    raise ConnectionError_(f.FRAME_SIZE_ERROR, f"frame of {length} bytes")
-                end = at + f.HEADER_SIZE + length
-                if end > len(inbox):
-                    break
-                payload = bytes(inbox[at + f.HEADER_SIZE:end])
-                at = end
-                self._frame(kind, flags, stream_id & 0x7FFFFFFF, payload, events)
-            del inbox[:at]
+            with memoryview(inbox) as view:
+                while len(inbox) - at >= f.HEADER_SIZE:
+                    if self._turn_left <= 0 and max_frames:
+                        self.backlog = True
+                        break
+                    self._turn_left -= 1
+                    first, flags, stream_id = f.HEADER.unpack_from(inbox, at)
+                    length, kind = first >> 8, first & 0xFF
+                    if length > self._max_frame:
+                        raise ConnectionError_(f.FRAME_SIZE_ERROR, f"frame of {length} bytes")
+                    end = at + f.HEADER_SIZE + length
+                    if end > len(inbox):
+                        break
+                    payload = bytes(view[at + f.HEADER_SIZE:end])
+                    at = end
+                    self._frame(kind, flags, stream_id & 0x7FFFFFFF, payload, events)
+            if inbox is self._inbox:
+                del self._inbox[:at]
+            elif at < len(inbox):
+                self._inbox += inbox[at:]
         except ConnectionError_ as exc:
             self._out += f.goaway(self._last_stream, exc.code, exc.why.encode()[:256])
             self.closed = True
