@@ -15,14 +15,18 @@ def section(w: dict[str, Any] | None) -> list[str]:
     """Part 7's lines ([] before its first run: ``python -m bench.run --only warm``)."""
     if not w:
         return []
-    c, p = w["carry_over"], w["paced_release"]
+    c = w["carry_over"]
     m = w.get("measured", {})
-    out = ["", "### 7. Warm swaps (`python -m bench.run --only warm`)", "",
-           f"Run of {m.get('date', '?')} at commit `{m.get('git_commit', '?')}`, "
-           f"{m.get('elapsed_s', '?')} s, alone (the machine was shared with other work). "
-           f"Simulated prefill: {c['prefill_ms_per_token']} ms per prompt token the slot's "
-           "cache lacks; member load 0.2 s, unload 0.1 s.", "",
-           f"Prompt-cache carry-over, a {c['prompt_tokens']}-token conversation that comes "
+    return ["", "### 7. Warm swaps (`python -m bench.run --only warm`)", "",
+            f"Run of {m.get('date', '?')} at commit `{m.get('git_commit', '?')}`, "
+            f"{m.get('elapsed_s', '?')} s, alone (the machine was shared with other work). "
+            f"Simulated prefill: {c['prefill_ms_per_token']} ms per prompt token the slot's "
+            "cache lacks; member load 0.2 s, unload 0.1 s.", "", *_warm_tables(w)]
+
+
+def _warm_tables(w: dict[str, Any]) -> list[str]:
+    c, p = w["carry_over"], w["paced_release"]
+    out = [f"Prompt-cache carry-over, a {c['prompt_tokens']}-token conversation that comes "
            f"back after a -> b -> a (median of {c['rounds']} rounds):", ""]
     rows = [[name, c[key]["cold_ttft_s"], c[key]["swap_away_ttft_s"],
              c[key]["return_ttft_s"], c[key]["return_cache_n"], c[key]["return_prompt_ms"]]
@@ -66,6 +70,16 @@ def llama_section(r: dict[str, Any] | None) -> list[str]:
     out += ["", "In llmkube mode the simulator also plays the Deployment's rollout (the pod "
             "appears 0.5 s after the scale-up, as LLMKube's controller makes it), which "
             "`sim_load_extra` includes."]
+    if r.get("warm"):
+        out += ["", "Part 7's warm swaps on the same real servers: the conversation on the "
+                "generated `large` model (24 layers, 1024 wide: its prefill takes seconds on "
+                "one thread) in one 512-token slot, its slot saved to and restored from "
+                "llama.cpp's own slot files; the herd on the `tiny` model at `-np` "
+                f"{r['warm']['paced_release']['slots']}. The TTFTs and `cache_n` are the "
+                "real server's. With carry-over on, the a -> b turn is quicker too: from the "
+                "second round on, b's own slot (the same short question) is restored, so it "
+                "prefills almost nothing (the large model takes ~25 ms per prompt token).", "",
+                *_warm_tables(r["warm"])]
     return out
 
 

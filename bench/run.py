@@ -50,11 +50,15 @@ def _llmkube_swaps(work: Path, versions: dict[str, str]) -> dict[str, object]:
 
 
 def _llama_swaps(work: Path) -> dict[str, object]:
-    """Part 2c: part 2's swaps on llama.cpp's own servers (``make llama-server``), no delays:
-    the ``sim_*`` figures are then the real server's start, load and stop."""
-    return {mode: swap.run(work / f"swap-llama-{mode}", LLAMA_SWAPS, HELD_PER_SWAP, 0.0, 0.0,
-                           SWAP_BUDGET, actuation=mode, runtime="llama.cpp")
-            for mode in ("own", "llmkube")}
+    """Part 2c: part 2's swaps on llama.cpp's own servers (``make llama-server``), no delays
+    (the ``sim_*`` figures are then the real server's start, load and stop), and part 7's warm
+    swaps on them."""
+    result: dict[str, object] = {
+        mode: swap.run(work / f"swap-llama-{mode}", LLAMA_SWAPS, HELD_PER_SWAP, 0.0, 0.0,
+                       SWAP_BUDGET, actuation=mode, runtime="llama.cpp")
+        for mode in ("own", "llmkube")}
+    result["warm"] = warm.run(work / "warm-llama", warm.llama_members())
+    return result
 
 
 def _ha(work: Path, versions: dict[str, str]) -> dict[str, object]:
@@ -91,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
                                            "llama", "attacks"),
                         help="run only this part and merge it into bench/results.json "
                         "(swap: part 2's own-mode half, about 1 minute; llama: part 2c, part "
-                        "2's swaps on real llama.cpp members, about 2 minutes; handoffs: part 6, context switches and CPU per request for each "
+                        "2's swaps and part 7's warm swaps on real llama.cpp members, about 4 minutes; handoffs: part 6, context switches and CPU per request for each "
                         "way of running the service, about 5 minutes; not in the full run; "
                         "warm: part 7, prompt-cache carry-over and paced release, about 2 "
                         "minutes, not in the full run; attacks: part 8, a healthy client "
