@@ -72,6 +72,11 @@ def llmkube_blocked(m: PoolReader) -> str:
 
 def wanted(m: PoolReader) -> str:
     """The member the slot should go to next, or "" to stay put."""
+    return asked_for(m) or _tidy(m)
+
+
+def asked_for(m: PoolReader) -> str:
+    """The member requests ask for (held, refused, hinted, or held by peers), "" if none."""
     if m.now >= m.admit_until or replicas.peers_release_first(m):
         return ""  # past its admission Lease this replica's view may be stale: start nothing
     if llmkube_blocked(m):
@@ -88,7 +93,13 @@ def wanted(m: PoolReader) -> str:
     for member in replicas.peer_demand(m):  # other replicas hold requests for it
         if not m.routable(member):
             return member
-    if m.actuation is not Actuation.OWN:
+    return ""
+
+
+def _tidy(m: PoolReader) -> str:
+    """Own mode, nothing asked for: the member the pool itself needs up ("" if none)."""
+    if m.actuation is not Actuation.OWN or m.now >= m.admit_until \
+            or replicas.peers_release_first(m) or llmkube_blocked(m):
         return ""  # LLMKube's reconciler warms the default and keeps one member up
     scaled = [name for name in m.spec.members if m.obs[name].replicas > 0]
     if m.routable(m.resident) and len(scaled) > 1:
@@ -140,9 +151,11 @@ def reclaim_unwanted(m: PoolReader, now: float) -> bool:
     """A reclaim not yet unloading is moot once the resident serves, another member is
     wanted, or the pool left own mode (reclaim is then LLMKube's job)."""
     swap = swap_of(m)
+    # (asked for, not wanted: a member scaled up behind our back during the reclaim is the
+    # swap's own to scale down, no reason to give the reclaim up; found by own-reclaim)
     return swap.reclaim and (m.actuation is not Actuation.OWN
                              or m.requests.busy(swap.incumbent) > 0
-                             or wanted(m) not in ("", swap.target))
+                             or asked_for(m) not in ("", swap.target))
 
 
 def cancel_reclaim(m: PoolWriter, now: float, out: Out) -> None:

@@ -66,6 +66,22 @@ def test_a_reclaim_gives_way_to_a_request_for_the_resident() -> None:
     assert d.machine.resident == "b" and d.machine.swap is None
 
 
+def test_a_reclaim_goes_on_when_its_target_is_scaled_up_behind_our_back() -> None:
+    # Found by the search (own-reclaim): the target scaled up while the incumbent is probed
+    # was taken for an intruder to undo, the reclaim given up and a swap b -> b begun, in the
+    # same pass that told a request held for a "the swap continues"
+    gate = IdleGate(delay=1.0)
+    d = make(warm="b", swap_policy="reclaim", reclaim_after=60, gate=gate,
+             knobs=limits(idle_gate=True))
+    d.request("b", at=0, duration=2)
+    d.at(62.5, lambda: d.cluster.force_up("a", d.now))  # someone scales a up mid-reclaim
+    d.run(until=200)
+    assert not d.notices("SwapCancelled")
+    assert [n.target for n in d.notices("SwapStarted")] == ["a"]
+    assert [n.target for n in d.notices("SwapCompleted")] == ["a"]
+    assert d.machine.resident == "a"
+
+
 def test_a_reclaim_gives_way_to_a_request_held_for_another_member() -> None:
     gate = IdleGate(delay=1.0)
     d = make(("a", "b", "c"), warm="b", swap_policy="reclaim", reclaim_after=60, gate=gate,
