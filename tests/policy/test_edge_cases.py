@@ -64,6 +64,22 @@ def test_requests_held_by_fairness_are_released_when_a_spec_change_cancels_the_s
     assert m.handle(Tick(), 200.0) == []
 
 
+def test_a_member_removed_while_we_load_it_is_tracked_until_it_is_down_again():
+    # Our Scale(b, 1) may still be in flight when b leaves the spec: forgotten because it
+    # showed unloaded, it came up with nobody tracking it (found by the search)
+    m = machine(("a", "b", "c"))
+    assert Scale("a", 0) in m.handle(RequestArrived(1, "b"), 0.0)
+    assert Scale("b", 1) in m.handle(MemberObserved(Obs("a", **STOPPED)), 0.5)
+    m.handle(SpecChanged(PoolSpec(KEY, ("a", "c"))), 1.0)
+    assert m.departing == {"b"} and m.swap is None
+    m.handle(MemberObserved(Obs("b", phase="Creating", replicas=1, pods=1)), 2.0)  # it lands
+    assert "b" in m.obs
+    out = m.handle(RequestArrived(2, "c"), 3.0)
+    assert Scale("b", 0) in out and Scale("c", 1) not in out  # b holds the GPU: it goes first
+    out = m.handle(MemberObserved(Obs("b", **STOPPED)), 4.0)
+    assert Scale("c", 1) in out and m.departing == set() and "b" not in m.obs
+
+
 def test_a_member_removed_while_serving_is_drained_and_unloaded_before_the_target_loads():
     m = machine(("a", "b", "c"))
     assert isinstance(m.handle(RequestArrived(1, "a"), 0.0)[0], Admit)
