@@ -36,8 +36,8 @@ from enum import Enum
 
 import explore_checks as checks
 from explore_faults import clients_and_faults
-from explore_env import (LEASE, NAMES, STATUS, TRIGGER, Env, kubelet_step, land, landable,
-                         lead, reconcile)
+from explore_env import (LEASE, NAMES, STATUS, TRIGGER, Env, holds_gpu, kubelet_step, land,
+                         landable, lead, reconcile)
 from extproc.policy.events import (CarryAnswered, DrainAnnounced, Event, IdleProbed,
                                    MemberObserved, RequestArrived, RequestEnded, StatusObserved,
                                    Tick)
@@ -186,9 +186,11 @@ class Search:
             elif name == LEASE:
                 add(f"the leader Lease shows epoch {env.epoch} for {env.announced!r}", rest,
                     DrainAnnounced(env.epoch, env.announced))
-            else:
+            elif name in m.spec.members or name in m.departing:
                 add(f"the watch delivers {env.observe(name)}", rest.delivered(name),
                     MemberObserved(env.observe(name)))
+            else:  # (the runtime feeds only what the machine tracks: driver.tracks)
+                add(f"the watch delivers {name}, no longer tracked", rest.delivered(name))
         if quiet and out:
             return out  # a quiet cluster takes the first progress move only
         for i in landable(env):
@@ -217,7 +219,7 @@ class Search:
         if quiet and out:
             return out  # a quiet cluster takes the first progress move only
         if env.llmkube:
-            passed = reconcile(env, m.spec.default)
+            passed = reconcile(env, m.spec.default, m.spec.members)
             if passed is not None:
                 add(f"LLMKube's reconciler passes: status {passed.status}, "
                     f"replicas {[x.replicas for x in passed.members]}", passed)
@@ -356,6 +358,11 @@ class Search:
                     and not swap.stalled and rest.machine.next_deadline() == float("inf"):
                 raise Violation(f"the swap to {swap.target} waits at rest with no deadline: "
                                 "it would never be said stalled", rest.trace)
+            tracked = set(rest.machine.spec.members) | rest.machine.departing
+            for name in NAMES:
+                if name not in tracked and holds_gpu(rest.env.member(name)):
+                    raise Violation(f"{name} holds the GPU at rest ({rest.env.member(name)}) "
+                                    "and the pool no longer tracks it", rest.trace)
             for name in rest.machine.spec.members:
                 self._served_after_quiet(rest, name)
         self._verdicts.update(path)

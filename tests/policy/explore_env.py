@@ -82,6 +82,7 @@ class Env:
     # it could know, in their own words, not its.
     seen: tuple[Member, ...] | None = None
     endless: bool = False  # admitted streams never end (clients that keep the incumbent busy)
+    edits: bool = False  # the fault may be an operator removing a member from the pool's spec
 
     def __post_init__(self) -> None:
         if self.seen is None:
@@ -155,24 +156,27 @@ def kubelet_step(env: Env, name: str) -> Env | None:
     return None
 
 
-def reconcile(env: Env, default: str, stale: bool = False) -> Env | None:
-    """One pass of LLMKube's ModelPoolReconciler (None: it changes nothing).
+def reconcile(env: Env, default: str, members: tuple[str, ...] = NAMES,
+              stale: bool = False) -> Env | None:
+    """One pass of LLMKube's ModelPoolReconciler over the spec's ``members`` (None: it
+    changes nothing; a member removed from the spec is no longer its to touch).
 
     ``stale``: the pass decides from a pool read taken before its own ``pendingMember`` write
     (the race LLMKUBE.md records), so it sees no pending member; its status write lands.
     """
     resident, pending = env.status
-    if stale:
+    if stale or pending not in members:
         pending = ""
-    requested = [n for n in NAMES if env.member(n).replicas >= 1 and n not in (resident, pending)]
+    requested = [n for n in members
+                 if env.member(n).replicas >= 1 and n not in (resident, pending)]
     owner = requested[0] if requested else (pending or resident or default)
     out = env
-    for name in NAMES:
+    for name in members:
         m = env.member(name)
         if name != owner and m.replicas and not (m.phase == "Ready" and env.busy(name)):
             out = out.with_member(name, replace(m, replicas=0))
     others_hold = any(out.member(n).replicas or out.member(n).pods
-                      for n in NAMES if n != owner)
+                      for n in members if n != owner)
     mine = out.member(owner)
     if others_hold:
         out = out.with_member(owner, replace(mine, replicas=0))

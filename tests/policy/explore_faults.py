@@ -3,6 +3,7 @@
 A fault is what the environment may do at most ``Env.faults`` times per trace (one, in every
 scenario): foreign writes, a stuck pod, LLMKube's stale pass, a refused trigger, a slot step that
 fails or is never answered, a probe that cannot tell, a client leaving while held, a re-list,
+(where the scenario allows edits) an operator removing a member from the pool,
 and as a follower the leader giving a swap up or dying. ``explore.Search.moves`` offers them
 after the progress moves, never to a quiet cluster.
 """
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING
 from explore_env import NAMES, STATUS, TRIGGER, announce, reconcile
 from extproc.policy.events import (CarryAnswered, DrainAnnounced, Event, IdleProbed,
                                    LeadershipChanged, MemberObserved, RequestArrived,
-                                   RequestEnded, StatusObserved)
+                                   RequestEnded, SpecChanged, StatusObserved)
 
 if TYPE_CHECKING:
     from explore import Node
@@ -45,7 +46,7 @@ def clients_and_faults(node: Node, add: Callable[..., None]) -> None:
             add(f"FAULT {name}'s terminating pod gets stuck",
                 fault.with_member(name, replace(member, stuck=True)))
     if env.llmkube and env.status[1]:
-        stale = reconcile(fault, m.spec.default, stale=True)
+        stale = reconcile(fault, m.spec.default, m.spec.members, stale=True)
         if stale is not None:
             add(f"FAULT LLMKube's stale pass: status {stale.status}, "
                 f"replicas {[x.replicas for x in stale.members]}", stale)
@@ -58,6 +59,12 @@ def clients_and_faults(node: Node, add: Callable[..., None]) -> None:
     if not env.llmkube and not env.follow and not env.foreign:
         add("FAULT another writer rewrites the status", replace(
             fault, foreign=True, status=(m.resident, ""), dirty=env.dirty | {STATUS}))
+    if env.edits:
+        for name in m.spec.members:
+            if name != m.spec.default:
+                add(f"FAULT an operator removes {name} from the pool", fault, SpecChanged(
+                    replace(m.spec, members=tuple(n for n in m.spec.members if n != name),
+                            generation=m.spec.generation + 1)))
     for i, (name, replicas) in enumerate(env.patches):
         if replicas == TRIGGER:
             add(f"FAULT our trigger of {name} is refused (resourceVersion)", replace(
@@ -74,7 +81,8 @@ def clients_and_faults(node: Node, add: Callable[..., None]) -> None:
     for rid, name in env.held:
         add(f"FAULT the client of held request {rid} leaves", replace(
             fault, held=tuple(h for h in env.held if h[0] != rid)), RequestEnded(rid))
-    relisted: list[Event] = [MemberObserved(env.observe(n)) for n in NAMES]
+    relisted: list[Event] = [MemberObserved(env.observe(n)) for n in NAMES
+                             if n in m.spec.members or n in m.departing]
     if env.llmkube or env.follow or env.foreign:
         relisted.append(StatusObserved(env.pool_status()))
     if env.follow:
