@@ -225,7 +225,7 @@ llama-server: $(LLAMA_BIN)/.linked-$(LLAMA_KEY)
 
 $(LLAMA_CACHE)/.built:
 	@echo ">>> building llama-server from llama-cpp-python==$(LLAMA_CPP_PYTHON_VERSION)'s sdist into $(LLAMA_CACHE)"
-	@echo ">>> (first run only: about 12 min at -j2 on an idle 2-core machine; later clones reuse the cache)"
+	@echo ">>> (first run only: about 4 min at -j2 on an idle 2-core machine; later clones reuse the cache)"
 	rm -rf $(LLAMA_CACHE) && mkdir -p $(LLAMA_CACHE)/src
 	$(PYTHON) -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: \
 		-d $(LLAMA_CACHE)/src llama-cpp-python==$(LLAMA_CPP_PYTHON_VERSION)

@@ -71,6 +71,11 @@ SCENARIOS = {
     "follower-warm": (lambda: root(Actuation.FOLLOW, "a"), 6),
     # paced release, one request at a time: the second request waits for the first
     "own-warm-paced": (lambda: root(Actuation.OWN, "a", capacity=1), 4),
+    # ... and three requests, so held ones pass as room frees mid-swap (the gate on: and
+    # while the incumbent unloads; llmkube: while the trigger waits)
+    "own-warm-paced-gate": (lambda: root(Actuation.OWN, "a", {"idle_gate": True}, capacity=1,
+                                         arrivals=3), 5),
+    "llmkube-warm-paced": (lambda: root(Actuation.LLMKUBE, "a", capacity=1, arrivals=3), 4),
     # prompt-cache carry-over: saves before unloads, restores before releases
     "own-warm-carry": (lambda: root(Actuation.OWN, "a", carry=True), 5),
     "llmkube-warm-carry": (lambda: root(Actuation.LLMKUBE, "a", carry=True), 4),
@@ -131,17 +136,16 @@ _TARGET_LEFT_LOADING = (
     "lands, and in llmkube mode the removed member may come up with nobody tracking it "
     "(docs/guarantees.md, gaps); tests/policy/test_edge_cases.py removes members, and "
     "test_a_member_removed_while_we_load_it_is_tracked_until_it_is_down_again")
-_PACED_MID_SWAP = ("paced release while a swap is under way needs held paced requests whose "
-                   "streams end mid-swap, past own-warm-paced's depth 4; "
-                   "tests/policy/test_pacing.py::test_paced_release_keeps_arrival_order_and_"
-                   "comes_to_rest drives it")
+_PACED_MID_SWAP = ("no paced scenario has room free on a member with requests held for it "
+                   "while the swap probes or loads (the incumbent is idle then, the target "
+                   "not yet routable); tests/policy/test_pacing.py::test_paced_release_keeps_"
+                   "arrival_order_and_comes_to_rest drives the edge")
 _RESTORE_OVERDUE = ("a restore never answered comes after the load, deeper than the carry "
                     "scenarios reach; tests/policy/test_carry.py gives up unanswered slot steps")
 UNREACHED: dict[str, str] = {
     **{f"{stage} --target_left--> Idle": _TARGET_LEFT_LOADING
        for stage in ("Loading", "Triggered")},
-    **{f"{stage} --room_freed--> {stage}": _PACED_MID_SWAP
-       for stage in ("Draining", "Probing", "Unloading", "Loading", "Triggered")},
+    **{f"{stage} --room_freed--> {stage}": _PACED_MID_SWAP for stage in ("Probing", "Loading")},
     "Loading --overdue--> Loading": _RESTORE_OVERDUE,
     "Triggered --overdue--> Triggered": _RESTORE_OVERDUE,
 }
