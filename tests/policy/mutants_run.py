@@ -38,7 +38,7 @@ NOT_BEHAVIOUR = {"test_exhaustive.py", "test_layers.py"}
 # the suite's 120 s per test would call a slow scenario a catch.
 DEPTH = [0]  # added to every scenario's depth (--depth; negative: a quicker, shallower table)
 INI = "[pytest]\ntimeout = 1800\naddopts = -p no:cacheprovider\n"
-OTHERS_TIMEOUT = 120  # seconds per test of tests/policy but the search (they take < 1 s each)
+OTHERS_TIMEOUT = 30  # seconds per test of tests/policy but the search (each takes a few at most)
 
 
 @dataclass
