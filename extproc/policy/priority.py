@@ -4,7 +4,7 @@ A request's priority is its ``x-modelpool-priority`` header (an integer), else w
 annotation ``modelpool.inference.llmkube.dev/priorities`` (``critical=10,batch=-5``) maps its
 ``x-gateway-inference-objective`` to (the Gateway API inference extension's objective), else 0.
 When the slot is free to move, the next swap targets the member of the held request with the
-highest priority, the oldest among equals (``steps.wanted``); with no priorities anywhere that
+highest priority, the oldest among equals (``wanting.wanted``); with no priorities anywhere that
 is the oldest held request, as before.
 
 The fairness window still bounds every wait (docs/guarantees.md): a request that has been held

@@ -32,7 +32,8 @@ from .events import Command, Notice, Reject, Trigger
 from .model import PHASE_FAILED, Actuation
 from .pool import PoolReader, PoolWriter
 from .state import Stage, Swap
-from .steps import drained, llmkube_blocked, swap_of
+from .steps import drained, swap_of
+from .wanting import llmkube_blocked
 
 Out = list[Command]
 
@@ -227,7 +228,7 @@ def stalled_trigger_frees(m: PoolReader) -> bool:
 
 # ---- a pool LLMKube cannot move --------------------------------------------------------------
 
-blocker = llmkube_blocked  # (in steps.py: wanted() consults it too)
+blocker = llmkube_blocked  # (in wanting.py: wanted() consults it too)
 
 
 def blocked_reject(m: PoolReader, rid: int, member: str, held_for: float) -> Reject:
