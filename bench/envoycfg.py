@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from devstack import envoyconf
 from devstack.envoyproc import EnvoyProcess
@@ -99,3 +99,38 @@ def sink_config(port: int, admin_port: int) -> dict[str, Any]:
                 "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
                 "filter_chains": [{"filters": [{
                     "name": envoyconf.HCM_FILTER, "typed_config": hcm}]}]}]}}
+
+
+Config = dict[str, Any]
+
+
+def _vhost(cfg: Config) -> Config:
+    return _hcm(cfg)["route_config"]["virtual_hosts"][0]
+
+
+def _ext_proc(cfg: Config) -> Config:
+    return _named(_hcm(cfg)["http_filters"], envoyconf.EXTPROC_FILTER)["typed_config"]
+
+
+def _no_buffer(cfg: Config) -> None:
+    hcm = _hcm(cfg)
+    hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] != envoyconf.BUFFER_FILTER]
+
+
+def _member_routes_by_metadata_gone(cfg: Config) -> None:
+    vhost = _vhost(cfg)
+    vhost["routes"] = [r for r in vhost["routes"] if "dynamic_metadata" not in r["match"]]
+
+
+#: Each edit takes one part out of a rendered config (in place): part 1c (bench/ablation.py).
+EDITS: dict[str, Callable[[Config], None]] = {
+    # the three informational answer headers formatted from dynamic metadata on every response
+    "no-response-headers": lambda cfg: _vhost(cfg).pop("response_headers_to_add"),
+    "no-retry-policy": lambda cfg: _vhost(cfg).pop("retry_policy"),
+    "no-access-log": lambda cfg: _hcm(cfg).pop("access_log"),
+    # (two-message mode: the headers message carries what the attributes would)
+    "no-request-attributes": lambda cfg: _ext_proc(cfg).pop("request_attributes"),
+    "no-metadata-options": lambda cfg: _ext_proc(cfg).pop("metadata_options"),
+    "no-buffer-filter": _no_buffer,
+    "no-metadata-routes": _member_routes_by_metadata_gone,
+}

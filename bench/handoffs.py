@@ -12,7 +12,8 @@ A variant is a processing mode (``two``: headers then body; ``one``: the body al
 shipped standalone Envoy sends a POST with a body), the gRPC server (``native``, the service's
 own HTTP/2 on the event loop, or ``grpcio``), a transport from Envoy to the ext_proc (TCP
 loopback or a Unix domain socket), the event loop, and changes made through the environment
-(``env:NAME=VALUE``, such as ``GRPC_POLL_STRATEGY`` for grpcio).
+(``env:NAME=VALUE``, such as ``GRPC_POLL_STRATEGY`` for grpcio) or to the Envoy config
+(``envoy:NAME``, one of ``envoycfg.EDITS``).
 """
 
 from __future__ import annotations
@@ -103,7 +104,11 @@ class Running(Measured):
         if variant.transport == "unix":
             listen = f"unix:{self.socket}"
         env = dict(os.environ)
+        self.edits: list[str] = []  # envoy:NAME items (envoycfg.EDITS)
         for item in filter(None, variant.changes.split(",")):
+            if item.startswith("envoy:"):
+                self.edits.append(item[6:])
+                continue
             if not item.startswith("env:"):
                 raise SystemExit(f"bench: variant {variant.name!r}: unknown change {item!r}")
             key, _, value = item[4:].partition("=")
@@ -128,6 +133,8 @@ class Running(Measured):
             hcm = envoycfg._hcm(cfg)
             for route in hcm["route_config"]["virtual_hosts"][0]["routes"]:
                 route.pop("typed_per_filter_config", None)
+        for name in self.edits:
+            envoycfg.EDITS[name](cfg)
         if self.variant.transport == "unix":
             cluster = next(c for c in cfg["static_resources"]["clusters"]
                            if c["name"] == envoyconf.EXTPROC_CLUSTER)

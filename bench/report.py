@@ -107,6 +107,7 @@ def render(r: dict[str, Any]) -> str:
     out += ["", f"ext_proc vs envoy-data-plane baseline: {speedup['c1']}x req/s at c=1, "
             f"{speedup['c32']}x at c=32."]
     out += report_peer.section(r.get("peer"))
+    out += report_peer.ablation_section(r.get("ablation"))
     out += ["", "### 2. Swap release latency", ""]
     s = r["swap"]
     out.append(_table(["swaps", "held requests", "release p50", "release p99", "release max",

@@ -69,3 +69,28 @@ def section(p: dict[str, Any] | None) -> list[str]:
                        "added p50 ms", "p99 ms", "ext_proc CPU s/1k", "Envoy CPU s/1k",
                        "ext_proc switches/req"], rows))
     return out
+
+
+def ablation_section(a: dict[str, Any] | None) -> list[str]:
+    """Section 1c (empty before its first run: ``python -m bench.run --only ablation``)."""
+    if not a:
+        return []
+    m = a["measured"]
+    rows = []
+    for name, r in a["summary"]["c32"].items():
+        if name == "direct":
+            continue
+        rows.append([name, f"{r['rps']:.0f}", _cell(r, "rps_vs_direct", ".2f"),
+                     f"{r['added_p50_ms']:+.2f}", _cell(r, "envoy_cpu_s_per_1k", ".3f"),
+                     _cell(r, "extproc_cpu_s_per_1k", ".3f"),
+                     _cell(r, "total_cpu_s_per_1k", ".3f")])
+    return ["", "### 1c. What each part of our Envoy config costs, by its absence "
+            "(`python -m bench.run --only ablation`)", "",
+            f"Run {m['date']} at commit `{m['git_commit']}`, {m['elapsed_s']:.0f} s: "
+            f"{a['rounds']} interleaved rounds of {a['seconds']} s per wrk run, small body, "
+            "c=32, medians; load average before/after "
+            f"{a['load_average'][0][0]:.1f}/{a['load_average'][-1][0]:.1f}. Each row takes "
+            "one part out of the shipped config (bench/envoycfg.py `EDITS`) and still routes "
+            "every request; \"two, bare\" takes out every part that mode can do without.", "",
+            _table(["variant", "req/s", "vs direct", "added p50 ms", "Envoy CPU s/1k",
+                    "ext_proc CPU s/1k", "total CPU s/1k"], rows)]

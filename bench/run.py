@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import (attacks, ha, handoffs, held, hotpath, machine, overhead, peer, report, swap,
+from . import (ablation, attacks, ha, handoffs, held, hotpath, machine, overhead, peer, report, swap,
                tools, warm)
 
 # Part 1: seconds per wrk run, after a warm-up of its own.
@@ -91,12 +91,15 @@ def _finish(results: dict, work: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Run everything (or ``--only`` one part) in a scratch directory (kept on failure)."""
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
-    parser.add_argument("--only", choices=("swap", "llmkube", "ha", "handoffs", "warm", "peer",
-                                           "llama", "attacks"),
+    parser.add_argument("--only", choices=("swap", "llmkube", "ha", "handoffs", "ablation",
+                                           "warm", "peer", "llama", "attacks"),
                         help="run only this part and merge it into bench/results.json "
                         "(swap: part 2's own-mode half, about 1 minute; llama: part 2c, part "
-                        "2's swaps and part 7's warm swaps on real llama.cpp members, about 4 minutes; handoffs: part 6, context switches and CPU per request for each "
-                        "way of running the service, about 5 minutes; not in the full run; "
+                        "2's swaps and part 7's warm swaps on real llama.cpp members, about 4 "
+                        "minutes; handoffs: part 6, context switches and CPU per request for "
+                        "each way of running the service, about 5 minutes; not in the full run; "
+                        "ablation: part 1c, what each part of our Envoy config costs by its "
+                        "absence, about 3 minutes, not in the full run; "
                         "warm: part 7, prompt-cache carry-over and paced release, about 2 "
                         "minutes, not in the full run; attacks: part 8, a healthy client "
                         "beside each attack on the gRPC port, about 2 minutes, not in the full "
@@ -116,6 +119,10 @@ def main(argv: list[str] | None = None) -> None:
         if only == "peer":
             print("bench: 1b ours beside the Go peer", flush=True)
             results["peer"] = _stamped(peer.run(work / "peer", peer_binary), began, versions)
+        elif only == "ablation":
+            print("bench: 1c what each part of our Envoy config costs, by its absence",
+                  flush=True)
+            results["ablation"] = _stamped(ablation.run(work / "ablation"), began, versions)
         elif only == "attacks":
             print("bench: 8 a healthy client beside each attack", flush=True)
             results["attacks"] = _stamped(attacks.run(work / "attacks"), began, versions)
@@ -168,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
         # parts 6 and 7 run only alone, part 1b only with the peer binary: a run without them
         # keeps their last figures (each stamped with its own date and commit)
         last = json.loads(report.RESULTS.read_text(encoding="utf-8"))
-        for part in ("handoffs", "warm", "peer", "attacks", "llama"):
+        for part in ("handoffs", "ablation", "warm", "peer", "attacks", "llama"):
             if part not in results and last.get(part) is not None:
                 results[part] = last[part]
     _finish(results, work)
