@@ -139,21 +139,17 @@ class ServerConnection(Control):
             if not self._preface:
                 self._inbox += data
                 data = b""
-                if len(self._inbox) < len(f.PREFACE):
-                    if not f.PREFACE.startswith(bytes(self._inbox)):
-                        raise ConnectionError_(f.PROTOCOL_ERROR, "not an HTTP/2 preface")
-                    return events
-                if not self._inbox.startswith(f.PREFACE):
+                if not f.PREFACE.startswith(bytes(self._inbox[:len(f.PREFACE)])):
                     raise ConnectionError_(f.PROTOCOL_ERROR, "not an HTTP/2 preface")
+                if len(self._inbox) < len(f.PREFACE):
+                    return events
                 del self._inbox[:len(f.PREFACE)]
                 self._preface = True
             # Frames are cut from the read itself when nothing is left over from the last one,
             # each payload copied once, through a view (a bytearray's slice copies twice)
             if self._inbox:
                 self._inbox += data
-                inbox: bytes | bytearray = self._inbox
-            else:
-                inbox = data
+            inbox: bytes | bytearray = self._inbox or data
             at = 0
             self._turn_left = max_frames or -1
             with memoryview(inbox) as view:
@@ -174,8 +170,8 @@ class ServerConnection(Control):
                     self._frame(kind, flags, stream_id & 0x7FFFFFFF, payload, events)
             if inbox is self._inbox:
                 del self._inbox[:at]
-            elif at < len(inbox):
-                self._inbox += inbox[at:]
+            else:
+                self._inbox += inbox[at:]  # (a frame's start, or the turn's rest)
         except ConnectionError_ as exc:
             self._out += f.goaway(self._last_stream, exc.code, exc.why.encode()[:256])
             self.closed = True
@@ -243,14 +239,6 @@ class ServerConnection(Control):
                 self._stream_error(sid, f.PROTOCOL_ERROR, events)  # §5.3.1: on itself
         # other types: ignored (§4.1, extensions)
 
-    @staticmethod
-    def _unpad(flags: int, payload: bytes) -> bytes:
-        if not flags & f.PADDED:
-            return payload
-        if not payload or payload[0] >= len(payload):
-            raise ConnectionError_(f.PROTOCOL_ERROR, "padding exceeds the frame")
-        return payload[1:len(payload) - payload[0]]
-
     def _data(self, flags: int, sid: int, payload: bytes, events: list) -> None:
         if not sid:
             raise ConnectionError_(f.PROTOCOL_ERROR, "DATA on stream 0")
@@ -276,7 +264,7 @@ class ServerConnection(Control):
             events.append(Reset(sid, f.FLOW_CONTROL_ERROR))
             return
         ended = bool(flags & f.END_STREAM)
-        data = self._unpad(flags, payload)
+        data = f.unpadded(flags, payload)
         if stream.length_left is not None:
             stream.length_left -= len(data)
             if stream.length_left < 0 or (ended and stream.length_left):
@@ -305,7 +293,7 @@ class ServerConnection(Control):
     def _headers(self, flags: int, sid: int, payload: bytes, events: list) -> None:
         if not sid:
             raise ConnectionError_(f.PROTOCOL_ERROR, "HEADERS on stream 0")
-        payload = self._unpad(flags, payload)
+        payload = f.unpadded(flags, payload)
         if flags & f.PRIORITY_FLAG:
             if len(payload) >= 4 and U32.unpack_from(payload)[0] & 0x7FFFFFFF == sid:
                 # §5.3.1: a stream cannot depend on itself. A connection error, not the

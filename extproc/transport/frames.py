@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import struct
 
+from .events import ConnectionError_
+
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 HEADER = struct.Struct(">I B I")  # 24-bit length packed with the type byte, flags, stream id
 HEADER_SIZE = 9
@@ -83,3 +85,12 @@ STATUS_200 = b"\x88"
 #: A dynamic table size update to 0 (§6.3): said before the first block, and again after
 #: the peer changes its table size, since this encoder never uses the table.
 TABLE_SIZE_ZERO = b"\x20"
+
+
+def unpadded(flags: int, payload: bytes) -> bytes:
+    """A DATA or HEADERS payload without its padding (§6.1)."""
+    if not flags & PADDED:
+        return payload
+    if not payload or payload[0] >= len(payload):
+        raise ConnectionError_(PROTOCOL_ERROR, "padding exceeds the frame")
+    return payload[1:len(payload) - payload[0]]
