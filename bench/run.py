@@ -23,6 +23,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from . import (ablation, attacks, ha, handoffs, held, hotpath, machine, overhead, peer, report, swap,
@@ -37,16 +38,7 @@ LLAMA_SWAPS = 20
 # Part 3: h2load streams per connection; connections opened per second when ramping.
 STREAMS, RAMP_CONNECTIONS_PER_S = 100, 5
 
-
-def _llmkube_swaps(work: Path, versions: dict[str, str]) -> dict[str, object]:
-    """Part 2 in llmkube mode, stamped with its own date and commit (it can run alone)."""
-    began = time.monotonic()
-    result = swap.run(work / "swap-llmkube", SWAPS, HELD_PER_SWAP, LOAD_DELAY, UNLOAD_DELAY,
-                      SWAP_BUDGET, actuation="llmkube")
-    facts = machine.facts(versions)
-    result["measured"] = {"date": facts["date"], "git_commit": facts["git_commit"],
-                          "elapsed_s": round(time.monotonic() - began, 1)}
-    return result
+Part = Callable[[], dict[str, object]]
 
 
 def _llama_swaps(work: Path) -> dict[str, object]:
@@ -61,23 +53,40 @@ def _llama_swaps(work: Path) -> dict[str, object]:
     return result
 
 
-def _ha(work: Path, versions: dict[str, str]) -> dict[str, object]:
-    """Part 5, stamped with its own date and commit (it can run alone)."""
-    began = time.monotonic()
-    result = ha.run(work / "ha")
-    facts = machine.facts(versions)
-    result["measured"] = {"date": facts["date"], "git_commit": facts["git_commit"],
-                          "elapsed_s": round(time.monotonic() - began, 1)}
-    return result
-
-
-def _stamped(result: dict[str, object], began: float, versions: dict[str, str]
+def _stamped(run: Callable[[], dict[str, object]], versions: dict[str, str]
              ) -> dict[str, object]:
-    """A part run alone, stamped with its date, commit and duration."""
+    """Run one part, its result stamped with its date, commit and duration (a part can run
+    alone, and is merged into the last run's results)."""
+    began = time.monotonic()
+    result = run()
     facts = machine.facts(versions)
     result["measured"] = {"date": facts["date"], "git_commit": facts["git_commit"],
                           "elapsed_s": round(time.monotonic() - began, 1)}
     return result
+
+
+def _alone(work: Path, peer_binary: str | None) -> dict[str, tuple[str, Part]]:
+    """The parts ``--only`` runs, each with the line that announces it."""
+    return {
+        "peer": ("1b ours beside the Go peer",
+                 lambda: peer.run(work / "peer", peer_binary or "")),
+        "ablation": ("1c what each part of our Envoy config costs, by its absence",
+                     lambda: ablation.run(work / "ablation")),
+        "attacks": ("8 a healthy client beside each attack",
+                    lambda: attacks.run(work / "attacks")),
+        "warm": ("7 warm swaps, carry-over and paced release", lambda: warm.run(work / "warm")),
+        "handoffs": ("6 hand-offs per request, variants side by side",
+                     lambda: handoffs.run(work / "handoffs")),
+        "swap": ("2/5 swap release latency and overhead, own mode only",
+                 lambda: swap.run(work / "swap", SWAPS, HELD_PER_SWAP, LOAD_DELAY,
+                                  UNLOAD_DELAY, SWAP_BUDGET)),
+        "llama": ("2c swaps on real llama.cpp members, both modes",
+                  lambda: _llama_swaps(work)),
+        "llmkube": ("2/5 swap trigger and release latency, llmkube mode only",
+                    lambda: swap.run(work / "swap-llmkube", SWAPS, HELD_PER_SWAP, LOAD_DELAY,
+                                     UNLOAD_DELAY, SWAP_BUDGET, actuation="llmkube")),
+        "ha": ("5/5 several replicas, 3 beside 1", lambda: ha.run(work / "ha")),
+    }
 
 
 def _finish(results: dict, work: Path) -> None:
@@ -91,8 +100,7 @@ def _finish(results: dict, work: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Run everything (or ``--only`` one part) in a scratch directory (kept on failure)."""
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
-    parser.add_argument("--only", choices=("swap", "llmkube", "ha", "handoffs", "ablation",
-                                           "warm", "peer", "llama", "attacks"),
+    parser.add_argument("--only", choices=tuple(_alone(Path(), None)),
                         help="run only this part and merge it into bench/results.json "
                         "(swap: part 2's own-mode half, about 1 minute; llama: part 2c, part "
                         "2's swaps and part 7's warm swaps on real llama.cpp members, about 4 "
@@ -114,49 +122,23 @@ def main(argv: list[str] | None = None) -> None:
     versions = tools.ensure_tools()
     work = Path(tempfile.mkdtemp(prefix="modelpool-bench-"))
     print(f"bench: working in {work}", flush=True)
+    parts = _alone(work, peer_binary)
     if only is not None:
         results = json.loads(report.RESULTS.read_text(encoding="utf-8"))
-        if only == "peer":
-            print("bench: 1b ours beside the Go peer", flush=True)
-            results["peer"] = _stamped(peer.run(work / "peer", peer_binary), began, versions)
-        elif only == "ablation":
-            print("bench: 1c what each part of our Envoy config costs, by its absence",
-                  flush=True)
-            results["ablation"] = _stamped(ablation.run(work / "ablation"), began, versions)
-        elif only == "attacks":
-            print("bench: 8 a healthy client beside each attack", flush=True)
-            results["attacks"] = _stamped(attacks.run(work / "attacks"), began, versions)
-        elif only == "warm":
-            print("bench: 7 warm swaps, carry-over and paced release", flush=True)
-            results["warm"] = _stamped(warm.run(work / "warm"), began, versions)
-        elif only == "handoffs":
-            print("bench: 6 hand-offs per request, variants side by side", flush=True)
-            results["handoffs"] = _stamped(handoffs.run(work / "handoffs"), began, versions)
-        elif only == "swap":
-            print("bench: 2/5 swap release latency and overhead, own mode only", flush=True)
-            results["swap"] = _stamped(swap.run(work / "swap", SWAPS, HELD_PER_SWAP, LOAD_DELAY,
-                                                UNLOAD_DELAY, SWAP_BUDGET), began, versions)
-        elif only == "llama":
-            print("bench: 2c swaps on real llama.cpp members, both modes", flush=True)
-            results["llama"] = _stamped(_llama_swaps(work), began, versions)
-        elif only == "llmkube":
-            print("bench: 2/5 swap trigger and release latency, llmkube mode only", flush=True)
-            results["llmkube"] = _llmkube_swaps(work, versions)
-        else:
-            print("bench: 5/5 several replicas, 3 beside 1", flush=True)
-            results["ha"] = _ha(work, versions)
+        label, run_part = parts[only]
+        print(f"bench: {label}", flush=True)
+        results[only] = _stamped(run_part, versions)
         _finish(results, work)
         return
     print("bench: 1/5 resident-hit overhead", flush=True)
     results = {"overhead": overhead.run(work / "overhead", WRK_SECONDS, WRK_WARMUP)}
     if peer_binary:
         print("bench: 1b ours beside the Go peer", flush=True)
-        part_began = time.monotonic()
-        results["peer"] = _stamped(peer.run(work / "peer", peer_binary), part_began, versions)
+        results["peer"] = _stamped(parts["peer"][1], versions)
     print("bench: 2/5 swap release latency, own and llmkube mode", flush=True)
     results["swap"] = swap.run(work / "swap", SWAPS, HELD_PER_SWAP, LOAD_DELAY, UNLOAD_DELAY,
                                SWAP_BUDGET)
-    results["llmkube"] = _llmkube_swaps(work, versions)
+    results["llmkube"] = _stamped(parts["llmkube"][1], versions)
     print("bench: 3/5 held at scale", flush=True)
     # Ramped arrivals measure holding; the burst shows what an all-at-once arrival does.
     runs = held.run(work / "held-ramp", (2000, 10_000), STREAMS, RAMP_CONNECTIONS_PER_S)
@@ -168,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     print("bench: 4/5 API calls on the hot path", flush=True)
     results["hotpath"] = hotpath.run(work / "hotpath")
     print("bench: 5/5 several replicas, 3 beside 1", flush=True)
-    results["ha"] = _ha(work, versions)
+    results["ha"] = _stamped(parts["ha"][1], versions)
     results["machine"] = machine.facts(versions)
     results["elapsed_s"] = round(time.monotonic() - began, 1)
     if report.RESULTS.exists():
