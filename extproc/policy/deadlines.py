@@ -19,6 +19,7 @@ def next_deadline(m: PoolReader) -> float:
     """The earliest time at which a Tick would change something (inf if none)."""
     times = [m.requests.next_deadline()]
     times.extend(m.failed_until.values())  # the status's failed member clears then
+    times.extend(m.landing.deadlines(m.now))  # a write of ours can no longer land then
     times.extend((idle_deadline(m), watchdog.deadline(m),
                   modes.resume_at(m, m.hands), lost_at(m), *carry.deadlines(m)))
     swap = m.swap

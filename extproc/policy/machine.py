@@ -40,8 +40,8 @@ import math
 from dataclasses import replace
 from operator import attrgetter
 
-from . import (admission, carry, deadlines, fairness, modes, pacing, priority, probecheck,
-               replicas, snapshot, watchdog)
+from . import (admission, carry, deadlines, fairness, landing, modes, pacing, priority,
+               probecheck, replicas, snapshot, watchdog)
 from .events import (ActuationChanged, AdmissionLease, Admit, CarryAnswered, Close, Command,
                      DrainAnnounced, Dropped, Event, Hold, IdleProbed, LeadershipChanged,
                      MemberObserved, Notice, PeersObserved, Reject, RequestArrived,
@@ -78,8 +78,8 @@ class PoolMachine:
         self.obs: dict[str, MemberObservation] = {}
         self.resident = ""
         self.swap: Swap | None = None
-        # Members removed from the spec that may still hold the GPU (respec.py).
-        self.departing: set[str] = set()
+        self.departing: set[str] = set()  # removed members that may still hold the GPU
+        self.landing = landing.Landing()  # members a write of ours may still bring up
         self.failed_until: dict[str, float] = {}
         self.failed_message = ""
         self.deferred = ("", "")
@@ -254,9 +254,10 @@ class PoolMachine:
         out.append(Hold(rid, member, deadline, coalesced))
 
     def _observe(self, obs: MemberObservation, out: list[Command]) -> None:
+        self.landing.seen(obs, self.now)
         if obs.name in self.departing:
             self.obs[obs.name] = obs
-            if obs.unloaded:
+            if obs.unloaded and not self.landing.may_land(obs.name, self.now):
                 self.departing.discard(obs.name)  # gone for good: forget it
                 del self.obs[obs.name]
             return
@@ -356,6 +357,7 @@ class PoolMachine:
     def scale(self, member: str, replicas: int, out: list[Command]) -> None:
         """Ask for ``member`` at ``replicas`` (own mode's only way to change replicas)."""
         self.hands.fights.asked(member, replicas)
+        self.landing.asked(member, replicas, self.now, self.limits.write_landing)
         out.append(Scale(member, replicas))
 
     def defer(self, reason: str, message: str, out: list[Command]) -> None:

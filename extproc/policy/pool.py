@@ -2,8 +2,8 @@
 
 Rules of this file: it owns no state, and it imports only the value types and the records that
 import nothing of the policy's rules (``model``, ``state``, ``events``, ``requests``,
-``forecast``): nothing of the machine or of any concern, so every concern can type against it
-without a circle of imports (tests/policy/test_layers.py checks that).
+``forecast``, ``landing``): nothing of the machine or of any concern, so every concern can
+type against it without a circle of imports (tests/policy/test_layers.py checks that).
 ``PoolMachine`` (``machine.py``) is the one class that satisfies both protocols.
 
 * ``PoolReader`` is read only: the pool's spec, limits and clock, what the cluster showed, the
@@ -28,6 +28,7 @@ from typing import Protocol
 from .carrybook import CarryBook
 from .events import Command
 from .forecast import SwapHistory
+from .landing import Landing
 from .model import Actuation, MemberObservation, PeerState, PoolSpec, PoolStatus, StartHints
 from .requests import RequestBook
 from .state import Limits, Stage, Swap
@@ -61,6 +62,7 @@ class PoolReader(Protocol):
     deferred: tuple[str, str]  # why the swap waits: (reason, message), or ("", "")
     wishes: Mapping[str, None]  # members wanted by requests refused for their own deadline
     departing: set[str]  # members removed from the spec that may still hold the GPU
+    landing: Landing  # members a scale-up or trigger of ours may still bring up (landing.py)
     closing: tuple[str, str] | None  # (code, message) once the pool closes
     # Read back from ``replicas.Fleet``.
     drain: tuple[int, str]  # the drain announcement in force: (epoch, target)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from .events import Command, Reject
 from .model import PoolSpec
 from .pool import PoolReader
-from .state import PolicyError, Stage
+from .state import PolicyError
 
 Out = list[Command]
 
@@ -30,16 +30,13 @@ def respec(m: PoolReader, spec: PoolSpec, out: Out) -> Respec:
     if spec.key != m.spec.key:
         raise PolicyError(f"spec for {spec.key} sent to pool {m.spec.key}")
     departing, forgotten = set(m.departing), []
-    swap = m.swap
-    # The target of a load we asked for may come up after it shows unloaded: our Scale or
-    # trigger may still be in flight (found by the search, llmkube-warm-edit: forgotten, it
-    # came up and held the GPU with nobody tracking it)
-    asked_up = swap.target if swap is not None and swap.stage in (Stage.LOAD,
-                                                                  Stage.TRIGGERED) else ""
     for name in m.obs:
         if name in spec.members:
             departing.discard(name)  # added back
-        elif m.obs[name].unloaded and not m.requests.busy(name) and name != asked_up:
+        elif m.obs[name].unloaded and not m.requests.busy(name) \
+                and not m.landing.may_land(name, m.now):
+            # (one a Scale or trigger of ours may still bring up stays: forgotten, it came up
+            # with nobody tracking it; found by the search, llmkube-warm-edit)
             forgotten.append(name)
         else:
             # Removed while it holds the GPU (or serves requests): it still counts for

@@ -51,6 +51,7 @@ class Limits:
     hands_off_quiet: float  # own: hands-off ends after this long without a foreign write
     paced_release: bool  # a member with a capacity takes at most that many at once (pacing.py)
     carry_timeout: float  # a swap waits this long at most for a slot save or restore (carry.py)
+    write_landing: float  # a scale-up or trigger already sent may still land this long (landing.py)
 
 
 @dataclass(slots=True)

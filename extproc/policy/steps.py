@@ -189,7 +189,12 @@ def still_up(m: PoolReader, now: float) -> bool:
     swap = swap_of(m)
     others = m.others()
     return m.resident in others or any(
-        m.obs[name].replicas > 0 and name not in swap.scaled_down for name in others)
+        _up_or_asked(m, name) and name not in swap.scaled_down for name in others)
+
+
+def _up_or_asked(m: PoolReader, name: str) -> bool:
+    # (our wish to scale it up may still stand: unload withdraws it too, landing.py)
+    return m.obs[name].replicas > 0 or m.landing.standing(name)
 
 
 def scale_down_others(m: PoolWriter, now: float, out: Out) -> None:
@@ -197,7 +202,7 @@ def scale_down_others(m: PoolWriter, now: float, out: Out) -> None:
     for name in m.others():
         if m.requests.busy(name):
             raise PolicyError("a member with requests in flight is being unloaded")
-        if m.obs[name].replicas > 0 and name not in swap.scaled_down:
+        if _up_or_asked(m, name) and name not in swap.scaled_down:
             swap.scaled_down.add(name)
             m.scale(name, 0, out)
         if name == m.resident:
@@ -211,7 +216,7 @@ def _intruders(m: PoolReader) -> list[str]:
     (later it is ours to load, and at start-up it may be a load we resume).
     """
     swap = swap_of(m)
-    others_hold = not all(m.obs[name].unloaded for name in m.others())
+    others_hold = not all(gone(m, name) for name in m.others())
     return [name for name in m.spec.members
             if name != m.resident and m.obs[name].replicas > 0 and not m.requests.busy(name)
             and name not in swap.scaled_down and (name != swap.target or others_hold)]
@@ -230,9 +235,14 @@ def scale_down_intruders(m: PoolWriter, now: float, out: Out) -> None:
         m.scale(name, 0, out)
 
 
-def others_gone(m: PoolReader, now: float) -> bool:
+def gone(m: PoolReader, name: str) -> bool:
+    """``name`` holds no GPU, and no write of ours may still bring it up (landing.py)."""
     # Wait for pods to be gone, not for phase Stopped: a terminating pod still holds memory.
-    return all(m.obs[name].unloaded for name in m.others())
+    return m.obs[name].unloaded and not m.landing.may_land(name, m.now)
+
+
+def others_gone(m: PoolReader, now: float) -> bool:
+    return all(gone(m, name) for name in m.others())
 
 
 def load(m: PoolWriter, now: float, out: Out) -> None:
@@ -352,6 +362,10 @@ def target_left(m: PoolReader, now: float) -> bool:
 
 
 def cancel(m: PoolWriter, now: float, out: Out) -> None:
+    target = swap_of(m).target
     m.end_swap()  # nothing left to load; its held requests were rejected with the spec
+    if m.actuation is Actuation.OWN and m.landing.standing(target) and not m.missing() \
+            and not m.requests.busy(target):
+        m.scale(target, 0, out)  # withdraw our wish: it would bring a removed member up
 
 

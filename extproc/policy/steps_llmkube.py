@@ -114,6 +114,8 @@ def trigger(m: PoolWriter, now: float, out: Out) -> None:
     target = m.obs[swap.target]
     swap.stage, swap.load_started, swap.phase_at_load = Stage.TRIGGERED, now, target.phase
     if target.replicas < 1:
+        # it may land after the swap is given up: the member counts as possibly up (landing.py)
+        m.landing.asked(swap.target, 1, now, m.limits.write_landing, standing=False)
         out.append(Trigger(swap.target))
     else:
         swap.saw_progress = True  # already asked up: its phase is current

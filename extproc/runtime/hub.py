@@ -60,7 +60,8 @@ def limits_from(settings: Settings) -> Limits:
                   activation_grace=settings.activation_grace,
                   activation_retries=settings.activation_retries,
                   hands_off_quiet=settings.hands_off_quiet,
-                  paced_release=settings.paced_release, carry_timeout=settings.carry_timeout)
+                  paced_release=settings.paced_release, carry_timeout=settings.carry_timeout,
+                  write_landing=settings.write_landing)
 
 
 class Hub:

@@ -194,9 +194,9 @@ class Search:
         if quiet and out:
             return out  # a quiet cluster takes the first progress move only
         for i in landable(env):
-            name, replicas = env.patches[i]
+            name, replicas, _ = env.patches[i]
             what = "trigger" if replicas == TRIGGER else f"replicas={replicas}"
-            add(f"our patch {name} {what} lands", land(env, i))
+            add(f"our patch {name} {what} lands", land(env, i, m.now + m.limits.write_landing))
         if quiet and out:
             return out  # a quiet cluster takes the first progress move only
         if env.probes:
@@ -239,7 +239,8 @@ class Search:
         if not quiet:
             clients_and_faults(node, add)
         deadline = m.next_deadline()
-        if deadline < float("inf"):
+        # (a patch sent lands or fails within the API's request timeout: time waits for it)
+        if deadline < min((by for _, _, by in env.patches), default=float("inf")):
             out.append((f"time passes to {deadline:g}s",
                         lambda: self.apply(node, "time passes", env, (Tick(),), deadline)))
         return out

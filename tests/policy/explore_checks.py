@@ -100,16 +100,17 @@ def carry_out(node: Node, command: object) -> None:
                 if holding:
                     raise Unsafe(f"{member} scaled up while {holding[0]} holds the GPU as the "
                                  f"watch last showed it ({env.seen_member(holding[0])})")
-                if any(n != member and r > 0 for n, r in env.patches):
+                if any(n != member and r > 0 for n, r, _ in env.patches):
                     raise Unsafe(f"{member} scaled up while a scale-up of another is in flight")
             if not replicas and env.busy(member):
                 raise Unsafe(f"{member} scaled down with a stream on it")
-            node.env = wish(env, member, replicas)
+            node.env = wish(env, member, replicas, m.now + m.limits.write_landing)
         case Trigger(member):
             if env.seen_member(member).replicas:
                 raise Unsafe(f"{member} triggered though the watch last showed it at "
                              f"{env.seen_member(member).replicas} replicas")
-            node.env = replace(env, patches=env.patches + ((member, TRIGGER),))
+            node.env = replace(env, patches=env.patches + (
+                (member, TRIGGER, m.now + m.limits.write_landing),))
         case ProbeIdle(member):
             node.env = replace(env, probes=env.probes + (member,))
         case CarrySlots(member, step):

@@ -30,6 +30,7 @@ member scaled up behind its back makes it announce the resident (its converging 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from extproc.policy.model import MemberObservation, PoolStatus
@@ -66,7 +67,9 @@ class Env:
     status: tuple[str, str] = ("", "")  # LLMKube's (residentMember, pendingMember)
     foreign: bool = False  # own mode: another writer rewrote the status
     dirty: frozenset[str] = frozenset()  # objects changed since the watch last delivered them
-    patches: tuple[tuple[str, int], ...] = ()  # our scale patches and triggers in flight
+    # our scale patches and triggers in flight: (member, replicas, by when it lands or fails:
+    # sent, the API client's request timeout later, Limits.write_landing; inf: not sent yet)
+    patches: tuple[tuple[str, int, float], ...] = ()
     probes: tuple[str, ...] = ()  # idle probes asked, not answered
     admitted: tuple[tuple[int, str], ...] = ()  # streams on a member: (rid, member)
     held: tuple[int, ...] = ()
@@ -202,22 +205,28 @@ def serves(m: Member) -> bool:
     return m.phase == "Ready" and m.replicas > 0 and m.pods > 0
 
 
-def wish(env: Env, name: str, replicas: int) -> Env:
+def wish(env: Env, name: str, replicas: int, by: float) -> Env:
     """Our Scale reaching the scaler (runtime/scaling.py): one worker per member, latest wish
     wins. The patch on the wire (the member's first) still lands; behind it only the newest
-    wish waits, and none if it equals the one on the wire (the worker then stops)."""
-    mine = [i for i, (n, r) in enumerate(env.patches) if n == name and r != TRIGGER]
+    wish waits, and none if it equals the one on the wire (the worker then stops). ``by``:
+    when a patch sent now has landed (or failed)."""
+    mine = [i for i, (n, r, _) in enumerate(env.patches) if n == name and r != TRIGGER]
     rest = tuple(p for i, p in enumerate(env.patches) if i not in mine[1:])
     if mine and env.patches[mine[0]][1] == replicas:
         return replace(env, patches=rest)
-    return replace(env, patches=rest + ((name, replicas),))
+    return replace(env, patches=rest + ((name, replicas, math.inf if mine else by),))
 
 
-def land(env: Env, index: int) -> Env:
+def land(env: Env, index: int, by: float) -> Env:
     """Our patch ``index`` reaches the API server (a trigger only where replicas are still 0:
-    its resourceVersion precondition refuses it otherwise)."""
-    name, replicas = env.patches[index]
+    its resourceVersion precondition refuses it otherwise); the member's next wish is sent
+    now, to land by ``by``."""
+    name, replicas, _ = env.patches[index]
     rest = env.patches[:index] + env.patches[index + 1:]
+    queued = [i for i, (n, r, _) in enumerate(rest) if n == name and r != TRIGGER]
+    if replicas != TRIGGER and queued:
+        n, r, _ = rest[queued[0]]
+        rest = rest[:queued[0]] + ((n, r, by),) + rest[queued[0] + 1:]
     m = env.member(name)
     if replicas == TRIGGER:
         changed = env.with_member(name, replace(m, replicas=1)) if m.replicas == 0 else env
@@ -230,7 +239,7 @@ def landable(env: Env) -> list[int]:
     """Patches that may land next: the oldest per member (the scaler applies them in order)."""
     seen: set[str] = set()
     out = []
-    for i, (name, _) in enumerate(env.patches):
+    for i, (name, _, _) in enumerate(env.patches):
         if name not in seen:
             seen.add(name)
             out.append(i)

@@ -65,7 +65,7 @@ def clients_and_faults(node: Node, add: Callable[..., None]) -> None:
                 add(f"FAULT an operator removes {name} from the pool", fault, SpecChanged(
                     replace(m.spec, members=tuple(n for n in m.spec.members if n != name),
                             generation=m.spec.generation + 1)))
-    for i, (name, replicas) in enumerate(env.patches):
+    for i, (name, replicas, _) in enumerate(env.patches):
         if replicas == TRIGGER:
             add(f"FAULT our trigger of {name} is refused (resourceVersion)", replace(
                 fault, patches=env.patches[:i] + env.patches[i + 1:]))

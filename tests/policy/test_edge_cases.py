@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from extproc.policy.events import (Admit, IdleProbed, MemberObserved, ProbeIdle, RequestArrived,
-                                   RequestEnded, Scale, SpecChanged, Tick)
+                                   RequestEnded, Scale, SpecChanged, StatusObserved, Tick,
+                                   Trigger)
 from extproc.policy.machine import PoolMachine
 from harness import limits
 from extproc.policy.model import MemberObservation as Obs
-from extproc.policy.model import PoolKey, PoolSpec
+from extproc.policy.model import Actuation, PoolKey, PoolSpec, PoolStatus
 
 KEY = PoolKey("ns", "pool")
 READY = dict(phase="Ready", replicas=1, pods=1)
@@ -78,6 +79,42 @@ def test_a_member_removed_while_we_load_it_is_tracked_until_it_is_down_again():
     assert Scale("b", 0) in out and Scale("c", 1) not in out  # b holds the GPU: it goes first
     out = m.handle(MemberObserved(Obs("b", **STOPPED)), 4.0)
     assert Scale("c", 1) in out and m.departing == set() and "b" not in m.obs
+
+
+def test_no_member_loads_while_our_scale_up_of_a_removed_one_may_still_land():
+    # b removed while our Scale(b, 1) may still be in flight, showing unloaded: loading c at
+    # once could put two members on the GPU (found by the search, own-cold-edit)
+    m = PoolMachine(PoolSpec(KEY, ("a", "b", "c")), limits(write_landing=60.0), 0.0)
+    for name in ("a", "b", "c"):
+        m.handle(MemberObserved(Obs(name, **STOPPED)), 0.0)
+    assert Scale("b", 1) in m.handle(RequestArrived(1, "b"), 0.0)
+    out = m.handle(SpecChanged(PoolSpec(KEY, ("a", "c"))), 1.0)
+    assert Scale("b", 0) in out and m.swap is None  # our wish withdrawn
+    out = m.handle(RequestArrived(2, "c"), 2.0)
+    m.handle(MemberObserved(Obs("b", **STOPPED)), 3.0)  # (a watch event: proves nothing yet)
+    assert Scale("c", 1) not in out and m.departing == {"b"} and m.next_deadline() == 61.0
+    # the 1 on the wire has landed or failed by then, and the watch showed no landing
+    assert Scale("c", 1) in m.handle(Tick(), 61.0)
+
+
+def test_a_trigger_given_up_keeps_its_member_tracked_while_it_may_still_land():
+    # llmkube: a trigger given up shortly before b's removal may still bring b up; forgotten,
+    # b came up with nobody tracking it (found by the search, llmkube-warm-edit)
+    m = PoolMachine(PoolSpec(KEY, ("a", "b", "c"), default="a"),
+                    limits(activation_retries=0, write_landing=60.0), 0.0,
+                    actuation=Actuation.LLMKUBE)
+    m.handle(StatusObserved(PoolStatus(resident="a", llmkube=True)), 0.0)
+    for name in ("a", "b", "c"):
+        m.handle(MemberObserved(Obs(name, **(READY if name == "a" else STOPPED))), 0.0)
+    assert Trigger("b") in m.handle(RequestArrived(1, "b"), 0.0)
+    m.handle(Tick(), m.next_deadline())  # no trace of it for the grace: given up
+    assert m.swap is None and m.now < 60.0
+    m.handle(SpecChanged(PoolSpec(KEY, ("a", "c"), default="a")), m.now + 1.0)
+    assert m.departing == {"b"}
+    m.handle(MemberObserved(Obs("b", phase="Creating", replicas=1, pods=1)), m.now + 1.0)
+    assert m.departing == {"b"} and m.obs["b"].replicas == 1  # it landed: still tracked
+    m.handle(MemberObserved(Obs("b", **STOPPED)), 100.0)
+    assert m.departing == set() and "b" not in m.obs  # down again: forgotten
 
 
 def test_a_member_removed_while_serving_is_drained_and_unloaded_before_the_target_loads():

@@ -118,6 +118,11 @@ SCENARIOS = {
     # cancelled at every stage, a departing member is still unloaded first (the gate on, for
     # Probing)
     "own-warm-edit": (lambda: root(Actuation.OWN, "a", {"idle_gate": True}, edits=True), 5),
+    # ... and the member being loaded removed while our Scale (a cold pool without a default,
+    # so any member may go) or our trigger may still land: it counts as possibly up, so
+    # nothing loads beside it and it stays tracked (landing.py)
+    "own-cold-edit": (lambda: root(Actuation.OWN, "", spec_kw={"default": ""}, edits=True), 4),
+    "llmkube-warm-edit": (lambda: root(Actuation.LLMKUBE, "a", edits=True), 4),
     # swapPolicy reclaim: b, not the default, gives the slot back once idle for 10 s, and a
     # request for b cancels that while it drains or probes; the start-up hint a previous
     # process left names b, which is already resident: it is dropped
@@ -153,20 +158,11 @@ def test_no_wedge_and_no_invariant_broken_over_every_interleaving(
 # Rows no scenario fires at the default depths (measured: a full run of this file), each with
 # why, and the tests that drive it instead. The check below fails both ways: a row that stops
 # firing, and a row listed here that a scenario now reaches (then take it off the list).
-_TARGET_LEFT_LOADING = (
-    "the search found what removing the member being loaded does, and it is not fixed: with our "
-    "Scale (own, a cold pool without a default) or trigger (llmkube, given up within the API's "
-    "request timeout) still in flight, the next swap may scale another member up before ours "
-    "lands, and in llmkube mode the removed member may come up with nobody tracking it "
-    "(docs/guarantees.md, gaps); tests/policy/test_edge_cases.py removes members, and "
-    "test_a_member_removed_while_we_load_it_is_tracked_until_it_is_down_again")
 _PACED_MID_SWAP = ("no paced scenario has room free on a member with requests held for it "
                    "while the swap probes or loads (the incumbent is idle then, the target "
                    "not yet routable); tests/policy/test_pacing.py::test_paced_release_keeps_"
                    "arrival_order_and_comes_to_rest drives the edge")
 UNREACHED: dict[str, str] = {
-    **{f"{stage} --target_left--> Idle": _TARGET_LEFT_LOADING
-       for stage in ("Loading", "Triggered")},
     **{f"{stage} --room_freed--> {stage}": _PACED_MID_SWAP for stage in ("Probing", "Loading")},
 }
 
