@@ -39,13 +39,15 @@ Own mode (this service drains, unloads and loads)::
     Probing   --a request came in for another member-->         Draining
     Probing   --a runtime said busy or could not tell-->        Draining (deferred)
     Probing   --every runtime said idle-->                      Unloading
-    Unloading --another member still scaled up-->               Unloading (scale it to 0)
-    Unloading --every other member gone (pods too)-->           Loading (scale target to 1)
+    Unloading --another member still scaled up (or asked up)-->  Unloading (scale it to 0)
+    Unloading --every other member gone (pods too, and no write
+                of ours may still bring it up: landing.py)-->   Loading (scale target to 1)
     Loading   --target Ready-->                                 Idle (held requests admitted)
     Loading   --another member scaled up by someone-->          Unloading (it goes first)
     Loading   --target still at 0 replicas after the grace-->   Loading (ask for it again)
     Loading   --target Failed / swap_timeout-->                 Idle (its held requests rejected)
-    any       --target left the spec-->                         Idle (cancelled)
+    any       --target left the spec-->                         Idle (cancelled; own: our
+                                                                wish for it withdrawn)
 
 llmkube mode drains the same way, then::
 
