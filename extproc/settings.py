@@ -259,11 +259,12 @@ class Settings:
                                     group="kubernetes", metavar="DURATION")
     api_retry_max: float = _opt(30.0, "longest delay between retries of a failed API call",
                                 group="kubernetes", metavar="DURATION")
-    write_landing: float = _opt(60.0, "how long a scale-up or trigger of ours already sent may "
-                                "still land: the API client's request timeout (60s). A member "
-                                "asked up and then removed from the pool or asked down again "
-                                "counts as possibly up that long, so nothing loads beside it",
-                                group="kubernetes", metavar="DURATION")
+    api_request_timeout: float = _opt(60.0, "a call to the API server (not a watch) is given up "
+                                      "after this; a scale-up or trigger of ours already sent "
+                                      "may still land that long, so a member asked up and then "
+                                      "removed from the pool or asked down again counts as "
+                                      "possibly up for it, and nothing loads beside it",
+                                      group="kubernetes", metavar="DURATION")
 
     # --- replicas: membership and leader Leases ----------------------------------------------
     replica_name: str = _opt("", "this replica's identity in the Leases; empty: $POD_NAME, else "
@@ -358,8 +359,8 @@ def validate(settings: Settings) -> str:
         return f"bad endpoint_port {settings.endpoint_port}: use a port 1-65535"
     if settings.watch_timeout < 1:
         return "--watch-timeout must be at least 1s"
-    if settings.write_landing < 0:
-        return "--write-landing must be at least 0s"
+    if settings.api_request_timeout < 1:
+        return "--api-request-timeout must be at least 1s"
     return _lease_problem(settings)
 
 

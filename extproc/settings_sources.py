@@ -18,7 +18,7 @@ _DURATION_FIELDS = {"shutdown_grace", "connection_idle_timeout", "carry_timeout"
                     "swap_budget", "fairness_window", "drain_linger", "swap_timeout",
                     "failure_backoff", "idle_probe_timeout", "probe_retry", "park_margin",
                     "stall_after", "activation_grace", "hands_off_quiet", "idle_report",
-                    "watch_timeout", "api_retry_initial", "api_retry_max", "write_landing",
+                    "watch_timeout", "api_retry_initial", "api_retry_max", "api_request_timeout",
                     "route_check_interval",
                     *("membership_lease_duration", "membership_renew", "lease_margin",
                       "membership_write_interval", "leader_lease_duration",

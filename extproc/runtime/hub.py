@@ -61,7 +61,7 @@ def limits_from(settings: Settings) -> Limits:
                   activation_retries=settings.activation_retries,
                   hands_off_quiet=settings.hands_off_quiet,
                   paced_release=settings.paced_release, carry_timeout=settings.carry_timeout,
-                  write_landing=settings.write_landing)
+                  write_landing=settings.api_request_timeout)
 
 
 class Hub:

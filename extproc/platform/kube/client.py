@@ -36,7 +36,7 @@ async def _make(settings: Settings) -> KubeClient:
     if settings.kubeconfig:
         credentials = await from_kubeconfig(settings.kubeconfig)
         log.info("kubernetes client configured", source="kubeconfig", path=settings.kubeconfig)
-        return KubeClient(credentials)
+        return KubeClient(credentials, settings.api_request_timeout)
     try:
         credentials = in_cluster()
         log.info("kubernetes client configured", source="in-cluster")
@@ -46,4 +46,4 @@ async def _make(settings: Settings) -> KubeClient:
         path = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
         credentials = await from_kubeconfig(path)
         log.info("kubernetes client configured", source="kubeconfig", path=path)
-    return KubeClient(credentials)
+    return KubeClient(credentials, settings.api_request_timeout)

@@ -31,8 +31,10 @@ class ApiError(Exception):
 class KubeClient:
     """One HTTP connection pool to the API server, with the credentials' headers and TLS."""
 
-    def __init__(self, credentials: Credentials) -> None:
+    def __init__(self, credentials: Credentials, request_timeout: float = 60.0) -> None:
         self.credentials = credentials
+        # the policy counts a write of ours as possibly landing this long (--api-request-timeout)
+        self.request_timeout = request_timeout
         self._session: aiohttp.ClientSession | None = None
 
     def _http(self) -> aiohttp.ClientSession:
@@ -45,7 +47,7 @@ class KubeClient:
 
     async def open(self, method: str, path: str, *, params: dict[str, Any] | None = None,
                    body: Any = None, content_type: str = MERGE_PATCH,
-                   timeout: float = 60.0) -> aiohttp.ClientResponse:
+                   timeout: float | None = None) -> aiohttp.ClientResponse:
         """Send a request and return the response unread (for watch streams); any status."""
         headers = {"Accept": "application/json", **self.credentials.headers()}
         data = None
@@ -55,7 +57,7 @@ class KubeClient:
         query = {k: _query_value(v) for k, v in (params or {}).items() if v is not None}
         return await self._http().request(
             method, path, params=query, data=data, headers=headers,
-            timeout=aiohttp.ClientTimeout(total=timeout))
+            timeout=aiohttp.ClientTimeout(total=timeout or self.request_timeout))
 
     async def call(self, method: str, path: str, **kwargs: Any) -> tuple[int, dict]:
         """Send a request and decode its JSON answer: (status, body); ApiError on non-2xx."""
