@@ -5,7 +5,6 @@ with request trailers kept (HTTP/1.1 ``enable_trailers``) and sent to the ext_pr
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from devstack.upstream import SERVED_BY, UpstreamHandle, start_upstream
 from extproc.app import Service
 from extproc.platform.hostport import join
 from extproc.settings import Settings
-from tests.reliability.rawhttp import RawResponse, build_request, parse
+from tests.reliability.rawhttp import build_request, exchange
 
 #: Envoy's own default per-connection buffer limit, and the inference extension chart's.
 DEFAULT_LIMIT, GATEWAY_LIMIT = 1024 * 1024, 32 * 1024
@@ -109,7 +108,7 @@ class BodyStack:
                             trailers=(("x-checksum", "abc"),) if trailers else ())
         started = time.monotonic()
         try:
-            reply = await _exchange(self.envoy.listen_port, raw, timeout)
+            reply = await exchange(self.envoy.listen_port, raw, timeout=timeout)
         except TimeoutError:
             return Outcome(None, code="hang", seconds=time.monotonic() - started)
         seconds = time.monotonic() - started
@@ -120,33 +119,6 @@ class BodyStack:
         except (ValueError, KeyError, TypeError):
             code = reply.body[:60].decode("latin-1")
         return Outcome(reply.status, reply.headers.get(SERVED_BY, ""), code, seconds)
-
-
-async def _exchange(port: int, raw: bytes, timeout: float) -> RawResponse | None:
-    """Send ``raw`` while reading the answer; what came before a reset counts (Envoy may
-    answer early and reset the upload it stopped reading). None: nothing came."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-
-    async def upload() -> None:
-        with contextlib.suppress(ConnectionError):
-            writer.write(raw)
-            await writer.drain()
-
-    async def download() -> bytes:
-        data = bytearray()
-        with contextlib.suppress(ConnectionError):
-            while chunk := await reader.read(65536):
-                data += chunk
-        return bytes(data)
-
-    sending = asyncio.create_task(upload())
-    try:
-        data = await asyncio.wait_for(download(), timeout)
-    finally:
-        sending.cancel()
-        await asyncio.gather(sending, return_exceptions=True)
-        writer.close()
-    return parse(data) if data else None
 
 
 async def start(config: Config, workdir: Path, **options: Any) -> AsyncIterator[BodyStack]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 
 
@@ -38,40 +39,42 @@ def build_request(method: str, path: str, body: bytes, headers: list[tuple[str, 
 
 async def send(port: int, raw: bytes, *, timeout: float = 10.0) -> RawResponse:
     """Send raw bytes to 127.0.0.1:port and parse the one response that comes back."""
+    reply = await exchange(port, raw, timeout=timeout)
+    if reply is None:
+        raise ConnectionResetError("the connection ended before any answer")
+    return reply
+
+
+async def exchange(port: int, raw: bytes, *, timeout: float = 10.0) -> RawResponse | None:
+    """Send raw bytes while reading the answer (None: the connection ended before any).
+
+    Written concurrently with the read: Envoy may answer (413, 431) and close before a large
+    request is fully sent, and that answer is what the caller wants. What came before a reset
+    counts: a server that answers early ends with a reset once its delayed close is over
+    (Envoy: 1 s) with our unsent body still arriving, and on a busy machine that can come
+    after its answer was read (curl prints the answer too)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    # Written concurrently with the read: Envoy may answer (413, 431) and close before a large
-    # request is fully sent, and that answer is what the caller wants.
-    sending = asyncio.create_task(_write(writer, raw))
+
+    async def upload() -> None:
+        with contextlib.suppress(ConnectionError):
+            writer.write(raw)
+            await writer.drain()
+
+    async def download() -> bytes:
+        data = bytearray()
+        with contextlib.suppress(ConnectionError):
+            while chunk := await reader.read(65536):
+                data += chunk
+        return bytes(data)
+
+    sending = asyncio.create_task(upload())
     try:
-        data = await asyncio.wait_for(_read_until_close(reader), timeout)
+        data = await asyncio.wait_for(download(), timeout)
     finally:
         sending.cancel()
         await asyncio.gather(sending, return_exceptions=True)
         writer.close()
-    return parse(data)
-
-
-async def _write(writer: asyncio.StreamWriter, raw: bytes) -> None:
-    try:
-        writer.write(raw)
-        await writer.drain()
-    except ConnectionError:
-        pass  # the server answered and closed early
-
-
-async def _read_until_close(reader: asyncio.StreamReader) -> bytes:
-    chunks = []
-    try:
-        while chunk := await reader.read(65536):
-            chunks.append(chunk)
-    except ConnectionResetError:
-        # A server that answers early (413) and closes with our unsent body still arriving
-        # ends with a reset once its delayed close is over (Envoy: 1 s); on a busy machine
-        # that can come after its answer was read. The answer stands (curl prints it too);
-        # a reset before any answer is still the caller's error.
-        if not chunks:
-            raise
-    return b"".join(chunks)
+    return parse(data) if data else None
 
 
 def parse(data: bytes) -> RawResponse:
