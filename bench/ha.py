@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 from devstack.stack_swaps import read_log
 
-from . import services, tools
+from . import procstat, services, tools
 from .ha_stacks import HaBench, HaStack, chat
 from .stats import ms, percentile
 
@@ -123,7 +123,12 @@ def hits(bench: HaBench, workdir: Path, writes: dict[str, Any]) -> dict[str, Any
                 tools.wrk(url[name], script, c, WRK_WARMUP)
                 window = WriteWindow(bench.stacks[int(name[-1])]).open() \
                     if c == 32 and name != "direct" and round_ == 0 else None
+                pids = _pids(bench, name)
+                before = {k: sum(procstat.cpu_seconds(p) for p in ps) for k, ps in pids.items()}
                 r = asdict(tools.wrk(url[name], script, c, WRK_SECONDS))
+                for k, ps in pids.items():
+                    used = sum(procstat.cpu_seconds(p) for p in ps) - before[k]
+                    r[f"{k}_cpu_s_per_1k"] = 1000 * used / max(1, r["requests"])
                 row[name].append(r)
                 if window:
                     writes[name] = window.close()
@@ -131,6 +136,16 @@ def hits(bench: HaBench, workdir: Path, writes: dict[str, Any]) -> dict[str, Any
                       f"errors {r['errors']}", flush=True)
         results[f"c{c}"] = _hits_summary(row)
     return results
+
+
+def _pids(bench: HaBench, name: str) -> dict[str, list[int]]:
+    """The processes whose CPU a stack's hits cost: its replicas together, and its Envoy."""
+    if name == "direct":
+        return {}
+    ha = bench.stacks[int(name[-1])]
+    assert ha.envoy is not None and ha.envoy.process.pid is not None
+    return {"extproc": [r.pid for r in ha.stack.replicas if r.pid is not None],
+            "envoy": [ha.envoy.process.pid]}
 
 
 def _hits_summary(row: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -144,6 +159,9 @@ def _hits_summary(row: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                     f"{name}_errors": sum(r["errors"] for r in row[name])})
         if name != "direct":
             out[f"{name}_added_p50_ms"] = round(m["p50_ms"] - mean["direct"]["p50_ms"], 3)
+            for k in ("extproc", "envoy"):  # CPU seconds per 1,000 requests, the rounds' mean
+                out[f"{name}_{k}_cpu_s_per_1k"] = round(sum(
+                    r[f"{k}_cpu_s_per_1k"] for r in row[name]) / len(row[name]), 3)
     one, three = mean["replicas1"], mean["replicas3"]
     out["rps_3_vs_1"] = round(three["rps"] / one["rps"], 3)
     out["added_p50_3_minus_1_ms"] = round(three["p50_ms"] - one["p50_ms"], 3)

@@ -66,11 +66,13 @@ def section(h: dict[str, Any] | None) -> list[str]:
         for name, label in (("direct", "direct"), ("replicas1", "1 replica"),
                             ("replicas3", "3 replicas")):
             added = row.get(f"{name}_added_p50_ms")
+            cpu = [row.get(f"{name}_{k}_cpu_s_per_1k") for k in ("extproc", "envoy")]
             rows.append([c[1:], label, f"{row[f'{name}_rps']:.0f}", f"{row[f'{name}_p50_ms']:.2f}",
                          "-" if added is None else f"{added:+.2f}",
-                         f"{row[f'{name}_p99_ms']:.2f}", row[f"{name}_errors"]])
-    out.append(_table(["conns", "path", "req/s", "p50 ms", "added p50 ms", "p99 ms", "errors"],
-                      rows))
+                         f"{row[f'{name}_p99_ms']:.2f}", row[f"{name}_errors"],
+                         *("-" if v is None else f"{v:.3f}" for v in cpu)])
+    out.append(_table(["conns", "path", "req/s", "p50 ms", "added p50 ms", "p99 ms", "errors",
+                       "ext_proc CPU s/1k (all replicas)", "Envoy CPU s/1k"], rows))
     s = h["swap"]
     out += ["", f"**Swaps** a <-> b (load {h['load_delay_s']} s, unload {h['unload_delay_s']} s), "
             "each by 3 concurrent requests sent through an Envoy whose ext_proc is one chosen "
