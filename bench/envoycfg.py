@@ -38,13 +38,14 @@ def _hcm(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def render(envoy: EnvoyProcess, extproc_port: int | Sequence[int], members: dict[str, int],
-           direct_to: str | None = None, h2_members: tuple[str, ...] = ()) -> dict[str, Any]:
+           direct_to: str | None = None, h2_members: tuple[str, ...] = (),
+           prefer_first: bool = False) -> dict[str, Any]:
     """The bench config for ``envoy``'s ports; ``extproc_port`` is one port or several replicas'
-    (round-robin and health checks, as the local stack renders them), ``direct_to`` names the
-    member of a direct run, ``h2_members`` the member clusters reached over HTTP/2 (the sink of
-    the scale test)."""
+    (round-robin and health checks, as the local stack renders them, or the first preferred),
+    ``direct_to`` names the member of a direct run, ``h2_members`` the member clusters reached
+    over HTTP/2 (the sink of the scale test)."""
     cfg = envoyconf.render(envoy.listen_port, envoy.admin_port, extproc_port, members,
-                           str(envoy.access_log_path))
+                           str(envoy.access_log_path), prefer_first=prefer_first)
     hcm = _hcm(cfg)
     for log in hcm["access_log"]:
         log["typed_config"]["log_format"]["json_format"].update(_TIMING_FIELDS)
@@ -74,10 +75,11 @@ def render(envoy: EnvoyProcess, extproc_port: int | Sequence[int], members: dict
 
 
 def bench_envoy(workdir: Path, extproc_port: int | Sequence[int], members: dict[str, int],
-                direct_to: str | None = None, h2_members: tuple[str, ...] = ()) -> EnvoyProcess:
+                direct_to: str | None = None, h2_members: tuple[str, ...] = (),
+                prefer_first: bool = False) -> EnvoyProcess:
     """An EnvoyProcess (not started) running the bench config in ``workdir``."""
     envoy = EnvoyProcess(extproc_port, members, workdir=workdir)
-    cfg = render(envoy, extproc_port, members, direct_to, h2_members)
+    cfg = render(envoy, extproc_port, members, direct_to, h2_members, prefer_first)
     envoy.config_path.write_text(envoyconf.dump(cfg), encoding="utf-8")
     return envoy
 

@@ -7,6 +7,8 @@ Envoys rendered the way part 1 renders its own (``bench.envoycfg``):
 
 - ``envoy``: one per stack, its ext_proc cluster listing every replica of the stack
   (round-robin and gRPC health checks with several, exactly as the local stack renders them);
+- ``preferred``: for the 3-replica stack, the same but one Envoy priority per replica, so the
+  first replica takes every stream while it is healthy and the other two stand by;
 - ``direct``: no ext_proc filter, straight to the 1-replica stack's member ``a`` (part 1's
   baseline, so "added p50" means the same thing here);
 - ``per_replica``: for the 3-replica stack, one Envoy per replica whose ext_proc cluster is that
@@ -67,6 +69,7 @@ class HaStack:
                                 replicas=n, api_proxies=False)
         self.members = {f"{m}.{self.namespace}": ports.members[m] for m in MEMBERS}
         self.envoy: EnvoyProcess | None = None
+        self.preferred: EnvoyProcess | None = None
         self.per_replica: dict[str, EnvoyProcess] = {}
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -77,17 +80,20 @@ class HaStack:
         ports = [r.grpc_port for r in self.stack.replicas]
         self.envoy = envoycfg.bench_envoy(self.workdir / "envoy", ports, self.members).start()
         if self.n > 1:
+            self.preferred = envoycfg.bench_envoy(self.workdir / "envoy-preferred", ports,
+                                                  self.members, prefer_first=True).start()
             for r in self.stack.replicas:
                 self.per_replica[r.name] = envoycfg.bench_envoy(
                     self.workdir / f"envoy-{r.name}", r.grpc_port, self.members).start()
         body = chat("a")
-        for url in [self.url()] + [self.url(name) for name in self.per_replica]:
+        urls = [self.url()] + [self.url(name) for name in self.per_replica]
+        for url in urls + ([self.preferred_url] if self.preferred else []):
             services.wait_routed(url, body, timeout=60)
         return self
 
     def stop(self) -> None:
         """Stop the bench's Envoys, then the stack (which stops every process it started)."""
-        for envoy in [*self.per_replica.values(), self.envoy]:
+        for envoy in [*self.per_replica.values(), self.preferred, self.envoy]:
             if envoy is not None:
                 envoy.stop()
         self.stack.stop()
@@ -99,6 +105,13 @@ class HaStack:
         envoy = self.per_replica[replica] if replica else self.envoy
         assert envoy is not None, "not started"
         return f"{envoy.url}/v1/chat/completions"
+
+    @property
+    def preferred_url(self) -> str:
+        """Chat URL of the Envoy that sends every stream to the first replica while it is
+        healthy (the others stand by)."""
+        assert self.preferred is not None, "not started"
+        return f"{self.preferred.url}/v1/chat/completions"
 
     def replica(self, name: str) -> Replica:
         """The stack's handle of replica ``name``."""

@@ -26,6 +26,17 @@ def targets(h: dict[str, Any] | None) -> list[Target]:
                 f"(noise {c1['noise_p50_ms']:.2f} / {c32['noise_p50_ms']:.2f} ms)",
                 "no worse than 1 replica",
                 all(c["added_p50_3_minus_1_ms"] <= c["noise_p50_ms"] for c in (c1, c32))))
+    if "rps_3p_vs_1" in c32:  # runs before the preferred variant lack it
+        out.append(("3 replicas, Envoy preferring one (two stand by) vs 1: req/s, c=1 / c=32",
+                    f"{c1['rps_3p_vs_1']:.2f}x / {c32['rps_3p_vs_1']:.2f}x (noise "
+                    f"{c1['noise_rps']:.0%} / {c32['noise_rps']:.0%})", ">= 1.00x",
+                    all(c["rps_3p_vs_1"] >= 1 - c["noise_rps"] for c in (c1, c32))))
+        total = {n: c32[f"{n}_extproc_cpu_s_per_1k"] + c32[f"{n}_envoy_cpu_s_per_1k"]
+                 for n in ("replicas1", "replicas3p", "replicas3")}
+        out.append(("Envoy + ext_proc CPU s per 1,000 hits, c=32: 1 / 3 preferring one / "
+                    "3 round robin", " / ".join(f"{total[n]:.3f}" for n in total),
+                    "3 preferring one <= 1 replica (+ noise)",
+                    total["replicas3p"] <= total["replicas1"] * (1 + c32["noise_rps"])))
     extra = h["swap"]["follower_minus_leader_p50_ms"]
     out.append(("swap via a follower vs via the leader, request to served p50",
                 f"{extra:+.1f} ms", f"<= +{FOLLOWER_EXTRA_MS:.0f} ms",
@@ -64,7 +75,10 @@ def section(h: dict[str, Any] | None) -> list[str]:
     for c in ("c1", "c32"):
         row = h["hits"][c]
         for name, label in (("direct", "direct"), ("replicas1", "1 replica"),
-                            ("replicas3", "3 replicas")):
+                            ("replicas3", "3 replicas, round robin"),
+                            ("replicas3p", "3 replicas, one preferred")):
+            if f"{name}_rps" not in row:
+                continue
             added = row.get(f"{name}_added_p50_ms")
             cpu = [row.get(f"{name}_{k}_cpu_s_per_1k") for k in ("extproc", "envoy")]
             rows.append([c[1:], label, f"{row[f'{name}_rps']:.0f}", f"{row[f'{name}_p50_ms']:.2f}",

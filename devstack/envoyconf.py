@@ -46,6 +46,15 @@ REPLICA_RETRY: dict[str, Any] = {
                                   "previous_hosts.v3.PreviousHostsPredicate"}}],
     "host_selection_retry_max_attempts": 3,
 }
+# With one Envoy priority per replica (`set_replicas(prefer_first=True)`), a retry also leaves
+# the priority it tried: the dead preferred replica is alone in its priority, and until its
+# health check fails (up to half a second) the priority load still sends every pick there.
+REPLICA_RETRY_PRIORITY: dict[str, Any] = {
+    "name": "envoy.retry_priorities.previous_priorities",
+    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.priority."
+                              "previous_priorities.v3.PreviousPrioritiesConfig",
+                     "update_frequency": 1},
+}
 
 
 def load_template(path: Path | str = TEMPLATE) -> dict[str, Any]:
@@ -63,13 +72,15 @@ def render(
     *,
     ext_proc: dict[str, Any] | None = None,
     template: Path | str = TEMPLATE,
+    prefer_first: bool = False,
 ) -> dict[str, Any]:
     """Return the template config with new ports and member clusters.
 
     `extproc_port` is the ext_proc's port, or a list of its replicas' ports: with more than
     one, the ext_proc cluster round-robins streams over them and health-checks each
     (`REPLICA_HEALTH_CHECK`), and a stream that cannot connect to one is retried on another
-    (`REPLICA_RETRY`); with one the config is the template's.
+    (`REPLICA_RETRY`); with one the config is the template's. With `prefer_first` the first
+    replica takes every stream while it is healthy, and the others stand by (`set_replicas`).
     `members` maps cluster name (the routing header value, e.g. "judge.demo") to the port of
     that member on 127.0.0.1; it replaces the template's member clusters. `access_log_path`
     replaces /dev/stdout. `ext_proc` is shallow-merged into the ext_proc filter's typed_config
@@ -90,6 +101,9 @@ def render(
     filter_config = _named(hcm["http_filters"], EXTPROC_FILTER)["typed_config"]
     if len(ports) > 1:
         filter_config["grpc_service"]["retry_policy"] = copy.deepcopy(REPLICA_RETRY)
+        if prefer_first:
+            filter_config["grpc_service"]["retry_policy"]["retry_priority"] = \
+                copy.deepcopy(REPLICA_RETRY_PRIORITY)
     if ext_proc:
         filter_config.update(ext_proc)
 
@@ -97,7 +111,7 @@ def render(
 
     clusters = cfg["static_resources"]["clusters"]
     extproc = _named(clusters, EXTPROC_CLUSTER)
-    set_replicas(extproc, ports)
+    set_replicas(extproc, ports, prefer_first=prefer_first)
     # Any template member cluster serves as the model for the new ones (same options).
     model = next(c for c in clusters if c["name"] != EXTPROC_CLUSTER)
     cfg["static_resources"]["clusters"] = [extproc] + [
@@ -140,16 +154,24 @@ def _member_cluster(model: dict[str, Any], name: str, port: int) -> dict[str, An
     return cluster
 
 
-def set_replicas(cluster: dict[str, Any], ports: Sequence[int]) -> None:
+def set_replicas(cluster: dict[str, Any], ports: Sequence[int], *,
+                 prefer_first: bool = False) -> None:
     """Point the ext_proc's cluster at every replica: round robin, health-checked (gRPC
-    health), no panic routing, when there are several."""
+    health), no panic routing, when there are several. With ``prefer_first`` every stream goes
+    to the first replica while it is healthy, to the next one while it is not (one Envoy
+    priority per replica): the others stand by."""
     if not ports:
         raise ValueError("the ext_proc needs at least one port")
-    endpoints = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
-    model = endpoints[0]
-    endpoints[:] = [copy.deepcopy(model) for _ in ports]
+    groups = cluster["load_assignment"]["endpoints"]
+    model = groups[0]["lb_endpoints"][0]
+    endpoints = [copy.deepcopy(model) for _ in ports]
     for endpoint, port in zip(endpoints, ports):
         _set_port(endpoint["endpoint"]["address"], port)
+    if prefer_first:
+        groups[:] = [{"priority": rank, "lb_endpoints": [endpoint]}
+                     for rank, endpoint in enumerate(endpoints)]
+    else:
+        groups[:] = [{**groups[0], "lb_endpoints": endpoints}]
     if len(ports) > 1:
         cluster["lb_policy"] = "ROUND_ROBIN"
         cluster["health_checks"] = [copy.deepcopy(REPLICA_HEALTH_CHECK)]

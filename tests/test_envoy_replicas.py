@@ -32,9 +32,9 @@ def ext_proc_filter(cfg: dict) -> dict:
 
 
 def ports_of(cluster: dict) -> list[int]:
-    """The ports of a cluster's endpoints, in order."""
+    """The ports of a cluster's endpoints, in order (of priority, then within one)."""
     return [e["endpoint"]["address"]["socket_address"]["port_value"]
-            for e in cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]]
+            for group in cluster["load_assignment"]["endpoints"] for e in group["lb_endpoints"]]
 
 
 def test_several_replicas_are_round_robin_endpoints_with_grpc_health_checks() -> None:
@@ -65,9 +65,24 @@ def test_one_replica_keeps_the_template_cluster() -> None:
         envoyconf.render(1111, 2222, [], {"x.ns": 4444})
 
 
-def test_rendered_replicas_config_validates(envoy_bin: Path, tmp_path: Path) -> None:
+def test_preferring_the_first_replica_gives_each_replica_its_own_priority() -> None:
+    cfg = envoyconf.render(1111, 2222, [3331, 3332, 3333], {"x.ns": 4444}, prefer_first=True)
+    cluster = extproc_cluster(cfg)
+    groups = cluster["load_assignment"]["endpoints"]
+    assert [g["priority"] for g in groups] == [0, 1, 2]
+    assert ports_of(cluster) == [3331, 3332, 3333]
+    assert cluster["health_checks"] == extproc_cluster(
+        envoyconf.render(1111, 2222, [3331, 3332, 3333], {"x.ns": 4444}))["health_checks"]
+    retry = ext_proc_filter(cfg)["grpc_service"]["retry_policy"]
+    assert retry["retry_priority"]["name"] == "envoy.retry_priorities.previous_priorities"
+
+
+@pytest.mark.parametrize("prefer_first", [False, True], ids=["round-robin", "prefer-first"])
+def test_rendered_replicas_config_validates(envoy_bin: Path, tmp_path: Path,
+                                            prefer_first: bool) -> None:
     path = envoyconf.write(tmp_path / "envoy.yaml", 18180, 19190, [19002, 19003, 19004],
-                           {"a.team": 18181}, str(tmp_path / "access.log"))
+                           {"a.team": 18181}, str(tmp_path / "access.log"),
+                           prefer_first=prefer_first)
     result = validate(envoy_bin, path)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -78,13 +93,7 @@ async def test_streams_spread_over_serving_replicas_only(
     envoy = envoy_factory([first.port, second.port], {"judge.demo": upstreams["judge"].port})
     await healthy(envoy, {first.port: True, second.port: True})
 
-    async def send(count: int) -> None:
-        for _ in range(count):
-            async with posted(f"{envoy.url}/v1/chat/completions",
-                              json={"model": "judge", "messages": []}) as resp:
-                assert resp.status == 200 and resp.headers["x-served-by"] == "judge"
-
-    await send(REQUESTS)
+    await send(envoy, REQUESTS)
     assert first.streams > 0 and second.streams > 0
     assert first.streams + second.streams == REQUESTS
 
@@ -92,13 +101,13 @@ async def test_streams_spread_over_serving_replicas_only(
     await second.set_serving(False)
     await healthy(envoy, {first.port: True, second.port: False})
     before = second.streams
-    await send(REQUESTS)
+    await send(envoy, REQUESTS)
     assert second.streams == before
 
     # SERVING again: streams come back
     await second.set_serving(True)
     await healthy(envoy, {first.port: True, second.port: True})
-    await send(REQUESTS)
+    await send(envoy, REQUESTS)
     assert second.streams > before
     entries = envoy.wait_access_log(3 * REQUESTS)
     assert {e["upstream_cluster"] for e in entries} == {"judge.demo"}
@@ -111,11 +120,43 @@ async def test_a_replica_gone_before_its_check_fails_costs_no_request(
     await healthy(envoy, {first.port: True, second.port: True})
     assert second.server is not None
     await second.server.stop(None)  # connections refused from now on; Envoy checks within 0.5 s
-    for _ in range(REQUESTS):  # round robin picks the gone one for every other stream
+    await send(envoy, REQUESTS)  # round robin picks the gone one for every other stream
+    assert first.streams == REQUESTS
+
+
+async def test_the_preferred_replica_takes_every_stream_and_the_next_one_takes_over(
+        envoy_factory, stub_extprocs, upstreams: dict[str, UpstreamHandle]) -> None:
+    stubs = [await stub_extprocs() for _ in range(3)]
+    first, second, third = stubs
+    envoy = envoy_factory([s.port for s in stubs], {"judge.demo": upstreams["judge"].port},
+                          prefer_first=True)
+    await healthy(envoy, {s.port: True for s in stubs})
+    await send(envoy, REQUESTS)
+    assert [s.streams for s in stubs] == [REQUESTS, 0, 0]
+
+    # NOT_SERVING: the next priority takes every new stream; SERVING again: back to the first
+    await first.set_serving(False)
+    await healthy(envoy, {first.port: False, second.port: True, third.port: True})
+    await send(envoy, REQUESTS)
+    assert [s.streams for s in stubs] == [REQUESTS, REQUESTS, 0]
+    await first.set_serving(True)
+    await healthy(envoy, {s.port: True for s in stubs})
+    await send(envoy, REQUESTS)
+    assert [s.streams for s in stubs] == [2 * REQUESTS, REQUESTS, 0]
+
+    # Gone before its check fails: the retry leaves its priority, no request is lost
+    assert first.server is not None
+    await first.server.stop(None)
+    await send(envoy, REQUESTS)
+    assert second.streams + third.streams == 2 * REQUESTS and first.streams == 2 * REQUESTS
+
+
+async def send(envoy: envoyproc.EnvoyProcess, count: int) -> None:
+    """``count`` requests for judge, one after another, each routed to it."""
+    for _ in range(count):
         async with posted(f"{envoy.url}/v1/chat/completions",
                           json={"model": "judge", "messages": []}) as resp:
             assert resp.status == 200 and resp.headers["x-served-by"] == "judge"
-    assert first.streams == REQUESTS
 
 
 async def test_no_serving_replica_is_the_router_unavailable_503(
