@@ -36,10 +36,19 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
          held["rss_mb"] <= 300),
         ("Ready to last held request released", f"{held['release_all_ms']:.0f} ms",
          "<= 2,000 ms", (held["release_all_ms"] or 1e9) <= 2000),
-        ("API calls during 10,000 resident hits", str(r["hotpath"]["api_calls"]), "0",
-         r["hotpath"]["api_calls"] == 0),
+        _hotpath_target(r["hotpath"]),
     ] + report_peer.targets(r.get("peer")) + _llmkube_targets(r.get("llmkube")) + \
         report_ha.targets(r.get("ha"))
+
+
+def _hotpath_target(hot: dict[str, Any]) -> tuple[str, str, str, bool]:
+    """No API call per request: the Leases' own renewals run on their 2 s timer whatever the
+    traffic, so they are shown beside the count, not in it."""
+    kinds = hot.get("api_calls_by_kind", {})
+    timer = sum(n for kind, n in kinds.items() if kind.endswith(" leases"))
+    per_request = hot["api_calls"] - timer
+    return ("API calls during 10,000 resident hits, besides the Leases' timed renewals",
+            f"{per_request} ({timer} Lease renewal calls beside them)", "0", per_request == 0)
 
 
 def _llmkube_targets(k: dict[str, Any] | None) -> list[tuple[str, str, str, bool]]:
