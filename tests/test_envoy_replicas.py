@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from devstack import envoyconf, envoyproc
+from devstack.procs import free_port
 from devstack.testkit import eventually, posted
 from devstack.upstream import UpstreamHandle
 from extproc.protocol.service import SERVICE
@@ -48,8 +49,9 @@ def test_several_replicas_are_round_robin_endpoints_with_grpc_health_checks() ->
     assert check["interval"] == check["no_traffic_interval"] == "0.5s"
     assert cluster["common_lb_config"] == {"healthy_panic_threshold": {"value": 0.0},
                                            "update_merge_window": "0s"}
-    assert ext_proc_filter(cfg)["grpc_service"]["retry_policy"]["retry_on"] == \
-        "connect-failure,refused-stream"
+    retry = ext_proc_filter(cfg)["grpc_service"]["retry_policy"]
+    assert retry["retry_on"] == "connect-failure,refused-stream"
+    assert retry["retry_back_off"] == {"base_interval": "0.005s", "max_interval": "0.05s"}
 
 
 def test_one_replica_keeps_the_template_cluster() -> None:
@@ -149,6 +151,33 @@ async def test_the_preferred_replica_takes_every_stream_and_the_next_one_takes_o
     await first.server.stop(None)
     await send(envoy, REQUESTS)
     assert second.streams + third.streams == 2 * REQUESTS and first.streams == 2 * REQUESTS
+
+
+async def test_a_retry_leaves_the_preferred_replica_while_envoy_still_counts_it_healthy(
+        stub_extprocs, upstreams: dict[str, UpstreamHandle], tmp_path: Path) -> None:
+    # The first replica's gRPC health answers SERVING from a port of its own while its ext_proc
+    # port refuses connections, so Envoy keeps it healthy and first in line (as in the half
+    # second before a dead replica's check fails): every stream's first try fails to connect,
+    # and only a retry that leaves the first priority reaches the second replica.
+    health_only, second = await stub_extprocs(), await stub_extprocs()
+    refusing = free_port()
+
+    def build(listen_port: int, admin_port: int, access_log: Path) -> dict:
+        cfg = envoyconf.render(listen_port, admin_port, [refusing, second.port],
+                               {"judge.demo": upstreams["judge"].port}, str(access_log),
+                               prefer_first=True)
+        first = extproc_cluster(cfg)["load_assignment"]["endpoints"][0]["lb_endpoints"][0]
+        first["endpoint"]["health_check_config"] = {"port_value": health_only.port}
+        return cfg
+
+    envoy = envoyproc.EnvoyProcess.from_config(build, workdir=tmp_path / "envoy").start()
+    try:
+        await healthy(envoy, {refusing: True, second.port: True})
+        await send(envoy, REQUESTS)
+        assert second.streams == REQUESTS and health_only.streams == 0
+        assert envoy.extproc_health() == {refusing: True, second.port: True}
+    finally:
+        envoy.stop()
 
 
 async def send(envoy: envoyproc.EnvoyProcess, count: int) -> None:

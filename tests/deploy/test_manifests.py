@@ -524,6 +524,8 @@ def test_standalone_envoy_balances_over_the_replicas_and_health_checks_each(
     retry = filt["grpc_service"]["retry_policy"]
     assert set(retry["retry_on"].split(",")) == {"connect-failure", "refused-stream"}
     assert retry["retry_host_predicate"][0]["name"] == "envoy.retry_host_predicates.previous_hosts"
+    # ... at once, not after Envoy's default gRPC retry backoff (a jittered 0-1 s)
+    assert parse_duration(retry["retry_back_off"]["max_interval"]) <= 0.1
 
 
 def _envoy_binary() -> Path:
