@@ -26,6 +26,10 @@ from ..policy.events import Notice
 from ..policy.model import MemberObservation, PoolKey, PoolSpec, PoolStatus, PoolView, StartHints
 
 
+class WriteRefused(Exception):
+    """A ``scale`` that certainly changed nothing: never sent, or the API server refused it."""
+
+
 @dataclasses.dataclass(frozen=True)
 class PoolLoad:
     """One replica's counts for one pool: the drain epoch it obeys, in flight and held by member."""
@@ -111,7 +115,8 @@ class Platform(Protocol):
         """Finish or drop background work and close connections (after ``run`` ends)."""
 
     async def scale(self, key: PoolKey, member: str, replicas: int) -> None:
-        """Set a member's replicas: one attempt, raising on failure (the runtime retries)."""
+        """Set a member's replicas: one attempt, raising on failure (the runtime retries);
+        ``WriteRefused`` (or a subclass) when the write certainly changed nothing."""
 
     async def trigger(self, key: PoolKey, member: str) -> None:
         """llmkube mode: ``spec.replicas`` 0 -> 1 of ``member`` and nothing else, guarded by the

@@ -117,6 +117,15 @@ class CarryAnswered:
 
 
 @dataclass(frozen=True, slots=True)
+class WishesDropped:
+    """The runtime dropped every ``Scale`` wish of ours (hands-off, or the lead lost).
+    ``reached``: per member, the number of our latest ``Scale`` ask (counted from 1 per
+    member) whose scale-up may have reached the API server; a member left out: none did."""
+
+    reached: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """Time passed; deadlines up to now are due."""
 
@@ -135,7 +144,7 @@ class Close:
 
 Event = (RequestArrived | RequestEnded | MemberObserved | SpecChanged | IdleProbed | StatusObserved
          | ActuationChanged | AdmissionLease | LeadershipChanged | PeersObserved | DrainAnnounced
-         | CarryAnswered | Tick | Close)
+         | CarryAnswered | WishesDropped | Tick | Close)
 
 # ---- commands ---------------------------------------------------------------------------
 

@@ -45,7 +45,7 @@ from . import (admission, carry, deadlines, fairness, landing, modes, pacing, pr
 from .events import (ActuationChanged, AdmissionLease, Admit, CarryAnswered, Close, Command,
                      DrainAnnounced, Dropped, Event, Hold, IdleProbed, LeadershipChanged,
                      MemberObserved, Notice, PeersObserved, Reject, RequestArrived,
-                     RequestEnded, Scale, SpecChanged, StatusObserved, Tick)
+                     RequestEnded, Scale, SpecChanged, StatusObserved, Tick, WishesDropped)
 from .forecast import SwapHistory
 from .model import Actuation, MemberObservation, PoolSpec, PoolStatus, PoolView, StartHints
 from .reclaim import PolicyMemory, report_policy, track_idle
@@ -110,8 +110,7 @@ class PoolMachine:
     drain = property(attrgetter("fleet.drain"), doc="The drain announcement: (epoch, target).")
     admit_until = property(attrgetter("fleet.admit_until"), doc="This replica admits till then.")
     peers = property(attrgetter("fleet.peers"), doc="The other replicas' membership Leases.")
-    resident_since = property(attrgetter("policy_memory.resident_since"),
-                              doc="When the resident took the slot.")
+    resident_since = property(attrgetter("policy_memory.resident_since"), doc="Resident since.")
     idle_shown = property(attrgetter("policy_memory.idle_shown"), doc="residentIdleSince.")
 
     def handle(self, event: Event, now: float) -> list[Command]:
@@ -209,6 +208,8 @@ class PoolMachine:
                                       now - held.arrived))
             case CarryAnswered():
                 carry.answered(self, event, out)
+            case WishesDropped(reached):
+                self.landing.dropped(dict(reached), now, self.limits.write_landing)
             case Tick():
                 pass
             case _:

@@ -28,7 +28,8 @@ from ..policy.events import (AdmissionLease, Admit, CarryAnswered, CarrySlots,
                              Close, Command, Divert, DrainAnnounced, Dropped, Event, Hold,
                              IdleProbed, LeadershipChanged, MemberObserved, Notice,
                              PeersObserved, ProbeIdle, Reject, RequestArrived, RequestEnded,
-                             Scale, SpecChanged, StatusObserved, Tick, Trigger)
+                             Scale, SpecChanged, StatusObserved, Tick, Trigger,
+                             WishesDropped)
 from ..policy.admission import expected_wait
 from ..policy.machine import Limits, PolicyError, PoolMachine
 from ..policy.queues import PoolQueue, queue
@@ -77,6 +78,7 @@ class PoolDriver:
         self._gauged_members: set[str] = set()
         self._held_by: dict[str, int] = {}  # the held counts the gauges show
         self._broken = ""
+        self._after: list[Event] = []  # events a pass's commands caused, fed after the pass
         self._closed = False
         self._peers: tuple[PeerState, ...] = ()
         self._announcing = ""  # the drain target last handed to the platform
@@ -154,9 +156,12 @@ class PoolDriver:
 
     def lead(self, leading: bool) -> None:
         """This replica gained or lost the pool's leader Lease."""
-        if not leading:
-            self._scaler.cancel()  # a wish of the leader we were must never land later
-        self._feed(LeadershipChanged(leading))
+        if leading:
+            self._feed(LeadershipChanged(True))
+            return
+        dropped = self._scaler.cancel()  # a wish of the leader we were must never land later
+        self._feed(LeadershipChanged(False))
+        self._feed(WishesDropped(dropped))
 
     def observe_peers(self, peers: tuple[PeerState, ...]) -> None:
         """The other replicas' counts for this pool."""
@@ -206,6 +211,9 @@ class PoolDriver:
         # A resident hit booked in one pass changes none of the view, the held counts and the
         # next deadline (the exhaustive search checks it), so none is derived again.
         booked_only = machine.booked_only
+        if self._after:
+            self._feed(self._after.pop(0))  # what this pass's commands caused, next
+            return  # (that pass published and armed for both)
         if not booked_only:
             view = machine.view()
             shown = self._shown(view)
@@ -311,7 +319,9 @@ class PoolDriver:
         if not notices.report(notice, self.key, self._machine.actuation, self._machine.resident):
             return  # a follower's: the leader records the pool's Events
         if notice.kind == "ActuationChanged" and notice.target == Actuation.HANDS_OFF.value:
-            self._scaler.cancel()  # hands-off writes nothing: no wish of ours may land later
+            # hands-off writes nothing: no wish of ours may land later; the machine hears
+            # which ones died unsent once this pass is done
+            self._after.append(WishesDropped(self._scaler.cancel()))
         self._platform.notify(self.key, notice)
 
     def _shown(self, view: PoolView) -> tuple:

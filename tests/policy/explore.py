@@ -30,6 +30,7 @@ A violation carries the shortest trace that leads to it, one readable line per m
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from enum import Enum
@@ -40,7 +41,7 @@ from explore_env import (LEASE, NAMES, STATUS, TRIGGER, Env, holds_gpu, kubelet_
                          landable, lead, reconcile)
 from extproc.policy.events import (CarryAnswered, DrainAnnounced, Event, IdleProbed,
                                    MemberObserved, RequestArrived, RequestEnded, StatusObserved,
-                                   Tick)
+                                   Tick, WishesDropped)
 from extproc.policy.model import Actuation
 from extproc.policy.machine import PolicyError, PoolMachine
 from extproc.policy.model import (PHASE_READY, MemberObservation, PeerState, PoolKey,
@@ -255,7 +256,7 @@ class Search:
         now = m.now if at is None else at
         trace = node.trace + (f"t={now:g}s {label}",)
         child = Node(m, env, trace, said=node.said)
-        arrival = None
+        arrival, handed = None, m.actuation
         for event in events:
             full = None
             if isinstance(event, (RequestArrived, RequestEnded)):
@@ -279,10 +280,19 @@ class Search:
                     checks.carry_out(child, command)
             except checks.Unsafe as exc:
                 raise Violation(str(exc), trace) from None
-        if m.actuation.value == "hands-off" and child.env.patches:
-            # The runtime cancels its scaler with the spell (driver._on_notice); a patch
-            # already on the wire lands within the API's request timeout, long before a spell
-            # ends, so none is left in flight for the machine that resumes.
+        if m.actuation is Actuation.HANDS_OFF and handed is not Actuation.HANDS_OFF:
+            # The runtime cancels its scaler with the spell and tells the machine which wishes
+            # may have reached the API (driver._on_notice): a scale-up on the wire, or landed
+            # and not yet delivered by the watch. A patch already on the wire lands within the
+            # API's request timeout, long before a spell ends, so none is left in flight for
+            # the machine that resumes; the queued ones die unsent.
+            env = child.env
+            reached = {n for n, r, by in env.patches if r != TRIGGER and r > 0 and by < math.inf} \
+                | {n for n in env.dirty if n in NAMES and env.member(n).replicas > env.seen_member(n).replicas}
+            asks = m.landing.asks  # (the scaler counts the same asks: landing.py)
+            for command in m.handle(WishesDropped(tuple(
+                    (n, asks[n]) for n in sorted(reached) if n in asks)), now):
+                checks.carry_out(child, command)
             child.env = replace(child.env, patches=())
         try:
             checks.check_state(child, now, arrival)

@@ -15,11 +15,12 @@ from __future__ import annotations
 from extproc.logs import get_logger
 from extproc.platform.kube._calls import POOLS, SERVICES, counted, custom_path, resource_version_of
 from extproc.platform.kube.rest import ApiError, KubeClient
+from extproc.platform.contract import WriteRefused
 
 log = get_logger(__name__)
 
 
-class MemberMissing(Exception):
+class MemberMissing(WriteRefused):
     """The member InferenceService does not exist (the API answered 404)."""
 
     def __init__(self, namespace: str, member: str) -> None:

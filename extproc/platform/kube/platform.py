@@ -25,7 +25,7 @@ from extproc.platform.kube.rest import ApiError, KubeClient
 from extproc.platform.kube.routecheck import RouteChecker
 from extproc.platform.kube.status import StatusPublisher, StatusWriter
 from extproc.platform.kube.watcher import ClusterWatcher
-from extproc.platform.contract import CarryResult, PoolListener
+from extproc.platform.contract import CarryResult, PoolListener, WriteRefused
 from extproc.policy.events import Notice, is_warning
 from extproc.policy.model import PoolKey, PoolView
 from extproc.settings import Settings
@@ -33,8 +33,12 @@ from extproc.settings import Settings
 log = get_logger(__name__)
 
 
-class NotLeader(RuntimeError):
+class NotLeader(WriteRefused):
     """A write for a pool this replica does not lead (the runtime drops or retries it)."""
+
+
+class ScaleRefused(ApiError, WriteRefused):
+    """The API server answered a scale with a 4xx: nothing changed."""
 
 
 class KubePlatform:
@@ -132,6 +136,8 @@ class KubePlatform:
                 self._versions.forget(where)
                 with contextlib.suppress(*TRANSPORT_ERRORS, ApiError):
                     await self.watcher.reread(SERVICES, key.namespace, member)
+            if 400 <= exc.status < 500:
+                raise ScaleRefused(exc.status, exc.reason) from exc
             raise
         self._versions.wrote(where, version, answered)
 
