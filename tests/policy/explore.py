@@ -283,9 +283,9 @@ class Search:
         if m.actuation is Actuation.HANDS_OFF and handed is not Actuation.HANDS_OFF:
             # The runtime cancels its scaler with the spell and tells the machine which wishes
             # may have reached the API (driver._on_notice): a scale-up on the wire, or landed
-            # and not yet delivered by the watch. A patch already on the wire lands within the
-            # API's request timeout, long before a spell ends, so none is left in flight for
-            # the machine that resumes; the queued ones die unsent.
+            # and not yet delivered by the watch. A patch on the wire still lands (within the
+            # API's request timeout, perhaps after an operator resumed the pool); the queued
+            # ones die unsent.
             env = child.env
             reached = {n for n, r, by in env.patches if r != TRIGGER and r > 0 and by < math.inf} \
                 | {n for n in env.dirty if n in NAMES and env.member(n).replicas > env.seen_member(n).replicas}
@@ -293,7 +293,8 @@ class Search:
             for command in m.handle(WishesDropped(tuple(
                     (n, asks[n]) for n in sorted(reached) if n in asks)), now):
                 checks.carry_out(child, command)
-            child.env = replace(child.env, patches=())
+            child.env = replace(child.env, patches=tuple(
+                p for p in child.env.patches if p[2] < math.inf))
         try:
             checks.check_state(child, now, arrival)
         except checks.Unsafe as exc:

@@ -4,7 +4,8 @@ A fault is what the environment may do at most ``Env.faults`` times per trace (o
 scenario): foreign writes, a stuck pod, LLMKube's stale pass, a refused trigger, a slot step that
 fails or is never answered, a probe that cannot tell, a client leaving while held, a re-list,
 (where the scenario allows edits) an operator removing a member from the pool,
-and as a follower the leader giving a swap up or dying. ``explore.Search.moves`` offers them
+and as a follower the leader giving a swap up or dying. An operator's resume of a hands-off
+pool is offered too, once, and is no fault. ``explore.Search.moves`` offers them
 after the progress moves, never to a quiet cluster.
 """
 
@@ -15,6 +16,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from explore_env import NAMES, STATUS, TRIGGER, announce, reconcile
+from extproc.policy.model import Actuation
 from extproc.policy.events import (CarryAnswered, DrainAnnounced, Event, IdleProbed,
                                    LeadershipChanged, MemberObserved, RequestArrived,
                                    RequestEnded, SpecChanged, StatusObserved)
@@ -31,6 +33,11 @@ def clients_and_faults(node: Node, add: Callable[..., None]) -> None:
             add(f"request {env.rid} for {name} arrives",
                 replace(env, rid=env.rid + 1, arrivals=env.arrivals - 1),
                 RequestArrived(env.rid, name))
+    if m.actuation is Actuation.HANDS_OFF and not m.spec.resume:
+        # not a fault: an operator ends the spell at once (modes.RESUME_ANNOTATION), maybe
+        # while a scale-up of ours sent before it is still on the wire
+        add("an operator resumes the pool (annotation)", env,
+            SpecChanged(replace(m.spec, resume="1")))
     if not env.faults:
         return
     fault = replace(env, faults=env.faults - 1)

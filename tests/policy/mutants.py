@@ -115,4 +115,18 @@ MUTANTS: tuple[Mutant, ...] = (
            "        if idle:\n            swap.probing.discard(member)",
            "        if idle and False:\n            swap.probing.discard(member)",
            "an idle probe's 'idle' is not taken: Probing waits for ever"),
+    # ---- our writes the runtime dropped (landing.dropped) ---------------------------------
+    Mutant("drop-settles-the-wire", "landing.py",
+           "if reached.get(member, 0) < self.opened.get(member, 0):",
+           "if True:",
+           "a scale-up that may be on the wire is settled when the runtime drops its wishes"),
+    Mutant("drop-keeps-standing", "landing.py",
+           "            elif until == math.inf:\n                self.until[member] = now + bound",
+           "            elif False:\n                self.until[member] = now + bound",
+           "a dropped wish that may be on the wire still counts as standing (never withdrawn)"),
+    Mutant("drop-ignored", "machine.py",
+           "                self.landing.dropped(dict(reached), now, self.limits.write_landing)",
+           "                pass",
+           "the runtime's dropped wishes are not heard: the first swap after a hands-off "
+           "spell waits the write-landing bound for a write never sent"),
 )
