@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import asyncio
 
+from dataclasses import replace
+
 from devstack.testkit import eventually
 from extproc.platform.contract import WriteRefused
-from extproc.policy.model import PoolKey
+from extproc.policy.model import MemberObservation, PoolKey, PoolStatus
 from extproc.runtime.scaling import Retry, Scaler
+from test_driver import STOPPED, ScriptedPlatform, driver
 
 KEY = PoolKey("rt", "pool")
 RETRY = Retry(5.0, 5.0)  # a long backoff: the tests stop the scaler while it waits
@@ -34,6 +37,16 @@ class Platform:
                 raise ConnectionResetError("connection reset while awaiting the answer")
             case "hang":
                 await asyncio.Event().wait()
+
+
+class RefusingB(ScriptedPlatform):
+    """The driver tests' platform, whose API server refuses every scale of b (a 409)."""
+
+    async def scale(self, key: PoolKey, member: str, replicas: int) -> None:
+        """Record the call; refuse it for b."""
+        await super().scale(key, member, replicas)
+        if member == "b":
+            raise WriteRefused("409 the object has been modified")
 
 
 async def _stopped_after(platform: Platform, wishes: list[tuple[str, int]],
@@ -75,3 +88,22 @@ async def test_the_latest_wish_a_scale_up_carried_is_named_by_its_number() -> No
 
 async def test_a_scale_down_reaches_nothing_that_could_bring_a_member_up() -> None:
     assert await _stopped_after(Platform("hang"), [("a", 0)], 1) == ()
+
+
+async def test_the_driver_tells_the_machine_which_wishes_died_with_a_hands_off_switch() -> None:
+    """End to end in the runtime: b's scale-up is refused and retried when another writer
+    rewrites the status (hands-off); once an operator resumes the pool, a swap back to a
+    loads a at once, not after the write-landing bound (60 s) for b's write never landed."""
+    platform = RefusingB()
+    d = driver(platform)
+    d.arrive("b")
+    await eventually(lambda: ("a", 0) in platform.scales, 5, "a scaled down")
+    d.observe(MemberObservation("a", **STOPPED))
+    await eventually(lambda: platform.scales.count(("b", 1)) >= 2, 5, "b refused, retried")
+    d.observe_status(PoolStatus(resident="a", foreign=True))
+    assert [n.target for n in platform.notices if n.kind == "ActuationChanged"] == ["hands-off"]
+    d.respec(replace(d.spec, resume="1"))
+    d.arrive("a")
+    await eventually(lambda: ("a", 1) in platform.scales, 5, "a asked up at once")
+    assert ("b", 0) not in platform.scales  # nothing to withdraw: b's wish never landed
+    d.close()
