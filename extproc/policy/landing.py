@@ -24,7 +24,8 @@ forgetting a member removed from the pool meanwhile would leave it up with nobod
 
 Rules of this file: it owns ``Landing`` (``m.landing``) and imports nothing of the policy's
 rules; every change to it is one of its methods, called when we ask a member up or down
-(``PoolMachine.scale``, ``steps_llmkube.trigger``) and when the watch shows a member.
+(``PoolMachine.scale``, ``steps_llmkube.trigger``), when the watch shows a member, and when
+the runtime drops our wishes (``WishesDropped``).
 """
 
 from __future__ import annotations
