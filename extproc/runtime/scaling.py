@@ -41,7 +41,7 @@ class Scaler:
         self._retry = retry
         self._wanted: dict[str, int] = {}
         self._asks: dict[str, int] = {}  # member -> wishes so far (the policy counts the same)
-        self._reached: dict[str, int] = {}  # member -> the latest wish whose scale-up may land
+        self._reached: dict[str, int] = {}  # member -> latest wish a scale-up may land (0: none)
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._triggers: dict[str, asyncio.Task[None]] = {}
 
@@ -71,13 +71,13 @@ class Scaler:
         has landed (a call cut off on the wire counts: it may land yet)."""
         for task in [*self._workers.values(), *self._triggers.values()]:
             task.cancel()
-        return tuple(sorted(self._reached.items()))
+        return tuple(sorted((m, ask) for m, ask in self._reached.items() if ask))
 
     async def _work(self, member: str) -> None:
         applied = None
         backoff = Backoff(self._retry.initial, self._retry.maximum)
         while (wanted := self._wanted[member]) != applied:
-            before = self._reached.get(member)
+            before = self._reached.get(member, 0)
             if wanted > 0:
                 self._reached[member] = self._asks[member]  # it may land from here on
             failure = await _call(self._platform.scale(self._key, member, wanted))
@@ -85,11 +85,8 @@ class Scaler:
                 applied = wanted
                 backoff.reset()
                 continue
-            if isinstance(failure, WriteRefused) and wanted > 0:  # it changed nothing
-                if before is None:
-                    del self._reached[member]
-                else:
-                    self._reached[member] = before
+            if isinstance(failure, WriteRefused):
+                self._reached[member] = before  # it changed nothing
             await self._wait_out(failure, backoff, "scale", member, wanted)
 
     async def _trigger(self, member: str) -> None:

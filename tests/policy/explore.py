@@ -82,6 +82,23 @@ _FIELDS: dict[type, tuple[str, ...]] = {}
 _SHARED: dict[int, object] = {}  # id -> fingerprint of shared frozen values (PoolSpec)
 
 
+
+def _drop_wishes(child: Node, now: float) -> None:
+    """The runtime cancels its scaler with a hands-off spell and tells the machine which
+    wishes may have reached the API (driver._on_notice): a scale-up on the wire, or landed and
+    not yet delivered by the watch. A patch on the wire still lands (within the API's request
+    timeout, perhaps after an operator resumed the pool); the queued ones die unsent."""
+    m, env = child.machine, child.env
+    on_wire = {n for n, r, by in env.patches if r != TRIGGER and r > 0 and by < math.inf}
+    unseen = {n for n in env.dirty
+              if n in NAMES and env.member(n).replicas > env.seen_member(n).replicas}
+    asks = m.landing.asks  # (the scaler counts the same asks: landing.py)
+    reached = tuple((n, asks[n]) for n in sorted(on_wire | unseen) if n in asks)
+    for command in m.handle(WishesDropped(reached), now):
+        checks.carry_out(child, command)
+    child.env = replace(child.env, patches=tuple(p for p in child.env.patches if p[2] < math.inf))
+
+
 def _shown(m: PoolMachine) -> tuple:
     """What the driver derives from the machine after an event: the view without its held and
     in-flight counts (gauges), the held counts by member, and the next deadline."""
@@ -281,20 +298,7 @@ class Search:
             except checks.Unsafe as exc:
                 raise Violation(str(exc), trace) from None
         if m.actuation is Actuation.HANDS_OFF and handed is not Actuation.HANDS_OFF:
-            # The runtime cancels its scaler with the spell and tells the machine which wishes
-            # may have reached the API (driver._on_notice): a scale-up on the wire, or landed
-            # and not yet delivered by the watch. A patch on the wire still lands (within the
-            # API's request timeout, perhaps after an operator resumed the pool); the queued
-            # ones die unsent.
-            env = child.env
-            reached = {n for n, r, by in env.patches if r != TRIGGER and r > 0 and by < math.inf} \
-                | {n for n in env.dirty if n in NAMES and env.member(n).replicas > env.seen_member(n).replicas}
-            asks = m.landing.asks  # (the scaler counts the same asks: landing.py)
-            for command in m.handle(WishesDropped(tuple(
-                    (n, asks[n]) for n in sorted(reached) if n in asks)), now):
-                checks.carry_out(child, command)
-            child.env = replace(child.env, patches=tuple(
-                p for p in child.env.patches if p[2] < math.inf))
+            _drop_wishes(child, now)
         try:
             checks.check_state(child, now, arrival)
         except checks.Unsafe as exc:
