@@ -84,8 +84,10 @@ class Settings:
                        "(use 0.0.0.0:9002 in a pod)", group="listeners", metavar="HOST:PORT")
     metrics_listen: str = _opt("127.0.0.1:9090", "HTTP address serving /metrics and /healthz "
                                "(empty disables it)", group="listeners", metavar="HOST:PORT")
-    tls_cert: str = _opt("", "PEM certificate for TLS on the gRPC listener (with --tls-key)",
-                         group="listeners", metavar="FILE")
+    tls_cert: str = _opt("", "PEM certificate for TLS on the gRPC listener (with --tls-key); "
+                         "it, the key and the client CA are re-read when they change "
+                         "(rotation): new connections get the new ones", group="listeners",
+                         metavar="FILE")
     tls_key: str = _opt("", "PEM private key for TLS on the gRPC listener", group="listeners",
                         metavar="FILE")
     tls_client_ca: str = _opt("", "PEM CA bundle; when set, clients must present a certificate "

@@ -3,20 +3,21 @@
 Two servers can carry the service's gRPC (``--grpc-server``): ``native``, this package's own
 HTTP/2 server on the event loop, and ``grpcio``, grpc.aio on gRPC core. Both take generic
 handlers the same way; ``start`` builds the chosen one, lets the caller register its handlers,
-binds ``--listen`` (with TLS when configured) and starts it.
+binds ``--listen`` (with TLS when configured, re-read when its files change: tlsfiles.py)
+and starts it.
 """
 
 from __future__ import annotations
 
 import ssl
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
 
 from ..settings import Settings
 from . import listener as native
+from .tlsfiles import TlsFiles
 
 
 class GrpcServer(Protocol):
@@ -56,14 +57,13 @@ async def start(settings: Settings, register: Callable[[Any], None],
 
 def tls_context(s: Settings) -> ssl.SSLContext | None:
     """The native server's TLS context (None without --tls-cert)."""
-    return native.tls_context(s.tls_cert, s.tls_key, s.tls_client_ca) if s.tls_cert else None
+    if not s.tls_cert:
+        return None
+    return TlsFiles(s.tls_cert, s.tls_key, s.tls_client_ca).native_context()
 
 
 def _bind(server: grpc.aio.Server, s: Settings) -> int:
     if not s.tls_cert:
         return server.add_insecure_port(s.listen)
-    key, cert = Path(s.tls_key).read_bytes(), Path(s.tls_cert).read_bytes()
-    ca = Path(s.tls_client_ca).read_bytes() if s.tls_client_ca else None
-    credentials = grpc.ssl_server_credentials([(key, cert)], root_certificates=ca,
-                                              require_client_auth=ca is not None)
+    credentials = TlsFiles(s.tls_cert, s.tls_key, s.tls_client_ca).grpc_credentials()
     return server.add_secure_port(s.listen, credentials)

@@ -5,7 +5,11 @@ handshake fails safe (the 503 fallback, never a member)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import shutil
+import ssl
 from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable
 
@@ -128,6 +132,96 @@ async def test_with_mutual_tls_the_kubelet_probes_a_plaintext_health_port(
     assert await process_status(service.health_port) == grpc.StatusCode.UNIMPLEMENTED
     await service.stop()  # NOT_SERVING on the way down, then the port closes
     assert await refused(service.health_port, None)
+
+
+def install(files: dict[str, Path], folder: Path) -> None:
+    """Put each source file at folder/name by rename, as a Secret volume update does."""
+    for name, source in files.items():
+        staged = folder / f".{name}.new"
+        shutil.copyfile(source, staged)
+        os.replace(staged, folder / name)
+
+
+async def served_certificate(port: int, client: certs.Pair) -> bytes:
+    """The DER certificate the listener presents to a new connection."""
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    context.load_cert_chain(client.cert, client.key)
+    context.set_alpn_protocols(["h2"])
+    _, writer = await asyncio.wait_for(
+        asyncio.open_connection("127.0.0.1", port, ssl=context), 10)
+    der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+    writer.close()
+    return der
+
+
+def der(pair: certs.Pair) -> bytes:
+    """The DER bytes of a PEM certificate file."""
+    return ssl.PEM_cert_to_DER_cert(pair.cert.read_text())
+
+
+@pytest.mark.parametrize("grpc_server", ["native", "grpcio"])
+async def test_rotated_certificate_and_client_ca_reach_new_connections(
+        tmp_path: Path, pki: Pki, grpc_server: str) -> None:
+    # cert-manager renews: the Secret volume's files are replaced under the running service.
+    # New connections get the new certificate and are checked against the new client CA;
+    # a connection made before the rotation keeps working.
+    live = tmp_path / "live"
+    live.mkdir()
+    install({"tls.crt": pki.server.cert, "tls.key": pki.server.key, "ca.crt": pki.ca.cert},
+            live)
+    pools = tmp_path / "pools.yaml"
+    pools.write_text(POOLS)
+    service = Service(settings_for(pools, tls_cert=str(live / "tls.crt"),
+                                   tls_key=str(live / "tls.key"),
+                                   tls_client_ca=str(live / "ca.crt"), grpc_server=grpc_server))
+    await service.start()
+    target = f"127.0.0.1:{service.grpc_port}"
+    try:
+        async with grpc.aio.secure_channel(target, credentials(pki, pki.client)) as before:
+            stub = health_pb2_grpc.HealthStub(before)
+            assert (await stub.Check(health_pb2.HealthCheckRequest(), timeout=5)).status \
+                == SERVING
+            assert await served_certificate(service.grpc_port, pki.client) == der(pki.server)
+
+            (tmp_path / "renewed").mkdir()
+            renewed = Pki(tmp_path / "renewed")
+            install({"tls.crt": renewed.server.cert, "tls.key": renewed.server.key,
+                     "ca.crt": renewed.ca.cert}, live)
+            assert await served_certificate(service.grpc_port, renewed.client) \
+                == der(renewed.server)
+            assert await health(service.grpc_port, credentials(renewed, renewed.client)) \
+                == SERVING
+            # the old client certificate is no longer signed by the client CA
+            assert await refused(service.grpc_port, credentials(renewed, pki.client))
+            # the connection made before the rotation goes on
+            assert (await stub.Check(health_pb2.HealthCheckRequest(), timeout=5)).status \
+                == SERVING
+    finally:
+        await service.stop()
+
+
+async def test_a_half_written_rotation_keeps_the_previous_certificate(
+        tmp_path: Path, pki: Pki) -> None:
+    # The certificate lands before its key: the handshake keeps the old pair, then takes the
+    # new one as soon as both are in place.
+    live = tmp_path / "live"
+    live.mkdir()
+    install({"tls.crt": pki.server.cert, "tls.key": pki.server.key}, live)
+    pools = tmp_path / "pools.yaml"
+    pools.write_text(POOLS)
+    service = Service(settings_for(pools, tls_cert=str(live / "tls.crt"),
+                                   tls_key=str(live / "tls.key")))
+    await service.start()
+    try:
+        (tmp_path / "renewed").mkdir()
+        renewed = Pki(tmp_path / "renewed")
+        install({"tls.crt": renewed.server.cert}, live)
+        assert await served_certificate(service.grpc_port, pki.client) == der(pki.server)
+        install({"tls.key": renewed.server.key}, live)
+        assert await served_certificate(service.grpc_port, pki.client) == der(renewed.server)
+    finally:
+        await service.stop()
 
 
 def tls_template(directory: Path, pki: Pki, client: certs.Pair | None) -> Path:
