@@ -1,5 +1,6 @@
-"""Credentials: kubeconfig users of every plain kind, in-cluster with a rotating token, and an
-exec plugin (handed to the kubernetes package), each making real calls to the API emulator."""
+"""Credentials: kubeconfig users of every plain kind, in-cluster with a rotating token, and
+exec plugins (run again when their credential expires), each making real calls to the API
+emulator; an auth-provider user without the kubernetes package says which extra it needs."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from extproc.platform.kube import credentials as creds_module
 from extproc.platform.kube.client import make_api_client
 from extproc.platform.kube.credentials import CredentialsError, from_kubeconfig, in_cluster
 from extproc.platform.kube.rest import KubeClient
-from extproc.settings import Settings
+from extproc.settings import ConfigError, Settings
 
 PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
 
@@ -60,17 +61,84 @@ async def test_kubeconfig_env_list_uses_its_first_file(emulator: Any, tmp_path: 
     assert await caller_of_a_call(emulator, await make_api_client(Settings())) == "first"
 
 
-async def test_exec_plugin_goes_through_the_kubernetes_package(emulator: Any,
-                                                               tmp_path: Path) -> None:
-    plugin = tmp_path / "plugin.py"
-    plugin.write_text("import json\nprint(json.dumps({'apiVersion': "
-                      "'client.authentication.k8s.io/v1beta1', 'kind': 'ExecCredential', "
-                      "'status': {'token': 'plugin-token'}}))\n")
-    path = kubeconfig(tmp_path / "kc", emulator.url, {"exec": {
-        "apiVersion": "client.authentication.k8s.io/v1beta1", "command": sys.executable,
-        "args": [str(plugin)], "interactiveMode": "Never"}})
+def exec_plugin(folder: Path, expirations: list[str]) -> tuple[Path, Path]:
+    """A plugin printing token run<N>-token on its Nth run, expiring at expirations[N-1]
+    (the last one repeats; "" for none); (the script, the file counting its runs)."""
+    runs = folder / "runs"
+    plugin = folder / "plugin.py"
+    plugin.write_text(f"""import json, os, pathlib
+runs = pathlib.Path({str(runs)!r})
+n = int(runs.read_text()) + 1 if runs.exists() else 1
+runs.write_text(str(n))
+info = json.loads(os.environ["KUBERNETES_EXEC_INFO"])
+assert info["spec"]["interactive"] is False, info
+expirations = {expirations!r}
+status = {{"token": f"run{{n}}-token"}}
+if expirations[min(n, len(expirations)) - 1]:
+    status["expirationTimestamp"] = expirations[min(n, len(expirations)) - 1]
+print(json.dumps({{"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
+                  "status": status}}))
+""")
+    return plugin, runs
+
+
+def exec_user(plugin: Path, **extra: Any) -> dict:
+    """A kubeconfig user running ``plugin`` with this Python."""
+    return {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": sys.executable,
+                     "args": [str(plugin)], "interactiveMode": "Never", **extra}}
+
+
+async def test_exec_plugin_token_is_sent(emulator: Any, tmp_path: Path) -> None:
+    plugin, _ = exec_plugin(tmp_path, [""])
+    path = kubeconfig(tmp_path / "kc", emulator.url, exec_user(plugin))
     assert await caller_of_a_call(emulator, KubeClient(await from_kubeconfig(str(path)))) == \
-        "plugin"
+        "run1"
+
+
+async def test_exec_plugin_runs_again_when_its_credential_expires(emulator: Any,
+                                                                 tmp_path: Path) -> None:
+    # EKS tokens last 15 minutes: the plugin says when, and is run again from then on, once.
+    plugin, runs = exec_plugin(tmp_path, ["2000-01-01T00:00:00Z", "2999-01-01T00:00:00Z"])
+    path = kubeconfig(tmp_path / "kc", emulator.url, exec_user(plugin))
+    client = KubeClient(await from_kubeconfig(str(path)))
+    try:
+        for _ in range(3):
+            await client.call("GET", "/apis/inference.llmkube.dev/v1alpha1/modelpools")
+    finally:
+        await client.close()
+    assert [c[0] for c in emulator.handler.callers[-3:]] == ["run2"] * 3
+    assert runs.read_text() == "2"
+
+
+async def test_exec_plugin_failures_say_what_is_wrong(tmp_path: Path) -> None:
+    failing = tmp_path / "failing.py"
+    failing.write_text("import sys\nprint('no credentials: run aws sso login', "
+                       "file=sys.stderr)\nsys.exit(3)\n")
+    path = kubeconfig(tmp_path / "kc", "http://127.0.0.1:1", exec_user(failing))
+    with pytest.raises(CredentialsError, match="exited 3: no credentials: run aws sso login"):
+        await from_kubeconfig(str(path))
+    path = kubeconfig(tmp_path / "kc", "http://127.0.0.1:1", {"exec": {
+        "apiVersion": "client.authentication.k8s.io/v1", "command": "no-such-plugin-here",
+        "installHint": "install it with brew"}})
+    with pytest.raises(CredentialsError, match="cannot run.*install it with brew"):
+        await from_kubeconfig(str(path))
+    path = kubeconfig(tmp_path / "kc", "http://127.0.0.1:1",
+                      exec_user(failing, interactiveMode="Always"))
+    with pytest.raises(CredentialsError, match="interactiveMode Always"):
+        await from_kubeconfig(str(path))
+
+
+async def test_auth_provider_without_the_kubernetes_package_names_the_extra(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for module in ("kubernetes", "kubernetes.aio", "kubernetes.aio.client",
+                   "kubernetes.aio.config"):
+        monkeypatch.setitem(sys.modules, module, None)  # as if the extra were not installed
+    path = kubeconfig(tmp_path / "kc", "https://127.0.0.1:1", {"auth-provider": {
+        "name": "oidc", "config": {"id-token": "x", "idp-issuer-url": "https://127.0.0.1:2"}}})
+    with pytest.raises(ConfigError) as error:
+        await make_api_client(Settings(kubeconfig=str(path)))
+    assert "pip install 'modelpool-extproc[auth-provider]'" in str(error.value)
+    assert "\n" not in str(error.value)
 
 
 async def test_certificates_and_basic_auth_are_read(tmp_path: Path) -> None:

@@ -2,29 +2,45 @@
 
 The common cases are read here directly: the pod's service account (token re-read as the
 kubelet rotates it), and a kubeconfig user with a token, a token file, a client certificate
-or basic auth, with the cluster's CA or insecure-skip-tls-verify. A kubeconfig user that needs
-an exec plugin or an auth-provider (cloud logins) is handed to the ``kubernetes`` package's
-own loader, imported only then, because re-implementing those plugins would be neither small
-nor careful; only that case pays for the package's memory.
+or basic auth, with the cluster's CA or insecure-skip-tls-verify. A user with an exec plugin
+(EKS, GKE, AKS logins) runs it through ``execauth.py``, again whenever its credential expires
+or the API server answers 401. A user with a legacy ``auth-provider`` is handed to the
+``kubernetes`` package's own loader (the optional extra ``auth-provider``), imported only
+then, and loaded again on a 401: re-implementing those providers would be neither small nor
+careful.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import ssl
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from extproc.logs import get_logger
+from extproc.platform.kube.execauth import ExecError, ExecPlugin, ExecResult
+
+log = get_logger(__name__)
+
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 # Bound service-account tokens rotate (about hourly); re-reading each minute, as client-go
 # does, keeps requests authenticated without watching the file.
 TOKEN_REREAD_S = 60.0
+# A renewed credential is fetched this long before it expires, so no request carries a token
+# that lapses on its way (and a clock a little behind the issuer's does not matter).
+EXPIRY_MARGIN_S = 10.0
+# After a failed renewal (a plugin's network blip) requests go on with the old credential and
+# its 401s; the plugin is not run again sooner than this.
+RENEW_RETRY_S = 5.0
+AUTH_PROVIDER_EXTRA = "modelpool-extproc[auth-provider]"
 
 
 class CredentialsError(Exception):
@@ -43,7 +59,13 @@ class Credentials:
     token: str = ""
     token_file: str = ""
     basic: str = ""  # "user:password"
+    expires_at: float | None = None  # Unix time the token or certificate lapses (exec plugins)
+    # runs an exec plugin or an auth-provider again: a fresh credential
+    renewer: Callable[[], Awaitable[ExecResult]] | None = field(default=None, repr=False)
     _token_read_at: float = field(default=-1e9, repr=False)
+    _context: ssl.SSLContext | None = field(default=None, repr=False)
+    _renewing: asyncio.Lock | None = field(default=None, repr=False)
+    _failed_at: float = field(default=-1e9, repr=False)
 
     def ssl_context(self) -> ssl.SSLContext | bool:
         """TLS settings for aiohttp: a context for https, True (default) for plain http."""
@@ -55,7 +77,47 @@ class Credentials:
             context.verify_mode = ssl.CERT_NONE
         if self.cert_file:
             context.load_cert_chain(self.cert_file, self.key_file or None)
+        self._context = context  # a renewed client certificate is loaded into it
         return context
+
+    async def refresh(self) -> None:
+        """Renew an exec credential that has expired (or is about to); before each request."""
+        if self.renewer is not None and self.expires_at is not None and \
+                time.time() >= self.expires_at - EXPIRY_MARGIN_S:
+            await self._renew(self.headers())
+
+    async def rejected(self, sent: dict[str, str]) -> bool:
+        """The API server answered 401 to ``sent`` headers: renew; True when a retry may pass."""
+        if self.renewer is None:
+            return False
+        return await self._renew(sent)
+
+    async def _renew(self, sent: dict[str, str]) -> bool:
+        """Run the renewer once for all the requests that saw the same credential fail."""
+        if self._renewing is None:
+            self._renewing = asyncio.Lock()
+        async with self._renewing:
+            if self.headers() != sent:
+                return True  # another request renewed it meanwhile
+            if time.monotonic() - self._failed_at < RENEW_RETRY_S:
+                return False
+            assert self.renewer is not None
+            try:
+                self.apply(await self.renewer())
+            except Exception as exc:  # a plugin's failure: the request answers 401 (retryable)
+                self._failed_at = time.monotonic()
+                log.warning("kubernetes credential not renewed", error=str(exc).strip()[:300])
+                return False
+        log.info("kubernetes credential renewed")
+        return True
+
+    def apply(self, result: ExecResult) -> None:
+        """Take a new credential: its token, or its client certificate for new connections."""
+        self.token, self.expires_at = result.token, result.expires_at
+        if result.cert:
+            self.cert_file, self.key_file = _private_files(result.cert, result.key)
+            if self._context is not None:
+                self._context.load_cert_chain(self.cert_file, self.key_file)
 
     def headers(self) -> dict[str, str]:
         """The Authorization header (none for a client-certificate user)."""
@@ -94,8 +156,8 @@ async def from_kubeconfig(path: str) -> Credentials:
     context = _named(config, "contexts", config.get("current-context"))
     cluster = _named(config, "clusters", context.get("cluster"))
     user = _named(config, "users", context.get("user"), required=False)
-    if "exec" in user or "auth-provider" in user:
-        return await _with_kubernetes_package(first)
+    if "auth-provider" in user:
+        return await _with_auth_provider(first)
     creds = Credentials(server=str(cluster.get("server") or "").rstrip("/"),
                         insecure=bool(cluster.get("insecure-skip-tls-verify")),
                         token=str(user.get("token") or ""),
@@ -108,6 +170,13 @@ async def from_kubeconfig(path: str) -> Credentials:
     cert, key = _pem(base, user, "client-certificate"), _pem(base, user, "client-key")
     if cert:
         creds.cert_file, creds.key_file = _private_files(cert, key)
+    if user.get("exec"):
+        try:
+            plugin = ExecPlugin(user["exec"], base, cluster)
+            creds.renewer = plugin.run
+            creds.apply(await plugin.run())
+        except ExecError as exc:
+            raise CredentialsError(f"kubeconfig {first}: {exc}") from None
     return creds
 
 
@@ -147,11 +216,27 @@ def _private_files(cert: str, key: str) -> tuple[str, str]:
     return paths[0], paths[1] if key else ""
 
 
-async def _with_kubernetes_package(path: str) -> Credentials:
-    """Run the kubernetes package's kubeconfig loader (exec plugins, auth-providers)."""
-    from kubernetes.aio import config  # noqa: PLC0415 - imported only for these users
-    from kubernetes.aio.client import Configuration  # noqa: PLC0415
+async def _with_auth_provider(path: str) -> Credentials:
+    """An ``auth-provider`` user, through the kubernetes package; loaded again on a 401."""
+    creds = await _kubernetes_package_load(path)
 
+    async def renew() -> ExecResult:
+        again = await _kubernetes_package_load(path)
+        return ExecResult(token=again.token)
+
+    creds.renewer = renew
+    return creds
+
+
+async def _kubernetes_package_load(path: str) -> Credentials:
+    """Run the kubernetes package's kubeconfig loader (auth-providers: gcp, azure, oidc)."""
+    try:
+        from kubernetes.aio import config  # noqa: PLC0415 - imported only for these users
+        from kubernetes.aio.client import Configuration  # noqa: PLC0415
+    except ImportError:
+        raise CredentialsError(f"kubeconfig {path} uses an auth-provider, which needs the "
+                               f"kubernetes package: pip install '{AUTH_PROVIDER_EXTRA}'") \
+            from None
     loaded = Configuration()
     await config.load_kube_config(config_file=path, client_configuration=loaded,
                                   persist_config=False)

@@ -48,16 +48,27 @@ class KubeClient:
     async def open(self, method: str, path: str, *, params: dict[str, Any] | None = None,
                    body: Any = None, content_type: str = MERGE_PATCH,
                    timeout: float | None = None) -> aiohttp.ClientResponse:
-        """Send a request and return the response unread (for watch streams); any status."""
-        headers = {"Accept": "application/json", **self.credentials.headers()}
-        data = None
-        if body is not None:
-            headers["Content-Type"] = content_type
-            data = json.dumps(body).encode()
+        """Send a request and return the response unread (for watch streams); any status.
+
+        An expired exec credential is renewed first; a 401 renews it (when it can be) and
+        sends the request once more.
+        """
+        data = None if body is None else json.dumps(body).encode()
         query = {k: _query_value(v) for k, v in (params or {}).items() if v is not None}
-        return await self._http().request(
-            method, path, params=query, data=data, headers=headers,
-            timeout=aiohttp.ClientTimeout(total=timeout or self.request_timeout))
+        retried = False
+        while True:
+            await self.credentials.refresh()
+            sent = self.credentials.headers()
+            headers = {"Accept": "application/json", **sent}
+            if data is not None:
+                headers["Content-Type"] = content_type
+            resp = await self._http().request(
+                method, path, params=query, data=data, headers=headers,
+                timeout=aiohttp.ClientTimeout(total=timeout or self.request_timeout))
+            if resp.status != 401 or retried or not await self.credentials.rejected(sent):
+                return resp
+            resp.release()
+            retried = True
 
     async def call(self, method: str, path: str, **kwargs: Any) -> tuple[int, dict]:
         """Send a request and decode its JSON answer: (status, body); ApiError on non-2xx."""
