@@ -9,6 +9,7 @@ import pytest
 from kube_helpers import NS, Recorder, eventually, isvc, modelpool, pod, running
 
 from extproc.metrics import WATCH_RESTARTS
+from extproc.platform.kube import watchloop
 from extproc.policy.model import MemberObservation, PoolKey
 
 KEY = PoolKey(NS, "slot")
@@ -245,3 +246,37 @@ async def test_paced_release_reads_a_ready_members_slot_count_once(emulator: Any
         assert member.stats.by_path.get("/slots") == 1  # read once for this load
     finally:
         await member.stop()
+
+
+async def test_a_watch_event_longer_than_a_read_buffer_arrives(emulator: Any, api: Any) -> None:
+    # A 1 MB annotation makes one event line over aiohttp's readline limit (its read buffer:
+    # 512 KiB in 3.14, 128 KiB before).
+    seed(emulator)
+    recorder = Recorder()
+    async with running(api, recorder) as watcher:
+        recorder.take()
+        emulator.patch("inferenceservices", "b",
+                       {"metadata": {"annotations": {"notes": "x" * 1_000_000}}}, NS)
+        emulator.patch("inferenceservices", "b", {"status": {"phase": "Progressing"}}, NS,
+                       subresource="status")
+        await eventually(lambda: watcher.observation(KEY, "b").phase == "Progressing",
+                         timeout=8)
+        # and the watch goes on
+        emulator.patch("inferenceservices", "a", {"spec": {"replicas": 0}}, NS)
+        await eventually(lambda: watcher.observation(KEY, "a").replicas == 0, timeout=8)
+
+
+async def test_a_watch_event_over_the_limit_costs_a_relist_not_the_watch(
+        emulator: Any, api: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(watchloop, "EVENT_LIMIT", 50_000)
+    seed(emulator)
+    too_long = WATCH_RESTARTS.labels("inferenceservices", "too-long")
+    before = too_long._value.get()
+    async with running(api, Recorder()) as watcher:
+        emulator.patch("inferenceservices", "b",
+                       {"metadata": {"annotations": {"notes": "x" * 100_000}},
+                        "spec": {"replicas": 3}}, NS)
+        await eventually(lambda: watcher.observation(KEY, "b").replicas == 3, timeout=8)
+        assert too_long._value.get() > before
+        emulator.patch("inferenceservices", "a", {"spec": {"replicas": 0}}, NS)
+        await eventually(lambda: watcher.observation(KEY, "a").replicas == 0, timeout=8)

@@ -4,8 +4,10 @@ Theory of operation. A watch that ends at ``timeout_seconds`` is simply resumed 
 version seen (bookmarks on). A 410 Gone (as an HTTP status or as an ERROR event) means that
 version was compacted away: the loop re-lists and hands the whole list over, so a change made
 while it was blind is still seen. Any other failure (API unreachable, 5xx, reset) is retried
-with jittered exponential backoff, resuming from the last version. The ClusterWatcher runs one
-loop per (kind, namespace); the replicas' Lease watch runs one more.
+with jittered exponential backoff, resuming from the last version. An event longer than
+``EVENT_LIMIT`` (far above what etcd stores) is not read: the loop re-lists instead, so an
+oversized object costs one list, never a watch that retries the same event for ever. The
+ClusterWatcher runs one loop per (kind, namespace); the replicas' Lease watch runs one more.
 """
 
 from __future__ import annotations
@@ -23,6 +25,15 @@ from extproc.platform.kube.rest import ApiError, KubeClient
 from extproc.settings import Settings
 
 log = get_logger(__name__)
+
+# One watch event (one JSON line) at most this long. etcd keeps objects under 1.5 MiB by
+# default and the API server's requests under 3 MiB; aiohttp's readline stops at its read
+# buffer (512 KiB in 3.14, 128 KiB before), under what a big object reaches.
+EVENT_LIMIT = 16 << 20
+
+
+class EventTooLong(Exception):
+    """A watch event exceeded EVENT_LIMIT: the stream cannot go on past it."""
 
 
 class CollectionWatch:
@@ -64,6 +75,12 @@ class CollectionWatch:
                 else:
                     # A watch that ends cleanly at once would otherwise become a busy loop.
                     reason, delay = "early-end", backoff.next_delay()
+            except EventTooLong as exc:
+                # Resuming would meet the same event: a list reads the object whole and the
+                # next watch starts after it.
+                reason, version, delay = "too-long", "", backoff.next_delay()
+                log.warning("watch event too long, re-listing", resource=self.resource,
+                            namespace=self._scope, error=str(exc))
             except ApiError as exc:
                 if exc.status == 410:
                     # The version we hold was compacted: only a fresh list can tell what
@@ -117,9 +134,9 @@ class CollectionWatch:
         resp = await self._open("watch", float(self._timeout + 30), watch=True,
                                 allowWatchBookmarks=True, resourceVersion=version,
                                 timeoutSeconds=self._timeout)
-        first = True
+        first, lines = True, _Lines(resp.content)
         try:
-            while line := await resp.content.readline():
+            while line := await lines.next():
                 if first:
                     progressed()
                     first = False
@@ -134,3 +151,33 @@ class CollectionWatch:
         finally:
             resp.close()
         return version
+
+
+
+class _Lines:
+    """A watch stream's lines, each of any length up to EVENT_LIMIT (aiohttp's readline stops
+    at its read buffer's size)."""
+
+    def __init__(self, content: Any) -> None:
+        self._content = content
+        self._buf = bytearray()
+        self._scanned = 0  # bytes of _buf known to hold no newline
+
+    async def next(self) -> bytes:
+        """The next line with its newline; b"" at the stream's end; EventTooLong past the
+        limit."""
+        while True:
+            end = self._buf.find(b"\n", self._scanned)
+            if end >= EVENT_LIMIT or (end < 0 and len(self._buf) > EVENT_LIMIT):
+                raise EventTooLong(f"a watch event is over {EVENT_LIMIT} bytes")
+            if end >= 0:
+                line = bytes(self._buf[:end + 1])
+                del self._buf[:end + 1]
+                self._scanned = 0
+                return line
+            self._scanned = len(self._buf)
+            chunk = await self._content.readany()
+            if not chunk:
+                line, self._buf, self._scanned = bytes(self._buf), bytearray(), 0
+                return line
+            self._buf += chunk
