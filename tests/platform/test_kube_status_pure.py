@@ -197,3 +197,19 @@ def test_resident_idle_since_is_written_as_utc_time() -> None:
                                  members=(READY_A, STOPPED_B),
                                  resident_idle_since=T0.timestamp()), {}, T1)
     assert status["residentIdleSince"] == STAMP0
+
+
+MESSAGE_LIMIT = 32768  # the CRD's maxLength of a condition message
+
+
+def test_a_message_over_the_crd_limit_is_cut_with_a_marker() -> None:
+    failure = "CUDA error: out of memory\n" + "at frame\n" * 5000
+    status = desired_status(view(failed_member="a", failed_message=failure), {}, T0,
+                            spec_problems=("x" * 40_000,))
+    for kind in ("SlotAllocated", "SpecValid"):
+        message = conditions(status)[kind]["message"]
+        assert len(message) == MESSAGE_LIMIT and message.endswith("[truncated]")
+    assert conditions(status)["SlotAllocated"]["message"].startswith("CUDA error")
+    exactly = "y" * MESSAGE_LIMIT  # at the limit: kept whole
+    assert conditions(desired_status(view(failed_member="a", failed_message=exactly), {},
+                                     T0))["SlotAllocated"]["message"] == exactly

@@ -24,6 +24,19 @@ from extproc.policy.model import MemberObservation, PoolKey, PoolPhase, PoolView
 
 log = get_logger(__name__)
 
+# The CRD caps a condition's message at 32,768 characters (metav1.Condition's limit). One
+# longer message (a member's load error, echoed) would make the API server refuse every status
+# write with 422 and freeze the whole status, so longer messages are cut, with a marker.
+MESSAGE_LIMIT = 32768
+TRUNCATED = "... [truncated]"
+
+
+def bounded_message(message: str) -> str:
+    """``message``, cut to MESSAGE_LIMIT characters with a marker at its end when longer."""
+    if len(message) <= MESSAGE_LIMIT:
+        return message
+    return message[:MESSAGE_LIMIT - len(TRUNCATED)] + TRUNCATED
+
 
 def desired_status(view: PoolView, current_status: dict, now: datetime, *,
                    spec_problems: tuple[str, ...] = ()) -> dict:
@@ -65,7 +78,8 @@ def _condition(kind: str, status: str, reason: str, message: str, generation: in
                old: dict | None, stamp: str) -> dict:
     """One condition; the transition time moves only when ``status`` differs from before."""
     since = old.get("lastTransitionTime") if old and old.get("status") == status else None
-    return {"type": kind, "status": status, "reason": reason, "message": message,
+    return {"type": kind, "status": status, "reason": reason,
+            "message": bounded_message(message),
             "lastTransitionTime": since or stamp, "observedGeneration": generation}
 
 
