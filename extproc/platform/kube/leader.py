@@ -28,7 +28,7 @@ from collections.abc import Callable
 from extproc.backoff import Backoff
 from extproc.logs import get_logger
 from extproc.platform.kube._calls import describe
-from extproc.platform.kube.leases import Lease, LeaseClient, micro_time
+from extproc.platform.kube.leases import Lease, LeaseClient, lease_name, micro_time
 from extproc.platform.kube.membership import FAILURES, ROLE_LABEL
 from extproc.platform.kube.rest import KubeClient
 from extproc.policy.model import PoolKey
@@ -46,7 +46,8 @@ class LeaderLease:
                  settings: Settings, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.leases = LeaseClient(client, namespace)  # the Leases' namespace, not the pool's
         self.pool = pool
-        self.name = settings.leader_lease_name.format(namespace=pool.namespace, pool=pool.name)
+        self.name = lease_name(settings.leader_lease_name.format(namespace=pool.namespace,
+                                                                 pool=pool.name))
         self.identity = identity
         self.duration = int(settings.leader_lease_duration)
         self.renew_deadline = settings.leader_renew_deadline

@@ -3,14 +3,17 @@
 Every change is an update carrying the resourceVersion last read, so two writers can never both
 win: the loser gets `LeaseConflict` (409) and must re-read. That precondition is the only fencing
 the replicas rely on. A JSON payload (what the other replicas need to know) rides in one
-annotation, so it is written in the same request as the renew.
+annotation, so it is written in the same request as the renew. ``lease_name`` turns the
+names the templates make into names the API server accepts.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import hashlib
 import json
+import re
 from typing import Any
 
 from extproc.platform.kube._calls import counted
@@ -19,6 +22,28 @@ from extproc.platform.kube.rest import ApiError, KubeClient
 RESOURCE = "leases"
 PAYLOAD_ANNOTATION = "modelpool.inference.llmkube.dev/replica-state"
 _CONTENT_TYPE = "application/json"
+
+
+# A Lease's name is a DNS-1123 subdomain: at most 253 characters, lower-case alphanumeric
+# labels with inner "-", joined by ".".
+MAX_NAME = 253
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_HASH_CHARS = 10
+
+
+def lease_name(wanted: str) -> str:
+    """``wanted`` itself when it is a valid Lease name; otherwise a valid name made from it.
+
+    The made name is ``wanted`` lower-cased, with characters a name cannot hold turned into
+    "-", cut to fit, then "-" and the first 10 hex digits of SHA-256(wanted): the same on
+    every replica and every release, distinct for names that differ only past the cut.
+    """
+    if len(wanted) <= MAX_NAME and _SUBDOMAIN.fullmatch(wanted):
+        return wanted
+    digest = hashlib.sha256(wanted.encode()).hexdigest()[:_HASH_CHARS]
+    labels = (part.strip("-") for part in re.sub(r"[^a-z0-9.-]", "-", wanted.lower()).split("."))
+    stem = ".".join(p for p in labels if p)[:MAX_NAME - _HASH_CHARS - 1].rstrip(".-")
+    return f"{stem}-{digest}" if stem else digest
 
 
 class LeaseConflict(Exception):

@@ -31,7 +31,7 @@ from extproc.backoff import Backoff
 from extproc.logs import get_logger
 from extproc.platform.contract import Peer, PoolLoad
 from extproc.platform.kube._calls import TRANSPORT_ERRORS, describe
-from extproc.platform.kube.leases import Lease, LeaseClient, LeaseConflict
+from extproc.platform.kube.leases import Lease, LeaseClient, LeaseConflict, lease_name
 from extproc.platform.kube.rest import ApiError, KubeClient
 from extproc.settings import Settings
 
@@ -104,7 +104,7 @@ class Membership:
                  on_renew: Callable[[], None] = lambda: None, lists_peers: bool = True) -> None:
         self.leases = LeaseClient(client, namespace)
         self.identity = identity
-        self.name = settings.membership_lease_name.format(replica=identity)
+        self.name = lease_name(settings.membership_lease_name.format(replica=identity))
         self.duration = int(settings.membership_lease_duration)
         self.renew_every = settings.membership_renew
         self.margin = settings.lease_margin

@@ -1,0 +1,78 @@
+"""Names and texts at the API server's limits: a pool name long enough that the leader Lease's
+templated name passes 253 characters, a replica identity likewise, and a condition message
+longer than the CRD allows. The real server's validation is the judge."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kubernetes.aio import config as kconfig
+from kubernetes.aio.client import CustomObjectsApi
+
+from control_plane import ControlPlane
+from platform_entry import (
+    MESSAGE_LIMIT,
+    TRUNCATED,
+    LeaderLease,
+    LeaseClient,
+    MemberObservation,
+    PoolKey,
+    PoolPhase,
+    PoolView,
+    Settings,
+    StatusWriter,
+    api_client,
+)
+
+pytestmark = pytest.mark.kube_real
+
+GROUP, VERSION = "inference.llmkube.dev", "v1alpha1"
+# A valid ModelPool name (a DNS-1123 subdomain of 253 characters)
+LONG_POOL = ".".join(["p" * 62] * 4) + ".x"
+
+
+@pytest.fixture
+async def service(control_plane: ControlPlane) -> Any:
+    """The service's own API client, as the admin."""
+    async with api_client(control_plane.kubeconfig) as api:
+        yield api
+
+
+async def test_leader_lease_of_a_pool_with_a_long_name(service: Any, namespace: str) -> None:
+    assert len(LONG_POOL) == 253
+    key = PoolKey(namespace, LONG_POOL)
+    a = LeaderLease(service, namespace, key, "replica-a", Settings())
+    b = LeaderLease(service, namespace, key, "replica-b", Settings())
+    assert a.name == b.name and len(a.name) <= 253
+    assert await a.try_acquire_or_renew() and a.is_leader()
+    assert not await b.try_acquire_or_renew()  # the same Lease, held
+    lease = await LeaseClient(service, namespace).get(a.name)
+    assert lease is not None and lease.holder == "replica-a"
+    # a pool whose name differs only past the cut has a Lease of its own
+    other = LeaderLease(service, namespace, PoolKey(namespace, LONG_POOL[:-1] + "y"),
+                        "replica-b", Settings())
+    assert other.name != a.name and await other.try_acquire_or_renew()
+
+
+async def test_a_condition_message_over_the_crd_limit_is_cut_not_refused(
+        control_plane: ControlPlane, service: Any, namespace: str) -> None:
+    api = await kconfig.new_client_from_config(config_file=str(control_plane.kubeconfig))
+    try:
+        custom = CustomObjectsApi(api)
+        await custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "modelpools", {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "ModelPool", "metadata": {"name": "slot"},
+            "spec": {"members": [{"inferenceServiceRef": {"name": "a"}}], "default": "a"}})
+        key = PoolKey(namespace, "slot")
+        failure = "CUDA error: out of memory\n" + "at frame\n" * 5000  # 45,026 characters
+        view = PoolView(key, PoolPhase.DEGRADED, "", "", (
+            MemberObservation("a", phase="Failed", replicas=1, pods=1),),
+            generation=1, failed_member="a", failed_message=failure)
+        assert await StatusWriter(service).publish(view, {}) is not None  # no 422
+        stored = await custom.get_namespaced_custom_object(GROUP, VERSION, namespace,
+                                                           "modelpools", "slot")
+    finally:
+        await api.close()
+    slot = next(c for c in stored["status"]["conditions"] if c["type"] == "SlotAllocated")
+    assert len(slot["message"]) == MESSAGE_LIMIT and slot["message"].endswith(TRUNCATED)
+    assert slot["message"].startswith("CUDA error: out of memory\n")
