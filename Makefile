@@ -75,6 +75,20 @@ bench: bootstrap
 
 bootstrap: $(STAMP) $(ENVOY)
 
+# The image's dependencies, pinned with every file's hash (Dockerfile: pip --require-hashes):
+# requirements.lock from pyproject.toml's dependencies (no extras), requirements-build.lock for
+# the wheel build. Made by uv, pinned here and installed into .venv only. Pins already in a lock
+# are kept; `make lock LOCK_ARGS=--upgrade` moves everything to the newest allowed.
+UV_VERSION := 0.13.9
+LOCK_ARGS ?=
+LOCK_FLAGS := --generate-hashes --python-version 3.11 --python-platform x86_64-unknown-linux-gnu \
+	--custom-compile-command 'make lock' --quiet $(LOCK_ARGS)
+.PHONY: lock
+lock: $(STAMP)
+	$(PY) -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
+	$(VENV)/bin/uv pip compile pyproject.toml $(LOCK_FLAGS) -o requirements.lock
+	echo 'setuptools>=68' | $(VENV)/bin/uv pip compile - $(LOCK_FLAGS) -o requirements-build.lock
+
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip

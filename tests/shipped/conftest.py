@@ -1,15 +1,15 @@
 """The product as a user installs it: the wheel, built from this tree, in a clean virtualenv.
 
-No extras, nothing from the project's own environment: ``pip install <wheel>`` pulls the
-declared dependencies from the package index (or pip's cache), exactly what the Dockerfile
-does. The tests run its console script, never the project's modules.
+No extras, nothing from the project's own environment: the steps of the Dockerfile, each
+from its lock with every file's hash checked (``pip install --require-hashes``), the wheel
+built without build isolation from the build lock, installed without resolving anything,
+then ``pip check``. The tests run its console script, never the project's modules.
 """
 
 from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import venv
 from pathlib import Path
 
@@ -33,10 +33,13 @@ class Installed:
                               timeout=timeout, **kwargs)
 
 
-def _checked(cmd: list[str], what: str, timeout: float) -> None:
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+def _pip(home: Path, *args: str, cwd: Path | None = None) -> None:
+    """Run pip of the virtualenv at ``home``; AssertionError with its output if it fails."""
+    cmd = [str(home / "bin" / "python"), "-m", "pip", "-q", "--disable-pip-version-check", *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=cwd)
     if done.returncode != 0:
-        raise AssertionError(f"{what} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+        raise AssertionError(f"pip {' '.join(args)} failed ({done.returncode}):\n"
+                             f"{done.stdout}\n{done.stderr}")
 
 
 @pytest.fixture(scope="session")
@@ -51,13 +54,18 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
         shutil.copy2(ROOT / part, source / part)
     shutil.copytree(ROOT / "extproc", source / "extproc",
                     ignore=shutil.ignore_patterns("__pycache__"))
+    builder = where / "builder"
+    venv.EnvBuilder(with_pip=True, clear=True, system_site_packages=False).create(builder)
+    _pip(builder, "install", "--require-hashes", "-r", str(ROOT / "requirements-build.lock"))
     wheels = where / "wheels"
-    _checked([sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check",
-              "--no-deps", "--wheel-dir", str(wheels), str(source)], "building the wheel", 300)
+    _pip(builder, "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(wheels),
+         str(source), cwd=source)
     (wheel,) = wheels.glob("modelpool_extproc-*.whl")
     home = where / "venv"
     # a virtualenv of its own: the project's .venv (dev extras) must not be visible to it
     venv.EnvBuilder(with_pip=True, clear=True, system_site_packages=False).create(home)
-    _checked([str(home / "bin" / "python"), "-m", "pip", "install", "-q",
-              "--disable-pip-version-check", str(wheel)], "installing the wheel", 600)
+    _pip(home, "install", "--require-hashes", "-r", str(ROOT / "requirements.lock"))
+    _pip(home, "install", "--no-deps", "--no-index", "--find-links", str(wheels),
+         "modelpool-extproc")
+    _pip(home, "check")
     return Installed(home, wheel)

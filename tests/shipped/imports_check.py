@@ -3,8 +3,9 @@
 Prints one JSON object: ``unimportable`` (module -> error) for every module of the installed
 ``extproc`` package that fails to import, and ``undeclared`` (top-level import -> where) for
 every third-party import whose distribution is not among the package's declared dependencies
-(extras excluded). An import made only inside a function (uvloop's, say) counts too: the AST,
-not the import, finds them.
+(an optional extra's, e.g. ``kubernetes`` for auth-provider kubeconfigs, counts when it is not
+installed: every module must still import without it). An import made only inside a function
+(uvloop's, say) counts too: the AST, not the import, finds them.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from importlib import metadata
 from pathlib import Path
 
 
-def declared() -> set[str]:
-    """The normalised names of the package's dependencies, without extras."""
+def declared(*, optional: bool = False) -> set[str]:
+    """The normalised names of the package's dependencies: without extras, or (``optional``)
+    those of its extras other than ``dev``."""
     names = set()
     for requirement in metadata.requires("modelpool-extproc") or []:
-        if "extra ==" in requirement:
+        extra = re.search(r"extra == ['\"]([^'\"]+)", requirement)
+        if bool(extra) != optional or (extra and extra.group(1) == "dev"):
             continue
         names.add(normalise(re.split(r"[ ;<>=!~\[(]", requirement, maxsplit=1)[0]))
     return names
@@ -64,16 +67,16 @@ def main() -> None:
         except Exception as exc:  # (reported, not raised: every failure is listed at once)
             unimportable[module.name] = f"{type(exc).__name__}: {exc}"
     providers = metadata.packages_distributions()
-    wanted = declared()
+    wanted, optional = declared(), declared(optional=True)
     undeclared = {}
     for top, where in sorted(imported_top_levels(root).items()):
         if top == "extproc" or top in sys.stdlib_module_names:
             continue
-        dists = {normalise(d) for d in providers.get(top, [])}
-        if not dists & wanted:
+        dists = {normalise(d) for d in providers.get(top, [])} or {normalise(top)}
+        if not dists & (wanted | optional):
             undeclared[top] = f"{where} (provided by: {sorted(dists) or 'nothing installed'})"
     print(json.dumps({"unimportable": unimportable, "undeclared": undeclared,
-                      "declared": sorted(wanted)}))
+                      "declared": sorted(wanted), "optional": sorted(optional)}))
 
 
 if __name__ == "__main__":

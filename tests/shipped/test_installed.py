@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,6 +80,42 @@ def test_check_config_and_render_routes(installed: Installed, tmp_path: Path) ->
     values = {m["headers"][0]["value"] for rule in route["spec"]["rules"]
               for m in rule["matches"] if m.get("headers")}
     assert values == {"judge.demo", "coder.demo"}
+
+
+def kubeconfig(path: Path, user: dict) -> Path:
+    """A one-context kubeconfig for ``user`` at an address nothing listens on."""
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "here",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:9"}}],
+        "users": [{"name": "u", "user": user}],
+        "contexts": [{"name": "here", "context": {"cluster": "c", "user": "u"}}]}))
+    return path
+
+
+def test_cloud_kubeconfigs_without_the_kubernetes_package(installed: Installed,
+                                                          tmp_path: Path) -> None:
+    # The image ships no kubernetes package: an exec plugin (EKS, GKE, AKS) is run natively;
+    # a legacy auth-provider says in one line which extra brings what it needs.
+    absent = subprocess.run([str(installed.python), "-c",
+                             "import importlib.util as u; print(u.find_spec('kubernetes'))"],
+                            capture_output=True, text=True, timeout=30, cwd=installed.home)
+    assert absent.stdout.strip() == "None", "the kubernetes package is installed"
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text("import json\nprint(json.dumps({'apiVersion': "
+                      "'client.authentication.k8s.io/v1', 'kind': 'ExecCredential', "
+                      "'status': {'token': 't'}}))\n")
+    exec_user = {"exec": {"apiVersion": "client.authentication.k8s.io/v1",
+                          "command": sys.executable, "args": [str(plugin)],
+                          "interactiveMode": "Never"}}
+    checked = installed.run("check-config", "--kubeconfig",
+                            str(kubeconfig(tmp_path / "exec", exec_user)))
+    assert checked.returncode == 0, checked.stderr
+    provider = {"auth-provider": {"name": "oidc", "config": {"id-token": "x"}}}
+    refused = installed.run("check-config", "--kubeconfig",
+                            str(kubeconfig(tmp_path / "provider", provider)))
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    (line,) = refused.stderr.strip().splitlines()
+    assert "pip install 'modelpool-extproc[auth-provider]'" in line, line
 
 
 def health_status(address: str) -> str:
