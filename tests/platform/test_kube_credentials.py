@@ -5,8 +5,11 @@ emulator; an auth-provider user without the kubernetes package says which extra 
 from __future__ import annotations
 
 import base64
+import datetime
+import ipaddress
 import json
 import os
+import ssl
 import stat
 import sys
 from pathlib import Path
@@ -187,3 +190,86 @@ def test_in_cluster_token_is_re_read_as_the_kubelet_rotates_it(
     assert found.headers() == {"Authorization": "Bearer one"}
     (tmp_path / "token").write_text("two\n")
     assert found.headers() == {"Authorization": "Bearer two"}
+
+
+def _pem_pair(ca: Any, ca_key: Any, common_name: str) -> tuple[str, str]:
+    """A one-day client certificate for ``common_name`` signed by ``ca``: (cert, key) PEM."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    builder = (x509.CertificateBuilder().subject_name(name).public_key(key.public_key())
+               .serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(minutes=5))
+               .not_valid_after(now + datetime.timedelta(days=1)))
+    if ca is None:  # self-signed CA
+        cert = builder.issuer_name(name).add_extension(
+            x509.BasicConstraints(ca=True, path_length=None), critical=True).sign(
+            key, hashes.SHA256())
+    else:
+        if common_name == "127.0.0.1":  # the server: its address as the name to verify
+            builder = builder.add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address(common_name))]), critical=False)
+        cert = builder.issuer_name(ca.subject).sign(ca_key, hashes.SHA256())
+    pem_key = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption()).decode()
+    return cert.public_bytes(serialization.Encoding.PEM).decode(), pem_key
+
+
+async def test_exec_plugin_client_certificates_are_renewed_for_new_connections(
+        tmp_path: Path) -> None:
+    from aiohttp import web
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    ca_pem, ca_key_pem = _pem_pair(None, None, "test-ca")
+    ca = x509.load_pem_x509_certificate(ca_pem.encode())
+    ca_key = serialization.load_pem_private_key(ca_key_pem.encode(), None)
+    server_cert, server_key = _pem_pair(ca, ca_key, "127.0.0.1")
+    for name, text in (("ca.crt", ca_pem), ("server.crt", server_cert),
+                       ("server.key", server_key)):
+        (tmp_path / name).write_text(text)
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=tmp_path / "ca.crt")
+    served.load_cert_chain(tmp_path / "server.crt", tmp_path / "server.key")
+    served.verify_mode = ssl.CERT_REQUIRED
+
+    async def whoami(request: web.Request) -> web.Response:
+        subject = dict(x[0] for x in request.transport.get_extra_info("peercert")["subject"])
+        # one request per connection: the next request makes a new TLS handshake
+        return web.json_response({"cn": subject["commonName"]},
+                                 headers={"Connection": "close"})
+
+    app = web.Application()
+    app.router.add_get("/whoami", whoami)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=served)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    # the plugin hands out run1 (expired), run2 (expired), then run3 (valid)
+    certs = {n: _pem_pair(ca, ca_key, f"run{n}") for n in (1, 2, 3)}
+    (tmp_path / "certs.json").write_text(json.dumps(certs))
+    plugin = tmp_path / "plugin.py"
+    runs = tmp_path / "runs"
+    plugin.write_text(f"""import json, pathlib
+runs = pathlib.Path({str(runs)!r})
+n = int(runs.read_text()) + 1 if runs.exists() else 1
+runs.write_text(str(n))
+cert, key = json.loads(pathlib.Path({str(tmp_path / 'certs.json')!r}).read_text())[str(min(n, 3))]
+print(json.dumps({{"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
+    "status": {{"clientCertificateData": cert, "clientKeyData": key,
+               "expirationTimestamp": "2000-01-01T00:00:00Z" if n < 3 else "2999-01-01T00:00:00Z"}}}}))
+""")
+    path = kubeconfig(tmp_path / "kc", f"https://127.0.0.1:{port}", exec_user(plugin),
+                      {"certificate-authority": "ca.crt"})
+    client = KubeClient(await from_kubeconfig(str(path)))
+    try:
+        seen = [(await client.call("GET", "/whoami"))[1]["cn"] for _ in range(3)]
+    finally:
+        await client.close()
+        await runner.cleanup()
+    assert seen == ["run2", "run3", "run3"]

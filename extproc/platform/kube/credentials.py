@@ -63,7 +63,7 @@ class Credentials:
     # runs an exec plugin or an auth-provider again: a fresh credential
     renewer: Callable[[], Awaitable[ExecResult]] | None = field(default=None, repr=False)
     _token_read_at: float = field(default=-1e9, repr=False)
-    _context: ssl.SSLContext | None = field(default=None, repr=False)
+    _contexts: list[ssl.SSLContext] = field(default_factory=list, repr=False)
     _renewing: asyncio.Lock | None = field(default=None, repr=False)
     _failed_at: float = field(default=-1e9, repr=False)
 
@@ -77,7 +77,7 @@ class Credentials:
             context.verify_mode = ssl.CERT_NONE
         if self.cert_file:
             context.load_cert_chain(self.cert_file, self.key_file or None)
-        self._context = context  # a renewed client certificate is loaded into it
+        self._contexts.append(context)  # a renewed client certificate is loaded into each
         return context
 
     async def refresh(self) -> None:
@@ -116,8 +116,8 @@ class Credentials:
         self.token, self.expires_at = result.token, result.expires_at
         if result.cert:
             self.cert_file, self.key_file = _private_files(result.cert, result.key)
-            if self._context is not None:
-                self._context.load_cert_chain(self.cert_file, self.key_file)
+            for context in self._contexts:
+                context.load_cert_chain(self.cert_file, self.key_file)
 
     def headers(self) -> dict[str, str]:
         """The Authorization header (none for a client-certificate user)."""
