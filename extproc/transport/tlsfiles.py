@@ -36,7 +36,6 @@ class TlsFiles:
     def __init__(self, cert: str, key: str, client_ca: str = "") -> None:
         self.paths = tuple(p for p in (cert, key, client_ca) if p)
         self.cert, self.key, self.client_ca = cert, key, client_ca
-        self.loads = 0  # how many times the files were (re)loaded, for tests and logs
         self._seen = self._signature()
         self._failed: tuple | None = None
 
@@ -69,7 +68,6 @@ class TlsFiles:
                         files=list(self.paths), error=str(exc))
             return None
         self._seen, self._failed = now, None
-        self.loads += 1
         log.info("tls files reloaded", files=list(self.paths))
         return loaded
 
@@ -97,6 +95,7 @@ class TlsFiles:
             require_client_authentication=bool(self.client_ca))
 
     def _grpc_config(self) -> Any:
+        """grpcio's certificate configuration from the files as they are now."""
         cert, key = Path(self.cert).read_bytes(), Path(self.key).read_bytes()
         ca = Path(self.client_ca).read_bytes() if self.client_ca else None
         # a key that does not match the certificate must fail here, not in the handshake

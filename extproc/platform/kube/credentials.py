@@ -18,6 +18,7 @@ import os
 import ssl
 import tempfile
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,7 +64,9 @@ class Credentials:
     # runs an exec plugin or an auth-provider again: a fresh credential
     renewer: Callable[[], Awaitable[ExecResult]] | None = field(default=None, repr=False)
     _token_read_at: float = field(default=-1e9, repr=False)
-    _contexts: list[ssl.SSLContext] = field(default_factory=list, repr=False)
+    # the contexts in use (weakly: a closed session's goes), to load a renewed certificate into
+    _contexts: weakref.WeakSet[ssl.SSLContext] = field(default_factory=weakref.WeakSet,
+                                                       repr=False)
     _renewing: asyncio.Lock | None = field(default=None, repr=False)
     _failed_at: float = field(default=-1e9, repr=False)
 
@@ -77,7 +80,7 @@ class Credentials:
             context.verify_mode = ssl.CERT_NONE
         if self.cert_file:
             context.load_cert_chain(self.cert_file, self.key_file or None)
-        self._contexts.append(context)  # a renewed client certificate is loaded into each
+        self._contexts.add(context)
         return context
 
     async def refresh(self) -> None:
@@ -116,7 +119,7 @@ class Credentials:
         self.token, self.expires_at = result.token, result.expires_at
         if result.cert:
             self.cert_file, self.key_file = _private_files(result.cert, result.key)
-            for context in self._contexts:
+            for context in list(self._contexts):
                 context.load_cert_chain(self.cert_file, self.key_file)
 
     def headers(self) -> dict[str, str]:
