@@ -94,7 +94,8 @@ async def until(check: Callable[[], Any], what: str = "") -> Any:
     """tests/platform's ``eventually`` with the real server's longer deadline (20 s)."""
     return await eventually(check, 20.0, what)
 
-# Lease names and status limits (test_real_limits.py)
+
+# Lease names, status and watch limits (test_real_limits.py)
 from extproc.platform.kube.leader import LeaderLease  # noqa: E402
 from extproc.platform.kube.leases import LeaseClient, lease_name  # noqa: E402
 from extproc.platform.kube.status import MESSAGE_LIMIT, TRUNCATED  # noqa: E402

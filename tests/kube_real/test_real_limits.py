@@ -1,6 +1,7 @@
 """Names and texts at the API server's limits: a pool name long enough that the leader Lease's
-templated name passes 253 characters, a replica identity likewise, and a condition message
-longer than the CRD allows. The real server's validation is the judge."""
+templated name passes 253 characters, a condition message longer than the CRD allows, and an
+InferenceService big enough that its watch event outgrows an HTTP client's line buffer. The
+real server's validation and encoding are the judge."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from platform_entry import (
     MESSAGE_LIMIT,
     TRUNCATED,
     LeaderLease,
+    LatestReports,
     LeaseClient,
     MemberObservation,
     PoolKey,
@@ -23,6 +25,8 @@ from platform_entry import (
     Settings,
     StatusWriter,
     api_client,
+    until,
+    watching,
 )
 
 pytestmark = pytest.mark.kube_real
@@ -76,3 +80,32 @@ async def test_a_condition_message_over_the_crd_limit_is_cut_not_refused(
     slot = next(c for c in stored["status"]["conditions"] if c["type"] == "SlotAllocated")
     assert len(slot["message"]) == MESSAGE_LIMIT and slot["message"].endswith(TRUNCATED)
     assert slot["message"].startswith("CUDA error: out of memory\n")
+
+
+async def test_a_watch_event_over_a_line_buffer_is_read(control_plane: ControlPlane,
+                                                        service: Any, namespace: str) -> None:
+    # LLMKube's spec keeps unknown fields: 700 KB of them make a 700 KB watch event line, over
+    # aiohttp's readline limit (512 KiB in 3.14) and under etcd's 1.5 MiB.
+    api = await kconfig.new_client_from_config(config_file=str(control_plane.kubeconfig))
+    try:
+        custom = CustomObjectsApi(api)
+        for name in ("a", "b"):
+            await custom.create_namespaced_custom_object(
+                GROUP, VERSION, namespace, "inferenceservices", {
+                    "apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceService",
+                    "metadata": {"name": name}, "spec": {"modelRef": name, "replicas": 0}})
+        await custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "modelpools", {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "ModelPool", "metadata": {"name": "slot"},
+            "spec": {"members": [{"inferenceServiceRef": {"name": m}} for m in ("a", "b")],
+                     "default": "a"}})
+        reports = LatestReports()
+        async with watching(service, namespace, reports, watch_timeout=30):
+            await custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, "inferenceservices", "b",
+                {"spec": {"replicas": 1, "notes": "x" * 700_000}})
+            await until(lambda: reports.observed["b"].replicas == 1, what="b's big event")
+            await custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, "inferenceservices", "a", {"spec": {"replicas": 1}})
+            await until(lambda: reports.observed["a"].replicas == 1, what="the next event")
+    finally:
+        await api.close()
