@@ -100,4 +100,9 @@ from extproc.platform.kube.leader import LeaderLease  # noqa: E402
 from extproc.platform.kube.leases import LeaseClient, lease_name  # noqa: E402
 from extproc.platform.kube.status import MESSAGE_LIMIT, TRUNCATED  # noqa: E402
 
-__all__ += ["LeaderLease", "LeaseClient", "MESSAGE_LIMIT", "TRUNCATED", "lease_name"]
+# Credentials renewed on a 401 (test_real_credentials.py)
+from extproc.platform.kube import credentials as credentials_module  # noqa: E402
+from extproc.platform.kube.credentials import Credentials  # noqa: E402
+
+__all__ += ["Credentials", "LeaderLease", "LeaseClient", "MESSAGE_LIMIT", "TRUNCATED",
+            "credentials_module", "lease_name"]
