@@ -64,6 +64,6 @@ def tls_context(s: Settings) -> ssl.SSLContext | None:
 
 def _bind(server: grpc.aio.Server, s: Settings) -> int:
     if not s.tls_cert:
-        return server.add_insecure_port(s.listen)
+        return int(server.add_insecure_port(s.listen))
     credentials = TlsFiles(s.tls_cert, s.tls_key, s.tls_client_ca).grpc_credentials()
-    return server.add_secure_port(s.listen, credentials)
+    return int(server.add_secure_port(s.listen, credentials))

@@ -28,6 +28,8 @@ from .listener import tls_context as server_context
 log = get_logger(__name__)
 
 T = TypeVar("T")
+# (inode, mtime in ns, size) of each file; None for one that cannot be read
+Signature = tuple[tuple[int, int, int] | None, ...]
 
 
 class TlsFiles:
@@ -37,11 +39,11 @@ class TlsFiles:
         self.paths = tuple(p for p in (cert, key, client_ca) if p)
         self.cert, self.key, self.client_ca = cert, key, client_ca
         self._seen = self._signature()
-        self._failed: tuple | None = None
+        self._failed: Signature | None = None
 
-    def _signature(self) -> tuple:
+    def _signature(self) -> Signature:
         """(inode, mtime, size) of each file (stat follows a Secret volume's symlinks)."""
-        out = []
+        out: list[tuple[int, int, int] | None] = []
         for path in self.paths:
             try:
                 st = os.stat(path)
