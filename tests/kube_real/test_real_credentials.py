@@ -4,42 +4,29 @@ last 15 minutes)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from control_plane import ADMIN, ControlPlane
+from exec_plugins import counting_plugin, exec_user
 from platform_entry import Credentials, KubeClient, credentials_module, from_kubeconfig
 
 pytestmark = pytest.mark.kube_real
 
-
-def rotating_plugin(folder: Path, first: str, then: str) -> tuple[Path, Path]:
-    """A plugin printing token ``first`` on its first run and ``then`` on later ones (no
-    expiry: only the server can say the token is over); (the script, its run counter)."""
-    runs = folder / "runs"
-    plugin = folder / "plugin.py"
-    plugin.write_text(f"""import json, pathlib
-runs = pathlib.Path({str(runs)!r})
-n = int(runs.read_text()) + 1 if runs.exists() else 1
-runs.write_text(str(n))
-print(json.dumps({{"apiVersion": "client.authentication.k8s.io/v1beta1",
-                  "kind": "ExecCredential",
-                  "status": {{"token": {first!r} if n == 1 else {then!r}}}}}))
-""")
-    return plugin, runs
+BETA = "client.authentication.k8s.io/v1beta1"
 
 
 async def test_exec_plugin_runs_again_after_a_401(control_plane: ControlPlane,
                                                   tmp_path: Path) -> None:
-    plugin, runs = rotating_plugin(tmp_path, "expired-token", control_plane.token_of(ADMIN))
+    # no expiry: only the server can say the first token is over
+    good = control_plane.token_of(ADMIN)
+    plugin, runs = counting_plugin(
+        tmp_path, f'{{"token": "expired-token" if n == 1 else {good!r}}}', BETA)
     path = control_plane.write_kubeconfig(tmp_path / "kc", token="unused")
     config = yaml.safe_load(path.read_text())
-    config["users"][0]["user"] = {"exec": {
-        "apiVersion": "client.authentication.k8s.io/v1beta1", "command": sys.executable,
-        "args": [str(plugin)]}}
+    config["users"][0]["user"] = exec_user(plugin, BETA)
     path.write_text(yaml.safe_dump(config))
     client = KubeClient(await from_kubeconfig(str(path)))
     try:

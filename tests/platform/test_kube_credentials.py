@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from exec_plugins import counting_plugin, exec_user
 from extproc.platform.kube import credentials as creds_module
 from extproc.platform.kube.client import make_api_client
 from extproc.platform.kube.credentials import CredentialsError, from_kubeconfig, in_cluster
@@ -64,35 +65,12 @@ async def test_kubeconfig_env_list_uses_its_first_file(emulator: Any, tmp_path: 
     assert await caller_of_a_call(emulator, await make_api_client(Settings())) == "first"
 
 
-def exec_plugin(folder: Path, expirations: list[str]) -> tuple[Path, Path]:
-    """A plugin printing token run<N>-token on its Nth run, expiring at expirations[N-1]
-    (the last one repeats; "" for none); (the script, the file counting its runs)."""
-    runs = folder / "runs"
-    plugin = folder / "plugin.py"
-    plugin.write_text(f"""import json, os, pathlib
-runs = pathlib.Path({str(runs)!r})
-n = int(runs.read_text()) + 1 if runs.exists() else 1
-runs.write_text(str(n))
-info = json.loads(os.environ["KUBERNETES_EXEC_INFO"])
-assert info["spec"]["interactive"] is False, info
-expirations = {expirations!r}
-status = {{"token": f"run{{n}}-token"}}
-if expirations[min(n, len(expirations)) - 1]:
-    status["expirationTimestamp"] = expirations[min(n, len(expirations)) - 1]
-print(json.dumps({{"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
-                  "status": status}}))
-""")
-    return plugin, runs
-
-
-def exec_user(plugin: Path, **extra: Any) -> dict:
-    """A kubeconfig user running ``plugin`` with this Python."""
-    return {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": sys.executable,
-                     "args": [str(plugin)], "interactiveMode": "Never", **extra}}
+# run N's token: run<N>-token, which the emulator reports as caller run<N>
+TOKEN_OF_RUN = '{"token": f"run{n}-token"'
 
 
 async def test_exec_plugin_token_is_sent(emulator: Any, tmp_path: Path) -> None:
-    plugin, _ = exec_plugin(tmp_path, [""])
+    plugin, _ = counting_plugin(tmp_path, TOKEN_OF_RUN + "}")
     path = kubeconfig(tmp_path / "kc", emulator.url, exec_user(plugin))
     assert await caller_of_a_call(emulator, KubeClient(await from_kubeconfig(str(path)))) == \
         "run1"
@@ -101,7 +79,8 @@ async def test_exec_plugin_token_is_sent(emulator: Any, tmp_path: Path) -> None:
 async def test_exec_plugin_runs_again_when_its_credential_expires(emulator: Any,
                                                                  tmp_path: Path) -> None:
     # EKS tokens last 15 minutes: the plugin says when, and is run again from then on, once.
-    plugin, runs = exec_plugin(tmp_path, ["2000-01-01T00:00:00Z", "2999-01-01T00:00:00Z"])
+    plugin, runs = counting_plugin(tmp_path, TOKEN_OF_RUN + ', "expirationTimestamp": '
+                                   '"2000-01-01T00:00:00Z" if n == 1 else "2999-01-01T00:00:00Z"}')
     path = kubeconfig(tmp_path / "kc", emulator.url, exec_user(plugin))
     client = KubeClient(await from_kubeconfig(str(path)))
     try:
@@ -253,17 +232,10 @@ async def test_exec_plugin_client_certificates_are_renewed_for_new_connections(
     # the plugin hands out run1 (expired), run2 (expired), then run3 (valid)
     certs = {n: _pem_pair(ca, ca_key, f"run{n}") for n in (1, 2, 3)}
     (tmp_path / "certs.json").write_text(json.dumps(certs))
-    plugin = tmp_path / "plugin.py"
-    runs = tmp_path / "runs"
-    plugin.write_text(f"""import json, pathlib
-runs = pathlib.Path({str(runs)!r})
-n = int(runs.read_text()) + 1 if runs.exists() else 1
-runs.write_text(str(n))
-cert, key = json.loads(pathlib.Path({str(tmp_path / 'certs.json')!r}).read_text())[str(min(n, 3))]
-print(json.dumps({{"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
-    "status": {{"clientCertificateData": cert, "clientKeyData": key,
-               "expirationTimestamp": "2000-01-01T00:00:00Z" if n < 3 else "2999-01-01T00:00:00Z"}}}}))
-""")
+    plugin, _ = counting_plugin(tmp_path, (
+        f'dict(zip(("clientCertificateData", "clientKeyData"), json.loads(pathlib.Path('
+        f'{str(tmp_path / "certs.json")!r}).read_text())[str(min(n, 3))]), '
+        f'expirationTimestamp="2000-01-01T00:00:00Z" if n < 3 else "2999-01-01T00:00:00Z")'))
     path = kubeconfig(tmp_path / "kc", f"https://127.0.0.1:{port}", exec_user(plugin),
                       {"certificate-authority": "ca.crt"})
     client = KubeClient(await from_kubeconfig(str(path)))
