@@ -14,6 +14,7 @@ from typing import Any, NamedTuple, Sequence
 
 import grpc
 
+from .admission import Admission
 from .server import _Protocol
 
 
@@ -26,11 +27,12 @@ class Server:
     """A gRPC server on the event loop, with grpc.aio.Server's registration and stop()."""
 
     def __init__(self, *, max_message: int, max_concurrent_streams: int = 1 << 20,
-                 max_connections: int = 1000, idle_timeout: float = 0.0) -> None:
+                 max_connections: int = 1000, max_connections_per_peer: int = 1000,
+                 idle_timeout: float = 0.0) -> None:
         self.loop = asyncio.get_running_loop()
         self.max_message = max_message
         self.max_concurrent_streams = max_concurrent_streams
-        self.max_connections = max_connections
+        self.admission = Admission(max_connections, max_connections_per_peer)
         self.idle_timeout = idle_timeout  # seconds without a stream before a drain (0: never)
         self.connections: set[_Protocol] = set()
         self.stopping = False  # stop() has begun: a connection made now is closed at once
