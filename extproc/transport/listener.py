@@ -1,7 +1,8 @@
 """The native gRPC server's listener: the handlers it serves (registered as grpc.aio takes
 them: ``add_generic_rpc_handlers``, ``add_registered_method_handlers``), the sockets it
 listens on (TCP or a Unix socket, TLS with ALPN ``h2``), and its graceful stop. Each accepted
-connection is a ``server._Protocol``.
+connection is a ``server._Protocol``. Every few seconds it looks at the streams open, to give
+memory back once a crowd of them has gone (``trim.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import grpc
 
 from .admission import Admission
 from .server import _Protocol
+from .trim import LOOK_EVERY, Trimmer, give_back, libc_trim
 
 
 class _Details(NamedTuple):
@@ -41,6 +43,10 @@ class Server:
         self._methods: dict[str, Any] = {}
         self._listeners: list[asyncio.AbstractServer] = []
         self._socket_path: Path | None = None
+        self.live_calls = 0  # handlers running (``server._Protocol`` counts them)
+        self._trimmer = Trimmer()
+        self._trim = libc_trim()
+        self._look_timer: asyncio.TimerHandle | None = None
 
     def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
         """Serve these handlers (as grpc.aio.Server does)."""
@@ -64,8 +70,16 @@ class Server:
             self._methods[path] = found
         return found
 
+    def _look(self) -> None:
+        """Give memory back when the calls running have fallen far from their peak."""
+        if self._trimmer.look(self.live_calls):
+            give_back(lambda trim: self.loop.run_in_executor(None, trim), self._trim)
+        self._look_timer = self.loop.call_later(LOOK_EVERY, self._look)
+
     async def start(self, listen: str, tls: ssl.SSLContext | None = None) -> int:
         """Listen on ``host:port`` or ``unix:PATH``; the bound TCP port (0 for a socket)."""
+        if self._look_timer is None:
+            self._look_timer = self.loop.call_later(LOOK_EVERY, self._look)
         if listen.startswith("unix:"):
             path = listen[len("unix:"):].removeprefix("//")
             with contextlib.suppress(FileNotFoundError):
@@ -85,6 +99,8 @@ class Server:
     async def stop(self, grace: float | None) -> None:
         """Take no new calls; give open ones ``grace`` seconds, then cut them."""
         self.stopping = True
+        if self._look_timer is not None:
+            self._look_timer.cancel()
         for listener in self._listeners:
             listener.close()
         for protocol in list(self.connections):

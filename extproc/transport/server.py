@@ -55,6 +55,7 @@ class Host(Protocol):
     max_concurrent_streams: int
     admission: Admission
     idle_timeout: float
+    live_calls: int  # handlers running, over every connection (lost ones' still unwinding)
 
     def method(self, path: str) -> Any:
         """The handler of ``path``, or None."""
@@ -151,6 +152,8 @@ class _Protocol(asyncio.Protocol):
         for call, method in self._starting:
             if self.calls.get(call._sid) is call:  # noqa: SLF001 (the protocol owns its calls)
                 call.task = self.loop.create_task(self._run(call, method))
+                self.server.live_calls += 1  # (a task cancelled before it ran runs no
+                call.task.add_done_callback(self._call_done)  # finally: counted when done)
         self._starting = []
         if self._stalled:  # a WINDOW_UPDATE or SETTINGS may have let their output go
             self._wake(lambda sid: not self.conn.blocked(sid))
@@ -249,6 +252,9 @@ class _Protocol(asyncio.Protocol):
             self.calls.pop(call._sid, None)  # noqa: SLF001 (the protocol owns its calls)
             if not self.calls:
                 self._note()
+
+    def _call_done(self, _task: asyncio.Task) -> None:
+        self.server.live_calls -= 1
 
     async def unblocked(self, sid: int) -> None:
         """Return once the stream's output no longer waits for the peer's windows (or the
