@@ -94,7 +94,9 @@ class HeaderBlocks:
         headers = self._kept.get(block)
         if headers is not None:
             return headers, False
-        if count_fields(block, self._max_fields) > self._max_fields:
+        # (a field is a byte at least: a block no longer than the limit needs no count)
+        if len(block) > self._max_fields and count_fields(block, self._max_fields) > \
+                self._max_fields:
             raise TooManyFields(f"over {self._max_fields} fields")
         table = self._decoder.header_table
         before = (len(table.dynamic_entries), table.dynamic_entries[0]
