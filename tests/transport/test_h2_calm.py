@@ -151,6 +151,11 @@ def test_a_header_list_over_the_limit_is_refused_on_its_stream_alone() -> None:
     data = (f.frame(f.HEADERS, f.END_STREAM, 1, block[:8000])
             + f.frame(f.CONTINUATION, f.END_HEADERS, 1, block[8000:]))
     assert server.receive(data) == []  # nothing for the application
+    refused_with_431_alone(server)
+
+
+def refused_with_431_alone(server: ServerConnection) -> None:
+    """Stream 1 was answered 431 and nothing else, and the connection takes stream 3."""
     answer = frames_of(server.data_to_send())
     assert [(k, sid) for k, _fl, sid, _p in answer] == [(f.HEADERS, 1)]
     assert hpack.Decoder().decode(answer[0][3]) == [(":status", "431")]
