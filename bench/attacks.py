@@ -11,6 +11,7 @@ replace the same attacks' rows of the last run, the others are kept as they were
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import statistics
@@ -52,7 +53,8 @@ def _one(name: str, pid: int, port: int) -> dict[str, Any]:
     cpu = cpu_seconds(pid) - before_cpu
     time.sleep(SETTLE_LONGER.get(name, SETTLE))
     lat = sorted(x * 1000 for x in prober.latencies)
-    return {"attack": name, "probes": len(lat), "lost": len(prober.lost),
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return {"attack": name, "date": when, "probes": len(lat), "lost": len(prober.lost),
             "p50_ms": round(statistics.median(lat), 2) if lat else None,
             "p99_ms": round(prober.p99() * 1000, 2), "max_ms": round(max(lat), 2) if lat else None,
             "fresh_ok": prober.fresh_ok, "fresh_failed": len(prober.fresh_failed),
@@ -90,10 +92,12 @@ def run(work: Path) -> dict[str, Any]:
 
 
 def _merged(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The last run's rows, those measured now in place of theirs (in the order of names)."""
+    """The last run's rows (each with the date it was measured), those measured now in place
+    of theirs (in the order of names)."""
     last = {}
     if report.RESULTS.exists():
         part = json.loads(report.RESULTS.read_text(encoding="utf-8")).get("attacks") or {}
-        last = {row["attack"]: row for row in part.get("rows", [])}
+        when = part.get("measured", {}).get("date", "?")
+        last = {row["attack"]: {"date": when, **row} for row in part.get("rows", [])}
     last.update({row["attack"]: row for row in rows})
     return [last["none"], *(last[name] for name in sorted(last) if name != "none")]

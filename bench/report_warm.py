@@ -95,8 +95,12 @@ def attacks_section(r: dict[str, Any] | None) -> list[str]:
     if not r:
         return []
     m = r.get("measured", {})
+    dates = sorted({row.get("date", m.get("date", "?")) for row in r["rows"]})
+    when = (f"Run of {m.get('date', '?')}" if len(dates) == 1 else
+            f"Rows measured on {', '.join(dates)} (each row's date in its last column); the "
+            f"last run of {m.get('date', '?')}")
     out = ["", "### 8. A healthy client beside each attack (`python -m bench.run --only attacks`)",
-           "", f"Run of {m.get('date', '?')} at commit `{m.get('git_commit', '?')}`. Each attack "
+           "", f"{when} at commit `{m.get('git_commit', '?')}`. Each attack "
            f"(devstack/h2attacks.py) runs {r['seconds']:g} s from a process of its own against "
            f"`serve`; a gRPC health check every {r['probe_every_ms']} ms beside it. CPU is the "
            "server's over the attack; memory its RSS before, at the peak, and 1 s after (12 s "
@@ -104,10 +108,12 @@ def attacks_section(r: dict[str, Any] | None) -> list[str]:
            "in (a row measured before that probe existed shows -).", ""]
     rows = [[row["attack"], row["probes"], row["lost"], row["p50_ms"], row["p99_ms"],
              row["max_ms"], _fresh(row), row["server_cpu_s"],
-             f"{row['rss_before_mb']} / {row['rss_peak_mb']} / {row['rss_after_mb']}"]
+             f"{row['rss_before_mb']} / {row['rss_peak_mb']} / {row['rss_after_mb']}",
+             *([row.get("date", m.get("date", "?"))] if len(dates) > 1 else [])]
             for row in r["rows"]]
     head = ["attack", "probes", "lost", "p50 ms", "p99 ms", "max ms", "fresh connections ok",
-            "server CPU s", "RSS before / peak / after MB"]
+            "server CPU s", "RSS before / peak / after MB", *(["measured"] if len(dates) > 1
+                                                              else [])]
     out.append("| " + " | ".join(head) + " |")
     out.append("|" + "---|" * len(head))
     out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
