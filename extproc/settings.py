@@ -113,8 +113,8 @@ class Settings:
         "one per worker thread, and one more per --max-streams-per-connection held requests; "
         "at the cap a new connection takes the place of the oldest one without a stream (or "
         "without its preface), which gets a GOAWAY; only when every one has streams open is "
-        "it refused, with a warning. ~50 KB each when idle (keep it below the process's "
-        "open-file limit)", group="listeners", metavar="N")
+        "it refused, with a warning. ~6 KB each when idle, up to ~1 MB with all its streams "
+        "open (keep it below the process's open-file limit)", group="listeners", metavar="N")
     max_connections_per_peer: int = _opt(
         250, "the part of --max-connections one peer address may hold: past it, its new "
         "connection takes the place of its own oldest idle one, never another peer's",
