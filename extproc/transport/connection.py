@@ -41,8 +41,8 @@ MAX_HEADER_LIST = 16 << 10
 # A list up to this many times the limit is decoded whole and refused on its stream alone
 # (431); one larger ends the connection (decoding stops inside it: the table is then unknown).
 DECODED_SLACK = 4
-# The fields a request's header list may have: Envoy sends ~10 on an ext_proc stream, and
-# refuses requests of more than 100 itself (its max_headers_count). Decoding costs per field,
+# The fields a request's header list may have: Envoy sends ~10 on an ext_proc stream, and its
+# listeners refuse requests of more than 100 by default (max_headers_count). Decoding costs per field,
 # not per byte (an indexed field is one byte), so a list of more is refused on its stream
 # (431) even when small in bytes.
 MAX_HEADER_FIELDS = 256
