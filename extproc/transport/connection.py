@@ -49,6 +49,11 @@ MAX_HEADER_FIELDS = 256
 # A block of more fields than this is not decoded at all: its connection ends (ENHANCE_YOUR_CALM)
 # once the fields are counted, so that one block costs a few hundred fields' work at most.
 FIELDS_DECODED = 2 * MAX_HEADER_FIELDS
+# Streams a peer may keep open before it has acknowledged our SETTINGS: until then it cannot
+# know our limit (RFC 9113 §6.5.3), and Envoy sends every request its pool holds pending on a
+# new connection at once (1,100 measured past a limit of 500). A peer that never acknowledges
+# is closed by the server's handshake timeout.
+UNACKED_STREAMS = 8192
 # Closed streams remembered (and whether we reset them): a frame the peer sent before it saw
 # our reset is ignored (RFC 9113 §5.1, "closed"), one it sends after closing a stream itself is
 # an error; streams older than these are ignored, as is any frame the record cannot place.
@@ -349,7 +354,9 @@ class ServerConnection(Control):
         if sid % 2 == 0 or sid <= self._last_stream:
             raise ConnectionError_(f.PROTOCOL_ERROR, f"stream {sid} cannot be opened")
         self._last_stream = sid
-        if self._goaway_at is not None or len(self._streams) >= self._max_streams:
+        limit = self._max_streams if self.settings_acked else max(self._max_streams,
+                                                                   UNACKED_STREAMS)
+        if self._goaway_at is not None or len(self._streams) >= limit:
             self._control()
             self._out += f.rst_stream(sid, f.REFUSED_STREAM)
             self._remember(sid, True)

@@ -4,11 +4,14 @@ time or bytes of memory (those are `make bench`'s, part 8)."""
 
 from __future__ import annotations
 
-from test_h2_server import WAIT, Factory, Frames, serve, settle
+from test_h2_connection import headers_frame
+from test_h2_server import Factory, Frames, serve, settle
 
 from extproc.settings import Settings
 from extproc.transport import frames as f
 from extproc.transport import listener
+from extproc.transport.connection import UNACKED_STREAMS, ServerConnection
+from extproc.transport.events import Request
 from extproc.transport.trim import Trimmer
 
 __all__ = ["serve"]  # the fixture, shared with test_h2_server
@@ -66,3 +69,24 @@ async def test_the_server_gives_memory_back_after_a_crowd_of_calls(
     assert await settle(lambda: served.server.live_calls == 0)
     assert await settle(lambda: bool(gave))
     assert len(gave) == 1  # once per fall
+
+
+def test_streams_past_the_limit_are_taken_until_our_settings_are_acknowledged() -> None:
+    # Envoy sends what its pool holds pending on a new connection at once, before it has read
+    # our SETTINGS: refusing those would fail its requests
+    server = ServerConnection(max_concurrent_streams=2)
+    server.receive(f.PREFACE + f.settings({}))
+    burst = b"".join(headers_frame(sid, end=False) for sid in range(1, 2 * 6, 2))
+    assert [type(e) for e in server.receive(burst)] == [Request] * 6
+    server.receive(f.frame(f.SETTINGS, f.ACK, 0))  # it knows the limit now
+    assert server.receive(headers_frame(13, end=False)) == []
+    assert server.open_streams == 6 and not server.closed
+
+
+def test_before_the_acknowledgement_streams_are_bounded_too() -> None:
+    server = ServerConnection(max_concurrent_streams=2)
+    server.receive(f.PREFACE + f.settings({}))
+    burst = b"".join(headers_frame(sid, end=False)
+                     for sid in range(1, 2 * (UNACKED_STREAMS + 10), 2))
+    events = server.receive(burst)
+    assert len(events) == UNACKED_STREAMS and server.open_streams == UNACKED_STREAMS
