@@ -106,8 +106,8 @@ class Settings:
         500, "ext_proc streams one connection may keep open at once (HTTP/2's "
         "SETTINGS_MAX_CONCURRENT_STREAMS): every held request is one of Envoy's, and Envoy's "
         "connection pool opens another connection when one reaches this limit, so it bounds "
-        "what one connection can pin, not how many requests are held", group="listeners",
-        metavar="N")
+        "what one connection can pin, not how many requests are held (up to 8,192 are taken "
+        "before the peer has acknowledged it)", group="listeners", metavar="N")
     max_connections: int = _opt(
         1_000, "gRPC connections held at once on --listen (the native server): Envoy opens "
         "one per worker thread, and one more per --max-streams-per-connection held requests; "
