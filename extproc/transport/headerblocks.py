@@ -15,6 +15,8 @@ that a block of too many fields is turned away before the decoder spends time on
 
 from __future__ import annotations
 
+import re
+
 import hpack
 
 Headers = list[tuple[bytes, bytes]]
@@ -22,6 +24,7 @@ Headers = list[tuple[bytes, bytes]]
 KEPT_BLOCKS = 64  # distinct table-neutral blocks remembered per connection, at most
 KEPT_BYTES = 64 << 10  # ... and at most this many bytes of them (block + decoded fields)
 FIELD_OVERHEAD = 32  # RFC 7541 §4.1's per-field overhead, a fair estimate of Python's too
+_ONE_BYTE_INDEXED = re.compile(rb"[\x80-\xfe]+")  # indexed fields of an index under 127
 
 
 def _integer(block: bytes, at: int, prefix: int) -> tuple[int, int]:
@@ -54,10 +57,17 @@ def count_fields(block: bytes, limit: int) -> int:
     """The fields ``block`` encodes, counted up to ``limit + 1`` at most (a block that does
     not parse counts what came before the fault: the decoder then refuses it)."""
     count = at = 0
-    while at < len(block) and count <= limit:
+    end = len(block)
+    while at < end and count <= limit:
         first = block[at]
-        if first & 0x80:  # indexed (§6.1)
-            _, at = _integer(block, at, 7)
+        if first & 0x80:  # indexed (§6.1); an index under 127 is the byte itself
+            if first == 0xFF:
+                at = _integer(block, at, 7)[1]
+            else:  # a run of such fields (a block of one-byte fields) at the regex's speed
+                run = _ONE_BYTE_INDEXED.match(block, at).end()  # type: ignore[union-attr]
+                count += run - at
+                at = run
+                continue
         elif first & 0x40 or not first & 0x20:  # literals (§6.2)
             index, at = _integer(block, at, 6 if first & 0x40 else 4)
             if not index:
@@ -67,7 +77,7 @@ def count_fields(block: bytes, limit: int) -> int:
             _, at = _integer(block, at, 5)
             continue
         count += 1
-    return count
+    return min(count, limit + 1)
 
 
 class DecodingError(Exception):
