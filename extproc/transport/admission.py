@@ -8,7 +8,8 @@ sent was lost), and the new one takes its place. A peer that opens idle connecti
 thousand thus closes its own oldest ones, and a client that sends its preface and requests
 always gets in. Each peer address may also hold only a share of the cap
 (``--max-connections-per-peer``): past it, a new connection from that address makes room
-among that address's own idle connections, never another's.
+among that address's own idle connections, never another's (on a Unix socket, with no
+address, only the cap counts).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ class Admission:
     def admit(self, member: Member) -> bool:
         """Make room for a new connection (closing idle ones) and count it; False when every
         connection it could replace is busy."""
-        if self._peers[member.peer] >= self.per_peer:
+        # (a Unix socket's peers have no address to share by: only the cap holds them)
+        if member.peer and self._peers[member.peer] >= self.per_peer:
             if not self._evict(member.peer):
                 return False
         if len(self._members) >= self.cap and not self._evict(None):

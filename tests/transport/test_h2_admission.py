@@ -71,6 +71,13 @@ def test_a_peer_past_its_share_makes_room_among_its_own() -> None:
     assert len(admission) == 3 and not other.evicted
 
 
+def test_peers_of_a_unix_socket_share_only_the_cap() -> None:
+    admission = Admission(cap=3, per_peer=1)
+    local = [Member(""), Member(""), Member("")]
+    assert all(admission.admit(member) for member in local)
+    assert not any(member.evicted for member in local)
+
+
 async def closed_with_goaway(reader: asyncio.StreamReader) -> bool:
     """Whether the server said GOAWAY and closed (what it sent read to the end)."""
     data = await asyncio.wait_for(reader.read(), WAIT)
