@@ -117,7 +117,8 @@ class Settings:
         "open (keep it below the process's open-file limit)", group="listeners", metavar="N")
     max_connections_per_peer: int = _opt(
         250, "the part of --max-connections one peer address may hold: past it, its new "
-        "connection takes the place of its own oldest idle one, never another peer's",
+        "connection takes the place of its own oldest idle one, never another peer's (on a "
+        "Unix socket only the cap counts)",
         group="listeners", metavar="N")
     connection_idle_timeout: float = _opt(
         300.0, "a gRPC connection with no stream for this long is closed gracefully (GOAWAY, "
