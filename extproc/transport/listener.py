@@ -1,7 +1,7 @@
 """The native gRPC server's listener: the handlers it serves (registered as grpc.aio takes
 them: ``add_generic_rpc_handlers``, ``add_registered_method_handlers``), the sockets it
 listens on (TCP or a Unix socket, TLS with ALPN ``h2``), and its graceful stop. Each accepted
-connection is a ``server._Protocol``. Every few seconds it looks at the streams open, to give
+connection is a ``server._Protocol``. Every few seconds it looks at the calls running, to give
 memory back once a crowd of them has gone (``trim.py``).
 """
 
