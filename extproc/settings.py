@@ -105,15 +105,23 @@ class Settings:
                             "per request, docs/benchmarks.md part 6) or grpcio (grpc.aio)",
                             group="listeners", metavar="SERVER")
     max_streams_per_connection: int = _opt(
-        65_536, "ext_proc streams one connection may keep open at once (HTTP/2's "
-        "SETTINGS_MAX_CONCURRENT_STREAMS): every held request is one of Envoy's; past it a new "
-        "stream is refused (REFUSED_STREAM) and Envoy's retry to another replica or its "
-        "fail-open route answers", group="listeners", metavar="N")
+        500, "ext_proc streams one connection may keep open at once (HTTP/2's "
+        "SETTINGS_MAX_CONCURRENT_STREAMS): every held request is one of Envoy's, and Envoy's "
+        "connection pool opens another connection when one reaches this limit, so it bounds "
+        "what one connection can pin, not how many requests are held (up to 8,192 are taken "
+        "before the peer has acknowledged it)", group="listeners", metavar="N")
     max_connections: int = _opt(
-        1_000, "gRPC connections served at once on --listen (the native server): Envoy opens "
-        "one per worker thread; past the cap a new connection is closed at once and a warning "
-        "says so (keep it below the process's open-file limit)", group="listeners",
-        metavar="N")
+        1_000, "gRPC connections held at once on --listen (the native server): Envoy opens "
+        "one per worker thread, and one more per --max-streams-per-connection held requests; "
+        "at the cap a new connection takes the place of the oldest one without a stream (or "
+        "without its preface), which gets a GOAWAY; only when every one has streams open is "
+        "it refused, with a warning. ~6 KB each when idle, up to ~1 MB with all its streams "
+        "open (keep it below the process's open-file limit)", group="listeners", metavar="N")
+    max_connections_per_peer: int = _opt(
+        250, "the part of --max-connections one peer address may hold: past it, its new "
+        "connection takes the place of its own oldest idle one, never another peer's (on a "
+        "Unix socket only the cap counts)",
+        group="listeners", metavar="N")
     connection_idle_timeout: float = _opt(
         300.0, "a gRPC connection with no stream for this long is closed gracefully (GOAWAY, "
         "then a PING, so that no stream Envoy sent meanwhile is lost; 0: never)",
@@ -346,6 +354,8 @@ def validate(settings: Settings) -> str:
         return "--max-streams-per-connection must be at least 1"
     if settings.max_connections < 1:
         return "--max-connections must be at least 1"
+    if settings.max_connections_per_peer < 1:
+        return "--max-connections-per-peer must be at least 1"
     if settings.grpc_server not in ("native", "grpcio"):
         return f"bad grpc_server {settings.grpc_server!r}: use native or grpcio"
     if settings.event_loop not in ("uvloop", "asyncio"):

@@ -20,30 +20,21 @@ from typing import Callable
 from . import frames as f
 from .calm import Calm
 from .events import Closed, ConnectionError_, Data, Request, Reset
-from .headerblocks import DecodingError, HeaderBlocks
-from .control import DECODED_BYTES_PER_FRAME, DRAIN_PING, NEW_STREAM_FRAMES, U32, Control
+from .headerblocks import DecodingError, HeaderBlocks, TooManyFields
+from .control import (DECODED_BYTES_PER_FRAME, DECODED_FIELD_FRAMES, DRAIN_PING,
+                      NEW_STREAM_FRAMES, U32, Control)
+from .limits import (CLOSED_KEPT, DECODED_SLACK, FIELDS_DECODED, MAX_CONTINUATIONS,
+                     MAX_HEADER_FIELDS, MAX_HEADER_LIST, UNACKED_STREAMS)
 from .requests import content_length, malformed
 from .sending import StreamState
+
+__all__ = ["MAX_CONTINUATIONS", "MAX_HEADER_FIELDS", "MAX_HEADER_LIST", "FIELDS_DECODED",
+           "UNACKED_STREAMS", "ServerConnection"]
 
 _TOO_LARGE = f.literal(b":status", b"431")  # Request Header Fields Too Large
 # Frames that serve no request: each draws on the control budget (DATA when empty, RST_STREAM
 # when its stream is closed, HEADERS when refused, and unknown types, are counted where known)
 _CONTROL = frozenset({f.PRIORITY, f.SETTINGS, f.PING, f.GOAWAY, f.WINDOW_UPDATE})
-# A header block's CONTINUATION frames, at most: our largest block (2 x 16 KiB) needs 2 at the
-# smallest frame size, and a peer splitting finer than 256 bytes is flooding, not talking
-MAX_CONTINUATIONS = 128
-# The header list a request may carry (SETTINGS_MAX_HEADER_LIST_SIZE): Envoy's ext_proc
-# streams carry ~300 bytes (the HTTP request's own headers travel inside the messages), and
-# gRPC's own servers refuse metadata past 8 KiB. Decoding costs ~0.4 ms per KiB in pure-Python
-# HPACK, so a smaller list is a cheaper worst case.
-MAX_HEADER_LIST = 16 << 10
-# A list up to this many times the limit is decoded whole and refused on its stream alone
-# (431); one larger ends the connection (decoding stops inside it: the table is then unknown).
-DECODED_SLACK = 4
-# Closed streams remembered (and whether we reset them): a frame the peer sent before it saw
-# our reset is ignored (RFC 9113 §5.1, "closed"), one it sends after closing a stream itself is
-# an error; streams older than these are ignored, as is any frame the record cannot place.
-CLOSED_KEPT = 1024
 
 
 class ServerConnection(Control):
@@ -61,7 +52,7 @@ class ServerConnection(Control):
         self._calm = Calm(clock)
         self._clock = clock
         self._max_list = max_header_list_size
-        self._blocks = HeaderBlocks(DECODED_SLACK * max_header_list_size)
+        self._blocks = HeaderBlocks(DECODED_SLACK * max_header_list_size, FIELDS_DECODED)
         # An encoded block is no longer than the list it decodes to (each field counts 32
         # bytes more there); twice that leaves room for odd encoders. Without a bound, a peer
         # sending CONTINUATION frames without END_HEADERS grows the block for ever.
@@ -92,6 +83,7 @@ class ServerConnection(Control):
         # What this read may still do, in frames: a frame that costs more than its count (a
         # SETTINGS of many entries, a header block decoded anew) draws more (_work)
         self._turn_left = 0
+        self._debt = 0  # work done past a turn's share, taken from the turns that follow
         self.closed = False
         self._out += f.settings({f.MAX_CONCURRENT_STREAMS: max_concurrent_streams,
                                  f.INITIAL_WINDOW_SIZE: initial_window,
@@ -151,7 +143,9 @@ class ServerConnection(Control):
                 self._inbox += data
             inbox: bytes | bytearray = self._inbox or data
             at = 0
-            self._turn_left = max_frames or -1
+            # a turn that did more than its share (one large header block) is paid for by the
+            # next ones: the connection waits its turns out, the others go meanwhile
+            self._turn_left = max_frames - self._debt if max_frames else -1
             with memoryview(inbox) as view:
                 while len(inbox) - at >= f.HEADER_SIZE:
                     if self._turn_left <= 0 and max_frames:
@@ -168,6 +162,8 @@ class ServerConnection(Control):
                     payload = bytes(view[at + f.HEADER_SIZE:end])
                     at = end
                     self._frame(kind, flags, stream_id & 0x7FFFFFFF, payload, events)
+            if max_frames:
+                self._debt = max(0, -self._turn_left)
             if inbox is self._inbox:
                 del self._inbox[:at]
             else:
@@ -308,10 +304,14 @@ class ServerConnection(Control):
     def _header_block(self, sid: int, flags: int, block: bytes, events: list) -> None:
         try:  # decoded even for a stream refused below: HPACK state is ours
             headers, decoded = self._blocks.decode(block)
+        except TooManyFields as exc:
+            raise ConnectionError_(f.ENHANCE_YOUR_CALM, f"header block: {exc}") from exc
         except DecodingError as exc:
             raise ConnectionError_(f.COMPRESSION_ERROR, f"header block: {exc}") from exc
-        if decoded:  # pure-Python HPACK: ~0.4 ms per KiB decoded, a remembered block costs 0
-            self._work(len(block) // DECODED_BYTES_PER_FRAME)
+        # pure-Python HPACK costs per field and per byte decoded; a remembered block costs 0
+        work = (len(block) // DECODED_BYTES_PER_FRAME + DECODED_FIELD_FRAMES * len(headers)
+                if decoded else 0)
+        self._work(work)
         ended = bool(flags & f.END_STREAM)
         stream = self._streams.get(sid)
         if stream is not None:  # trailers
@@ -331,12 +331,16 @@ class ServerConnection(Control):
         if sid % 2 == 0 or sid <= self._last_stream:
             raise ConnectionError_(f.PROTOCOL_ERROR, f"stream {sid} cannot be opened")
         self._last_stream = sid
-        if self._goaway_at is not None or len(self._streams) >= self._max_streams:
+        limit = self._max_streams if self.settings_acked else max(self._max_streams,
+                                                                   UNACKED_STREAMS)
+        if self._goaway_at is not None or len(self._streams) >= limit:
             self._control()
             self._out += f.rst_stream(sid, f.REFUSED_STREAM)
             self._remember(sid, True)
             return
-        why = malformed(headers)
+        too_large = (len(headers) > MAX_HEADER_FIELDS
+                     or sum(len(k) + len(v) + 32 for k, v in headers) > self._max_list)
+        why = not too_large and malformed(headers)
         if why:  # a stream error (§8.1.1): this stream only
             self._control()
             self._out += f.rst_stream(sid, f.PROTOCOL_ERROR)
@@ -345,13 +349,13 @@ class ServerConnection(Control):
         stream = StreamState(self._peer_initial, self._initial_recv)
         self._streams[sid] = stream
         self._work(NEW_STREAM_FRAMES)
-        if sum(len(k) + len(v) + 32 for k, v in headers) > self._max_list:
-            self._control()  # too large, but decoded whole: refused on its stream alone
+        if too_large:  # but decoded whole: refused on its stream alone
             self.send_headers(sid, _TOO_LARGE, end_stream=True)
             if ended:
                 self._remote_close(sid, stream)
             else:
                 self.finish(sid)
+            self._control(1 + work)  # the work it took served nothing
             return
         stream.length_left = content_length(headers)
         if ended:

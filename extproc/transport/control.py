@@ -20,6 +20,9 @@ U32 = struct.Struct(">I")  # a stream id or an error code
 NEW_STREAM_FRAMES = 8
 # Bytes of header block decoded anew (not remembered) that cost as much as one frame
 DECODED_BYTES_PER_FRAME = 64
+# Frames one field of a header block decoded anew costs as much as (pure-Python HPACK: a field
+# is several function calls, a flood frame about one), on top of its bytes
+DECODED_FIELD_FRAMES = 2
 # SETTINGS entries taken as one frame's work (RFC 9113 defines 6 kinds); each one more draws on
 # the control budget and on the turn: a frame of 2,730 entries is a flood, not a setting
 SETTINGS_ENTRIES = 16

@@ -1,7 +1,8 @@
 """The native gRPC server's listener: the handlers it serves (registered as grpc.aio takes
 them: ``add_generic_rpc_handlers``, ``add_registered_method_handlers``), the sockets it
 listens on (TCP or a Unix socket, TLS with ALPN ``h2``), and its graceful stop. Each accepted
-connection is a ``server._Protocol``.
+connection is a ``server._Protocol``. Every few seconds it looks at the calls running, to give
+memory back once a crowd of them has gone (``trim.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from typing import Any, NamedTuple, Sequence
 
 import grpc
 
+from .admission import Admission
 from .server import _Protocol
+from .trim import LOOK_EVERY, Trimmer, give_back, libc_trim
 
 
 class _Details(NamedTuple):
@@ -26,11 +29,12 @@ class Server:
     """A gRPC server on the event loop, with grpc.aio.Server's registration and stop()."""
 
     def __init__(self, *, max_message: int, max_concurrent_streams: int = 1 << 20,
-                 max_connections: int = 1000, idle_timeout: float = 0.0) -> None:
+                 max_connections: int = 1000, max_connections_per_peer: int = 1000,
+                 idle_timeout: float = 0.0) -> None:
         self.loop = asyncio.get_running_loop()
         self.max_message = max_message
         self.max_concurrent_streams = max_concurrent_streams
-        self.max_connections = max_connections
+        self.admission = Admission(max_connections, max_connections_per_peer)
         self.idle_timeout = idle_timeout  # seconds without a stream before a drain (0: never)
         self.connections: set[_Protocol] = set()
         self.stopping = False  # stop() has begun: a connection made now is closed at once
@@ -39,6 +43,10 @@ class Server:
         self._methods: dict[str, Any] = {}
         self._listeners: list[asyncio.AbstractServer] = []
         self._socket_path: Path | None = None
+        self.live_calls = 0  # handlers running (``server._Protocol`` counts them)
+        self._trimmer = Trimmer()
+        self._trim = libc_trim()
+        self._look_timer: asyncio.TimerHandle | None = None
 
     def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
         """Serve these handlers (as grpc.aio.Server does)."""
@@ -62,8 +70,16 @@ class Server:
             self._methods[path] = found
         return found
 
+    def _look(self) -> None:
+        """Give memory back when the calls running have fallen far from their peak."""
+        if self._trimmer.look(self.live_calls):
+            give_back(lambda trim: self.loop.run_in_executor(None, trim), self._trim)
+        self._look_timer = self.loop.call_later(LOOK_EVERY, self._look)
+
     async def start(self, listen: str, tls: ssl.SSLContext | None = None) -> int:
         """Listen on ``host:port`` or ``unix:PATH``; the bound TCP port (0 for a socket)."""
+        if self._look_timer is None:
+            self._look_timer = self.loop.call_later(LOOK_EVERY, self._look)
         if listen.startswith("unix:"):
             path = listen[len("unix:"):].removeprefix("//")
             with contextlib.suppress(FileNotFoundError):
@@ -83,6 +99,8 @@ class Server:
     async def stop(self, grace: float | None) -> None:
         """Take no new calls; give open ones ``grace`` seconds, then cut them."""
         self.stopping = True
+        if self._look_timer is not None:
+            self._look_timer.cancel()
         for listener in self._listeners:
             listener.close()
         for protocol in list(self.connections):

@@ -34,6 +34,7 @@ async def start(settings: Settings, register: Callable[[Any], None],
         server = native.Server(max_message=max_message,
                                max_concurrent_streams=settings.max_streams_per_connection,
                                max_connections=settings.max_connections,
+                               max_connections_per_peer=settings.max_connections_per_peer,
                                idle_timeout=settings.connection_idle_timeout)
         register(server)
         return server, await server.start(settings.listen, tls_context(settings))

@@ -8,7 +8,8 @@ over every call of a connection, leaves in one ``write``.
 What one peer may cost the others is bounded: a connection's frames are read at most
 ``FRAMES_PER_TURN`` per turn of the loop (its socket is not read meanwhile), a connection that
 does not complete its handshake within ``HANDSHAKE_TIMEOUT`` is closed, one idle past the idle
-timeout is drained, and connections past ``max_connections`` are refused with a warning.
+timeout is drained, and past ``max_connections`` a new connection takes the place of an idle
+one (``admission.py``), or is refused with a warning when none is idle.
 
 Not served: message compression (no ``grpc-encoding``; Envoy does not compress ext_proc),
 and HTTP/2 server push.
@@ -24,13 +25,15 @@ import grpc
 
 from ..logs import Throttled, get_logger
 from . import frames as f
+from .admission import Admission
 from .call import EOF, GRPC_CONTENT_TYPE, Aborted, Call, deadline_of
 from .connection import ServerConnection
 from .events import Closed, Data, Request, Reset
 
 log = get_logger(__name__)
 _peer_errors = Throttled(log, "HTTP/2 connection error from the peer")
-_over_cap = Throttled(log, "gRPC connection refused: --max-connections reached")
+_over_cap = Throttled(log, "gRPC connection refused: --max-connections (or the share of one "
+                      "peer) reached, and every connection held has streams open")
 
 # Frames read from one connection per turn of the event loop, at most: ~1 ms of work, so a
 # peer's flood of small frames (256 KiB a read under uvloop is ~10,000 of them) cannot hold
@@ -50,8 +53,9 @@ class Host(Protocol):
     stopping: bool
     max_message: int
     max_concurrent_streams: int
-    max_connections: int
+    admission: Admission
     idle_timeout: float
+    live_calls: int  # handlers running, over every connection (lost ones' still unwinding)
 
     def method(self, path: str) -> Any:
         """The handler of ``path``, or None."""
@@ -77,14 +81,17 @@ class _Protocol(asyncio.Protocol):
         self._busy_at = self.loop.time()  # when a stream was last open
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
+        self.peer = ""  # the peer's address (its host: its connections share a part of the cap)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         if self.server.stopping:  # accepted before stop(), its TLS handshake ending after it:
             transport.close()  # stop() did not see it, so it would be served on after stop()
             return
-        if len(self.server.connections) >= self.server.max_connections:
-            _over_cap.warning(connections=len(self.server.connections))
+        peer = transport.get_extra_info("peername")
+        self.peer = str(peer[0]) if isinstance(peer, tuple) else ""
+        if not self.server.admission.admit(self):
+            _over_cap.warning(connections=len(self.server.admission))
             transport.abort()
             return
         self.server.connections.add(self)
@@ -145,6 +152,8 @@ class _Protocol(asyncio.Protocol):
         for call, method in self._starting:
             if self.calls.get(call._sid) is call:  # noqa: SLF001 (the protocol owns its calls)
                 call.task = self.loop.create_task(self._run(call, method))
+                self.server.live_calls += 1  # (a task cancelled before it ran runs no
+                call.task.add_done_callback(self._call_done)  # finally: counted when done)
         self._starting = []
         if self._stalled:  # a WINDOW_UPDATE or SETTINGS may have let their output go
             self._wake(lambda sid: not self.conn.blocked(sid))
@@ -157,7 +166,13 @@ class _Protocol(asyncio.Protocol):
             self._backlog = False
             if self._writable is None:  # (else resume_writing resumes it)
                 self.transport.resume_reading()
+        self._note()
         self._flush()
+
+    def _note(self) -> None:
+        """Tell admission whether the connection is past its preface, and busy."""
+        self.server.admission.note(self, self.conn.preface_received,
+                                   bool(self.calls or self.conn.open_streams))
 
     def _start(self, request: Request) -> None:
         sid = request.stream_id
@@ -235,6 +250,11 @@ class _Protocol(asyncio.Protocol):
                 call.finish(grpc.StatusCode.UNKNOWN, "handler failed")
         finally:
             self.calls.pop(call._sid, None)  # noqa: SLF001 (the protocol owns its calls)
+            if not self.calls:
+                self._note()
+
+    def _call_done(self, _task: asyncio.Task) -> None:
+        self.server.live_calls -= 1
 
     async def unblocked(self, sid: int) -> None:
         """Return once the stream's output no longer waits for the peer's windows (or the
@@ -287,6 +307,7 @@ class _Protocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
+        self.server.admission.leave(self)
         for timer in (self._handshake_timer, self._idle_timer):
             if timer is not None:
                 timer.cancel()
@@ -308,9 +329,18 @@ class _Protocol(asyncio.Protocol):
         self.conn.goaway()
         self._flush()
 
+    def evict(self) -> None:
+        """Close the connection to make room for a new one (it is idle): GOAWAY, then the
+        socket."""
+        self.server.connections.discard(self)
+        self.goaway()  # (which closes the socket once said: no stream is open)
+        if self.transport is not None:
+            self.transport.close()
+
     def abort(self) -> None:
         """Drop the connection now, whatever is left unsent."""
         self.server.connections.discard(self)
+        self.server.admission.leave(self)
         if self.transport is not None:
             self.transport.abort()
 

@@ -96,9 +96,10 @@ def frames_of(data: bytes) -> list[tuple[int, int, int, bytes]]:
 
 
 def raw_server(**kw: int) -> ServerConnection:
-    """A server past the preface and the client's (empty) SETTINGS, its output drained."""
+    """A server past the preface, the client's (empty) SETTINGS and its acknowledgement of the
+    server's, its output drained."""
     server = ServerConnection(**kw)
-    assert server.receive(f.PREFACE + f.settings({})) == []
+    assert server.receive(f.PREFACE + f.settings({}) + f.frame(f.SETTINGS, f.ACK, 0)) == []
     server.data_to_send()
     return server
 

@@ -99,19 +99,22 @@ async def test_an_idle_connection_is_drained_without_losing_a_call(serve: Factor
     assert await settle(lambda: not served.server.connections)
 
 
-async def test_connections_past_the_cap_are_refused_and_said(
+async def test_connections_past_the_cap_are_refused_and_said_when_all_are_busy(
         serve: Factory, caplog: pytest.LogCaptureFixture) -> None:
     served = await serve(max_connections=2)
     caplog.set_level(logging.WARNING, logger="extproc.transport.server")
-    kept = [await asyncio.open_connection("127.0.0.1", served.port) for _ in range(2)]
-    assert await settle(lambda: len(served.server.connections) == 2)
+    kept = [await Frames.open(served.port) for _ in range(2)]
+    for raw in kept:
+        raw.request(1, b"held")  # a call that hangs: every connection is busy
+    assert await settle(lambda: len(served.server.connections) == 2
+                        and all(p.calls for p in served.server.connections))
     reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
     with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
         await asyncio.wait_for(reader.readexactly(1), WAIT)
     writer.close()
     assert any("--max-connections" in r.getMessage() for r in caplog.records)
-    for _reader, kept_writer in kept:
-        kept_writer.close()
+    for raw in kept:
+        raw.writer.close()
     assert await settle(lambda: not served.server.connections)
     async with served.channel() as channel:  # room again
         assert await method(channel, "Echo")(b"again", timeout=WAIT) == b"again"
