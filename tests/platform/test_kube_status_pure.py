@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from extproc.platform.kube.status import desired_status
+from extproc.platform.kube.status import desired_status, spec_invalid_news
 from extproc.policy.model import MemberObservation, PoolKey, PoolPhase, PoolView
 
 KEY = PoolKey("ml", "slot")
@@ -197,3 +197,15 @@ def test_resident_idle_since_is_written_as_utc_time() -> None:
                                  members=(READY_A, STOPPED_B),
                                  resident_idle_since=T0.timestamp()), {}, T1)
     assert status["residentIdleSince"] == STAMP0
+
+
+def test_spec_invalid_news_only_when_it_turns_false_or_says_something_new() -> None:
+    def status(state: str, message: str = "") -> dict:
+        return {"conditions": [{"type": "SpecValid", "status": state, "message": message}]}
+
+    assert spec_invalid_news({}, status("False", "x")) == "x"
+    assert spec_invalid_news(status("True"), status("False", "x")) == "x"
+    assert spec_invalid_news(status("False", "x"), status("False", "x")) is None
+    assert spec_invalid_news(status("False", "x"), status("False", "x; y")) == "x; y"
+    assert spec_invalid_news(status("False", "x"), status("True")) is None
+    assert spec_invalid_news({}, {}) is None
