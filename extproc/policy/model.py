@@ -75,6 +75,9 @@ class PoolSpec:
     # annotation modelpool.inference.llmkube.dev/priorities: objective -> priority (higher
     # takes the slot first; priority.py); unnamed objectives are 0
     priorities: dict[str, int] = field(default_factory=dict)
+    # model names this pool claims (members, aliases) that an older pool holds: never routed
+    # here (platform/kube/claims.py); the pool's status says which pool holds each
+    unrouted: tuple[str, ...] = ()
 
 
 class Actuation(str, Enum):

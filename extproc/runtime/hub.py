@@ -248,6 +248,8 @@ class Hub:
             driver = self._drivers[key]
             names = {m: m for m in driver.spec.members}
             names.update(driver.spec.aliases)
+            for name in driver.spec.unrouted:  # an older pool holds it (kube/claims.py)
+                names.pop(name, None)
             for name, member in names.items():
                 claims.setdefault(name, []).append(Route(driver, member))
                 models.append(ModelEntry(name, key.namespace, key.name, member))

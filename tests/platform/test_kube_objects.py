@@ -182,3 +182,22 @@ def test_priorities_annotation_is_read_and_bad_entries_reported() -> None:
     spec, problems = pool_spec(pool({"members": members("a")},
                                     {annotation: "urgent=high,=3,x"}), SETTINGS)
     assert spec.priorities == {} and len(problems) == 3
+
+
+def test_member_names_must_be_object_names_and_aliases_plain_names() -> None:
+    """A member name goes into API paths: one that is no object name is refused, never used."""
+    spec, problems = pool_spec(pool(
+        {"members": members("a", "../../../namespaces/team-a/inferenceservices/victim",
+                            "B", "b.v2", "x/y", "-a"), "default": "b.v2"},
+        {"modelpool.inference.llmkube.dev/aliases":
+         "meta-llama/Llama-3.1-8B=a, llama3:8b=a, ../x=a, two words=a, a..b=a, "
+         "gpt-4o-mini@v1=b.v2"}), SETTINGS)
+    assert spec.members == ("a", "b.v2")
+    assert spec.default == "b.v2"
+    assert spec.aliases == {"meta-llama/Llama-3.1-8B": "a", "llama3:8b": "a",
+                            "gpt-4o-mini@v1": "b.v2"}
+    refused = [p for p in problems if "not a valid object name" in p]
+    assert len(refused) == 4 and "'../../../namespaces/team-a/inferenceservices/victim'" \
+        in refused[0]
+    assert sorted(p.split("'")[1] for p in problems if "not a plain model name" in p) == [
+        "../x", "a..b", "two words"]

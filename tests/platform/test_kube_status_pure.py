@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from extproc.platform.kube.status import desired_status
+from extproc.platform.kube.status import desired_status, spec_invalid_news
 from extproc.policy.model import MemberObservation, PoolKey, PoolPhase, PoolView
 
 KEY = PoolKey("ml", "slot")
@@ -213,3 +213,15 @@ def test_a_message_over_the_crd_limit_is_cut_with_a_marker() -> None:
     exactly = "y" * MESSAGE_LIMIT  # at the limit: kept whole
     assert conditions(desired_status(view(failed_member="a", failed_message=exactly), {},
                                      T0))["SlotAllocated"]["message"] == exactly
+
+
+def test_spec_invalid_news_only_when_it_turns_false_or_says_something_new() -> None:
+    def status(state: str, message: str = "") -> dict:
+        return {"conditions": [{"type": "SpecValid", "status": state, "message": message}]}
+
+    assert spec_invalid_news({}, status("False", "x")) == "x"
+    assert spec_invalid_news(status("True"), status("False", "x")) == "x"
+    assert spec_invalid_news(status("False", "x"), status("False", "x")) is None
+    assert spec_invalid_news(status("False", "x"), status("False", "x; y")) == "x; y"
+    assert spec_invalid_news(status("False", "x"), status("True")) is None
+    assert spec_invalid_news({}, {}) is None

@@ -280,3 +280,27 @@ async def test_a_watch_event_over_the_limit_costs_a_relist_not_the_watch(
         assert too_long._value.get() > before
         emulator.patch("inferenceservices", "a", {"spec": {"replicas": 0}}, NS)
         await eventually(lambda: watcher.observation(KEY, "a").replicas == 0, timeout=8)
+
+
+async def test_a_name_two_pools_claim_is_reported_on_the_later_and_passes_on(
+        emulator: Any, api: Any) -> None:
+    """Pools first and second created in one second: first (by name) holds chat; second's
+    alias chat is unrouted and a problem naming first, until first is deleted."""
+    for name in ("chat", "other"):
+        emulator.create("inferenceservices", isvc(name, replicas=0, phase="Stopped"))
+    emulator.create("modelpools", modelpool("first", ["chat"]))
+    emulator.create("modelpools", modelpool(
+        "second", ["other"], annotations={"modelpool.inference.llmkube.dev/aliases":
+                                          "chat=other"}))
+    first, second = PoolKey(NS, "first"), PoolKey(NS, "second")
+    recorder = Recorder()
+    async with running(api, recorder) as watcher:
+        specs = {s.key: s for s in watcher.pools()}
+        assert specs[first].unrouted == () and watcher.spec_problems(first) == ()
+        assert specs[second].unrouted == ("chat",)
+        assert any(f"ModelPool {NS}/first" in p for p in watcher.spec_problems(second))
+        recorder.take()
+        emulator.delete("modelpools", "first", NS)
+        await eventually(lambda: any(c[0] == "pool_changed" and c[1].key == second
+                                     and c[1].unrouted == () for c in recorder.calls))
+        assert watcher.spec_problems(second) == ()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable
 from typing import TypeVar
+from urllib.parse import quote
 
 import aiohttp
 
@@ -56,11 +57,18 @@ async def counted(verb: str, resource: str, call: Awaitable[tuple[int, T]]) -> T
     return body
 
 
+def segment(text: str) -> str:
+    """``text`` as one URL path segment, whatever it holds: every reserved character is
+    escaped, and so are dots when the segment is all dots (a client would fold ``..``)."""
+    quoted = quote(text, safe="")
+    return quoted.replace(".", "%2E") if quoted.strip(".") == "" else quoted
+
+
 def custom_path(namespace: str, plural: str, name: str = "", subresource: str = "") -> str:
     """The URL path of our custom resources (all of them, one, or one's subresource)."""
     path = f"/apis/{GROUP}/{VERSION}"
-    path += f"/namespaces/{namespace}/{plural}" if namespace else f"/{plural}"
-    return path + "".join(f"/{part}" for part in (name, subresource) if part)
+    path += f"/namespaces/{segment(namespace)}/{plural}" if namespace else f"/{plural}"
+    return path + "".join(f"/{segment(part)}" for part in (name, subresource) if part)
 
 
 def resource_version_of(obj: object) -> str:

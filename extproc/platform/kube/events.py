@@ -9,7 +9,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 
 from extproc.logs import get_logger
-from extproc.platform.kube._calls import GROUP, VERSION, counted, describe
+from extproc.platform.kube._calls import GROUP, VERSION, counted, describe, segment
 from extproc.platform.kube.rest import KubeClient
 from extproc.policy.model import PoolKey
 
@@ -58,7 +58,7 @@ class EventRecorder:
         }
         try:
             await counted("create", "events", self._api.call(
-                "POST", f"/api/v1/namespaces/{key.namespace}/events", body=body,
+                "POST", f"/api/v1/namespaces/{segment(key.namespace)}/events", body=body,
                 content_type="application/json"))
         except Exception as exc:
             # An Event is narration, not state: losing one must never fail or stall a swap.

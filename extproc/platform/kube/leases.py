@@ -16,7 +16,7 @@ import json
 import re
 from typing import Any
 
-from extproc.platform.kube._calls import counted
+from extproc.platform.kube._calls import counted, segment
 from extproc.platform.kube.rest import ApiError, KubeClient
 
 RESOURCE = "leases"
@@ -117,8 +117,8 @@ class LeaseClient:
         return self._path()
 
     def _path(self, name: str = "") -> str:
-        path = f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/{RESOURCE}"
-        return f"{path}/{name}" if name else path
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{segment(self.namespace)}/{RESOURCE}"
+        return f"{path}/{segment(name)}" if name else path
 
     async def get(self, name: str) -> Lease | None:
         """The Lease, or None when there is none."""

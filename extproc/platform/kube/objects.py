@@ -5,6 +5,7 @@ No I/O and no state: the watcher feeds decoded JSON in and keeps what comes out.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from extproc.platform.kube import activation
@@ -25,6 +26,13 @@ MIN_RESIDENCY_ANNOTATION = "modelpool.inference.llmkube.dev/min-residency"
 DEFAULT_SWAP_POLICY = "sticky"
 DEFAULT_RECLAIM_AFTER = 300.0
 
+# An object name (Kubernetes' DNS-1123 subdomain): a member name is an InferenceService name.
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+# A model name a client may send: letters, digits and . _ - : / @ +, starting and ending with
+# a letter or digit (HF-style "org/model" and "model:tag" included); ".." never.
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._:/@+-]*[A-Za-z0-9])?")
+_MAX_NAME = 253
+
 # Pods in these phases have no running container left, so they hold no device memory even
 # though the object lingers (kubelet-evicted pods stay as Failed until garbage collected).
 _FINISHED_POD_PHASES = ("Succeeded", "Failed")
@@ -34,6 +42,17 @@ def object_key(obj: dict[str, Any]) -> tuple[str, str]:
     """(namespace, name) of any namespaced object."""
     meta = obj.get("metadata") or {}
     return meta.get("namespace", ""), meta.get("name", "")
+
+
+def is_object_name(name: str) -> bool:
+    """Whether ``name`` is a valid Kubernetes object name (a DNS-1123 subdomain)."""
+    return len(name) <= _MAX_NAME and _DNS_SUBDOMAIN.fullmatch(name) is not None
+
+
+def is_plain_name(name: str) -> bool:
+    """Whether ``name`` may be a model name an alias answers to."""
+    return len(name) <= _MAX_NAME and ".." not in name and \
+        _PLAIN_NAME.fullmatch(name) is not None
 
 
 def pod_member(pod: dict[str, Any]) -> str:
@@ -131,6 +150,9 @@ def pool_spec(pool: dict[str, Any], settings: Settings) -> tuple[PoolSpec, tuple
         name = ((entry or {}).get("inferenceServiceRef") or {}).get("name") or ""
         if not name:
             problems.append("a member has an empty inferenceServiceRef.name; ignored")
+        elif not is_object_name(name):
+            problems.append(f"member {name!r} is not a valid object name (DNS-1123 subdomain: "
+                            "lower-case letters, digits, '-' and '.'); ignored")
         elif name in members:
             problems.append(f"member {name} is listed twice; the repeat is ignored")
         else:
@@ -223,6 +245,9 @@ def _aliases(text: str, members: list[str], problems: list[str]) -> dict[str, st
         alias, sep, member = (part.strip() for part in item.partition("="))
         if not sep or not alias or not member:
             problems.append(f"alias entry {item.strip()!r} is not alias=member; ignored")
+        elif not is_plain_name(alias):
+            problems.append(f"alias {alias!r} is not a plain model name (letters, digits and "
+                            "._-:/@+, no '..'); ignored")
         elif member not in members:
             problems.append(f"alias {alias} names {member}, which is not a member; ignored")
         else:

@@ -59,6 +59,7 @@ class KubePlatform:
         self._publisher = StatusPublisher(
             self._writer, self.watcher, may_write=self.replicas.leads,
             reread=lambda key: self.watcher.reread(POOLS, key.namespace, key.name),
+            spec_invalid=self._spec_invalid,
             backoff_initial=settings.api_retry_initial, backoff_max=settings.api_retry_max)
         self._events = EventRecorder(api_client, uids=self.watcher.pool_uid)
         self._session: aiohttp.ClientSession | None = None
@@ -193,7 +194,15 @@ class KubePlatform:
 
     def notify(self, key: PoolKey, notice: Notice) -> None:
         """Record an Event on the pool in the background."""
+        self._record(key, notice.kind, notice.message, is_warning(notice))
+
+    def _spec_invalid(self, key: PoolKey, message: str) -> None:
+        """Our status write turned SpecValid False: a Warning Event says why, once."""
+        taken = any(spec.key == key and spec.unrouted for spec in self.watcher.pools())
+        self._record(key, "ModelNameTaken" if taken else "InvalidSpec", message, True)
+
+    def _record(self, key: PoolKey, reason: str, message: str, warning: bool) -> None:
         task = asyncio.get_running_loop().create_task(self._events.record(
-            key, notice.kind, notice.message, warning=is_warning(notice)))
+            key, reason, message, warning=warning))
         self._event_tasks.add(task)
         task.add_done_callback(self._event_tasks.discard)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from extproc.inference_pool import POOL_LABEL
-from extproc.platform.kube._calls import counted
+from extproc.platform.kube._calls import counted, segment
 from extproc.platform.kube.objects import SERVICE_LABEL, pod_member
 from extproc.platform.kube.rest import KubeClient
 from extproc.policy.model import PoolSpec
@@ -40,7 +40,7 @@ async def findings(api: KubeClient, spec: PoolSpec,
     for inference_pool in ours:
         name, selector = inference_pool["metadata"]["name"], _selector(inference_pool)
         pods = (await counted("list", "pods", api.call(
-            "GET", f"/api/v1/namespaces/{key.namespace}/pods",
+            "GET", f"/api/v1/namespaces/{segment(key.namespace)}/pods",
             params={"labelSelector": selector}))).get("items") or [] if selector else []
         selected = {pod_member(p) for p in pods}
         foreign = sorted(p["metadata"]["name"] for p in pods
@@ -60,7 +60,7 @@ async def findings(api: KubeClient, spec: PoolSpec,
 
 async def _has_pods(api: KubeClient, namespace: str, member: str) -> bool:
     listing = await counted("list", "pods", api.call(
-        "GET", f"/api/v1/namespaces/{namespace}/pods",
+        "GET", f"/api/v1/namespaces/{segment(namespace)}/pods",
         params={"labelSelector": f"{SERVICE_LABEL}={member}"}))
     return bool(listing.get("items"))
 
@@ -68,5 +68,6 @@ async def _has_pods(api: KubeClient, namespace: str, member: str) -> bool:
 async def list_inference_pools(api: KubeClient, namespace: str) -> list[dict[str, Any]]:
     """The InferencePools of a namespace."""
     listing = await counted("list", POOL_PLURAL, api.call(
-        "GET", f"/apis/{POOL_GROUP}/{POOL_VERSION}/namespaces/{namespace}/{POOL_PLURAL}"))
+        "GET", f"/apis/{POOL_GROUP}/{POOL_VERSION}/namespaces/{segment(namespace)}/"
+        f"{POOL_PLURAL}"))
     return listing.get("items") or []

@@ -4,6 +4,13 @@ Why not the ``kubernetes`` package's ApiClient: importing any part of that packa
 both its sync and asyncio model classes (thousands of them, ~45 MB resident), while the
 service sends four kinds of raw JSON requests (list, watch, merge patch, create) and decodes
 the answers itself. Credentials come from ``credentials.py``.
+
+Two connection pools. A watch holds its HTTP/1.1 connection for as long as it streams (up
+to ``--watch-timeout``), and the service runs three per watched namespace plus the Leases'.
+Sharing one bounded pool with the writes would let enough watches take every connection, and
+a Lease renewal would then wait for one until this replica's admission ran out. So watches
+get a pool of their own, unbounded (one connection each, as many as there are watches), and
+every other request uses the bounded pool, which no watch ever occupies.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import json
 from typing import Any
 
 import aiohttp
+from yarl import URL
 
 from extproc.platform.kube.credentials import Credentials
 
@@ -28,33 +36,45 @@ class ApiError(Exception):
         self.reason = reason
 
 
+# Requests other than watches: short, so a bounded pool serves any number of pools' writes.
+REQUEST_CONNECTIONS = 100
+
+
 class KubeClient:
-    """One HTTP connection pool to the API server, with the credentials' headers and TLS."""
+    """HTTP connection pools to the API server (watches apart from the rest), with the
+    credentials' headers and TLS."""
 
     def __init__(self, credentials: Credentials, request_timeout: float = 60.0) -> None:
         self.credentials = credentials
         # the policy counts a write of ours as possibly landing this long (--api-request-timeout)
         self.request_timeout = request_timeout
-        self._session: aiohttp.ClientSession | None = None
+        self._sessions: dict[bool, aiohttp.ClientSession] = {}  # keyed by "is a watch"
 
-    def _http(self) -> aiohttp.ClientSession:
-        """The session, made on first use (it must be created inside the running loop)."""
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                base_url=self.credentials.server,
-                connector=aiohttp.TCPConnector(ssl=self.credentials.ssl_context()))
-        return self._session
+    def _http(self, watch: bool) -> aiohttp.ClientSession:
+        """The watches' or the requests' session, made on first use (inside the running loop)."""
+        session = self._sessions.get(watch)
+        if session is None or session.closed:
+            session = self._sessions[watch] = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=self.credentials.ssl_context(),
+                                               limit=0 if watch else REQUEST_CONNECTIONS))
+        return session
 
     async def open(self, method: str, path: str, *, params: dict[str, Any] | None = None,
                    body: Any = None, content_type: str = MERGE_PATCH,
                    timeout: float | None = None) -> aiohttp.ClientResponse:
         """Send a request and return the response unread (for watch streams); any status.
 
+        ``path`` is sent exactly as given (every segment quoted by its builder,
+        ``_calls.segment``): nothing decodes or folds it, so a name can never become ``..``.
+        A request with ``watch`` set goes over the watches' connections, any other over the
+        requests'. Redirects are not followed: the API server sends none to these paths.
         An expired exec credential is renewed first; a 401 renews it (when it can be) and
         sends the request once more.
         """
         data = None if body is None else json.dumps(body).encode()
         query = {k: _query_value(v) for k, v in (params or {}).items() if v is not None}
+        url = URL(self.credentials.server.rstrip("/") + path, encoded=True)
+        session = self._http(query.get("watch") == "true")
         retried = False
         while True:
             await self.credentials.refresh()
@@ -62,8 +82,8 @@ class KubeClient:
             headers = {"Accept": "application/json", **sent}
             if data is not None:
                 headers["Content-Type"] = content_type
-            resp = await self._http().request(
-                method, path, params=query, data=data, headers=headers,
+            resp = await session.request(
+                method, url, params=query, data=data, headers=headers, allow_redirects=False,
                 timeout=aiohttp.ClientTimeout(total=timeout or self.request_timeout))
             if resp.status != 401 or retried or not await self.credentials.rejected(sent):
                 return resp
@@ -81,8 +101,9 @@ class KubeClient:
 
     async def close(self) -> None:
         """Close the connections (idempotent)."""
-        if self._session is not None:
-            await self._session.close()
+        for session in self._sessions.values():
+            await session.close()
+        if self._sessions:
             # aiohttp needs a loop turn to close TLS transports cleanly
             await asyncio.sleep(0)
 

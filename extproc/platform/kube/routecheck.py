@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from extproc.logs import get_logger
-from extproc.platform.kube._calls import counted, describe
+from extproc.platform.kube._calls import counted, describe, segment
 from extproc.platform.kube import poolcheck
 from extproc.platform.kube.events import EventRecorder
 from extproc.platform.kube.rest import KubeClient
@@ -66,7 +66,7 @@ class RouteChecker:
         for namespace in sorted({s.key.namespace for s in specs}):
             try:
                 listing = await counted("list", ROUTE_PLURAL, self._api.call(
-                    "GET", f"/apis/{ROUTE_GROUP}/{ROUTE_VERSION}/namespaces/{namespace}/"
+                    "GET", f"/apis/{ROUTE_GROUP}/{ROUTE_VERSION}/namespaces/{segment(namespace)}/"
                     f"{ROUTE_PLURAL}"))
             except Exception as exc:
                 # No RBAC or no Gateway API: nothing to compare with; say why, once per pass.

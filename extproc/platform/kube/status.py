@@ -144,6 +144,19 @@ def _swap_stalled(view: PoolView) -> tuple[str, str, str, str]:
     return "SwapStalled", "False", "Progressing", ""
 
 
+def spec_invalid_news(before: dict, after: dict) -> str | None:
+    """SpecValid's message when a write turned it False or changed why (None otherwise)."""
+    def spec_valid(status: dict) -> dict:
+        return next((c for c in status.get("conditions") or [] if isinstance(c, dict)
+                     and c.get("type") == "SpecValid"), {})
+    old, new = spec_valid(before), spec_valid(after)
+    if new.get("status") != "False":
+        return None
+    if old.get("status") == "False" and old.get("message") == new.get("message"):
+        return None
+    return str(new.get("message") or "")
+
+
 _WHO_FIELDS = ("phase", "residentMember", "pendingMember")
 
 
@@ -233,13 +246,18 @@ class StatusPublisher:
     def __init__(self, writer: StatusWriter, source: StatusSource, *,
                  backoff_initial: float = 0.2, backoff_max: float = 30.0,
                  may_write: Callable[[PoolKey], bool] = lambda key: True,
-                 reread: Callable[[PoolKey], Awaitable[None]] | None = None) -> None:
+                 reread: Callable[[PoolKey], Awaitable[None]] | None = None,
+                 spec_invalid: Callable[[PoolKey, str], None] = lambda key, message: None
+                 ) -> None:
         self._writer = writer
         self._source = source
         # Two fences: only the pool's leader (by its own clock) writes its status, and every
         # write names the version it was decided on, so a late one cannot land (fencing.py).
         self._may_write = may_write
         self._reread = reread  # after a 409: fetch the pool again, so the next try is fresh
+        # told once per change when our write turned SpecValid False (the pool's Event): only
+        # the writer of the status, so one replica, and not again after a restart
+        self._spec_invalid = spec_invalid
         self._backoff = (backoff_initial, backoff_max)
         self._latest: dict[PoolKey, PoolView] = {}
         self._tasks: dict[PoolKey, asyncio.Task[None]] = {}
@@ -319,6 +337,9 @@ class StatusPublisher:
             backoff.reset()
             if answered is not None:
                 self._versions.wrote(key, version, answered)
+                news = spec_invalid_news(current, self._writer.written(key) or {})
+                if news is not None:
+                    self._spec_invalid(key, news)
 
     async def _reread_quietly(self, key: PoolKey) -> None:
         """Re-read the pool after a conflict; a failed re-read leaves the watch to catch up."""

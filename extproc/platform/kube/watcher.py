@@ -35,7 +35,8 @@ from typing import Any
 
 from extproc.logs import get_logger
 from extproc.platform.contract import PoolListener
-from extproc.platform.kube._calls import POOLS, SERVICES, counted, custom_path
+from extproc.platform.kube._calls import POOLS, SERVICES, counted, custom_path, segment
+from extproc.platform.kube.claims import NameClaims, claimed
 from extproc.platform.kube.idle import IdleProbe
 from extproc.platform.kube.endpoints import PodEndpoints, ready_ip
 from extproc.platform.kube.idle.probes import SLOTS
@@ -55,13 +56,16 @@ PODS = "pods"
 
 @dataclass(slots=True)
 class _Pool:
-    """What the cache keeps of one ModelPool object."""
+    """What the cache keeps of one ModelPool object: its spec and problems as reported (the
+    declared ones, less the model names an older pool holds: claims.py)."""
 
     spec: PoolSpec
     problems: tuple[str, ...]
     status: dict
     uid: str
     resource_version: str
+    declared: PoolSpec
+    declared_problems: tuple[str, ...]
 
 
 class ClusterWatcher:
@@ -85,6 +89,7 @@ class ClusterWatcher:
         self._fresh = asyncio.Event()
         self._listed: set[tuple[str, str]] = set()
         self._pools: dict[PoolKey, _Pool] = {}
+        self._claims = NameClaims()  # which pool holds each model name
         self._services: dict[tuple[str, str], tuple[str, int]] = {}
         self._capacities: dict[tuple[str, str], int] = {}  # pacing.py's annotation
         self._carried: dict[tuple[str, str], str] = {}  # carry.py's annotation: the model
@@ -206,7 +211,7 @@ class ClusterWatcher:
     def _path(self, kind: str, scope: str) -> str:
         """The collection URL of ``kind`` in ``scope`` ("" = every namespace)."""
         if kind == PODS:
-            return f"/api/v1/namespaces/{scope}/pods" if scope else "/api/v1/pods"
+            return f"/api/v1/namespaces/{segment(scope)}/pods" if scope else "/api/v1/pods"
         return custom_path(scope, kind)
 
     # --- applying lists and events to the cache -----------------------------------------------
@@ -289,17 +294,23 @@ class ClusterWatcher:
             self._delivered.pop(key, None)
             if self.synced.is_set():
                 self._call("pool_removed", key)
+            self._reclaim(self._claims.drop(key))  # a name it held goes to the next claimant
             return
         meta = obj.get("metadata") or {}
-        spec, problems = pool_spec(obj, self._settings)
-        pool = _Pool(spec, problems, obj.get("status") or {}, meta.get("uid") or "",
-                     meta.get("resourceVersion") or "")
-        if old is not None and old.uid != pool.uid:
+        declared, declared_problems = pool_spec(obj, self._settings)
+        uid = meta.get("uid") or ""
+        if old is not None and old.uid != uid:
             # Deleted and re-created while we were not watching: a new pool, with an empty
             # status, that the runtime must treat as new rather than as an unchanged spec.
             self._apply_pool(key, None)
             old = None
+        touched = self._claims.claim(key, meta.get("creationTimestamp") or "",
+                                     (*declared.members, *declared.aliases))
+        spec, problems = claimed(self._claims, declared, declared_problems)
+        pool = _Pool(spec, problems, obj.get("status") or {}, uid,
+                     meta.get("resourceVersion") or "", declared, declared_problems)
         self._pools[key] = pool
+        self._reclaim(touched)
         # A status-only update (our own write, mostly) is reported as a status change only.
         if old is not None and old.spec == spec:
             if old.status != pool.status:
@@ -313,6 +324,16 @@ class ClusterWatcher:
             log.warning("pool spec has problems", namespace=key.namespace, pool=key.name,
                         problems=list(problems))
         self._announce(pool)
+
+    def _reclaim(self, keys: set[PoolKey]) -> None:
+        """Re-derive the pools whose claims another pool's change touched; report changes."""
+        for pool in [self._pools[key] for key in sorted(keys, key=str) if key in self._pools]:
+            spec, pool.problems = claimed(self._claims, pool.declared, pool.declared_problems)
+            if spec != pool.spec:
+                pool.spec = spec
+                log.warning("pool's refused model names changed", namespace=spec.key.namespace,
+                            pool=spec.key.name, unrouted=list(spec.unrouted))
+                self._announce(pool)
 
     def _index(self, spec: PoolSpec) -> None:
         """File the pool under each of its members in the member -> pools index."""
