@@ -23,7 +23,6 @@ import json
 import os
 
 import aiohttp
-import pytest
 
 from devstack import llamacpp, tinymodel
 from devstack.stack import LLAMA_MODELS

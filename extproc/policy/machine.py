@@ -128,7 +128,7 @@ class PoolMachine:
         except PolicyError as exc:
             self._broken = str(exc)
             raise
-        self._rest_until = deadlines.next_deadline(self) if deadlines.at_rest(self) else -math.inf
+        self._rest_until = deadlines.next_deadline(self, self.hands) if deadlines.at_rest(self) else -math.inf
         return out
 
     def _quick(self, event: Event, now: float) -> list[Command] | None:
@@ -153,7 +153,7 @@ class PoolMachine:
 
     def next_deadline(self) -> float:
         """The earliest time at which a Tick would change something (inf if none)."""
-        return deadlines.next_deadline(self)
+        return deadlines.next_deadline(self, self.hands)
 
     def view(self) -> PoolView:
         """A snapshot for the status writer, metrics and logs."""

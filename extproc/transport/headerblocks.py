@@ -10,6 +10,8 @@ must not pin megabytes per connection.
 
 from __future__ import annotations
 
+from typing import cast
+
 import hpack
 
 Headers = list[tuple[bytes, bytes]]
@@ -41,7 +43,7 @@ class HeaderBlocks:
         before = (len(table.dynamic_entries), table.dynamic_entries[0]
                   if table.dynamic_entries else None, table.maxsize)
         try:
-            headers = self._decoder.decode(block, raw=True)
+            headers = cast(Headers, self._decoder.decode(block, raw=True))  # a list, typed loosely
         except hpack.HPACKError as exc:
             raise DecodingError(str(exc)) from exc
         after = (len(table.dynamic_entries), table.dynamic_entries[0]

@@ -61,9 +61,9 @@ def tls_context(s: Settings) -> ssl.SSLContext | None:
 
 def _bind(server: grpc.aio.Server, s: Settings) -> int:
     if not s.tls_cert:
-        return server.add_insecure_port(s.listen)
+        return int(server.add_insecure_port(s.listen))
     key, cert = Path(s.tls_key).read_bytes(), Path(s.tls_cert).read_bytes()
     ca = Path(s.tls_client_ca).read_bytes() if s.tls_client_ca else None
     credentials = grpc.ssl_server_credentials([(key, cert)], root_certificates=ca,
                                               require_client_auth=ca is not None)
-    return server.add_secure_port(s.listen, credentials)
+    return int(server.add_secure_port(s.listen, credentials))

@@ -85,7 +85,7 @@ class _Protocol(asyncio.Protocol):
             return
         if len(self.server.connections) >= self.server.max_connections:
             _over_cap.warning(connections=len(self.server.connections))
-            transport.abort()
+            transport.abort()  # type: ignore[attr-defined]  # a stream transport's
             return
         self.server.connections.add(self)
         self._handshake_timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._check_handshake)
