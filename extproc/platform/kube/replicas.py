@@ -1,4 +1,4 @@
-"""Several replicas of this service, coordinated through Leases (HA.md; ``policy/replicas.py``).
+"""Several replicas of this service, coordinated through Leases (docs/design/replicas.md).
 
 Theory of operation:
 - ``start()`` writes this replica's membership Lease before the watcher reads any pool
