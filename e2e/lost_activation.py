@@ -1,4 +1,4 @@
-"""The lost activation of issue 20, end to end in llmkube mode: both ways LLMKube loses one.
+"""A lost activation, end to end in llmkube mode: both ways LLMKube loses one.
 
 LLMKube's reconciler sometimes drops an activation (docs/design/llmkube.md): after our trigger
 the pool settles Ready on the old resident, the target at 0, nothing pending. Two ways to get
