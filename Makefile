@@ -56,9 +56,9 @@ demo: bootstrap $(if $(filter llama.cpp,$(MODELPOOL_DEMO_RUNTIME)),llama-server)
 test: check bootstrap kube-tools ops-tools schemas ## lint, types, import contracts, then the full suite (builds its tools once)
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
-# Lint (ruff), types (mypy: strict for extproc/policy and extproc/transport) and the layers as
+# Lint (ruff), types (mypy --strict, two relaxations named in pyproject.toml) and the layers as
 # import contracts (import-linter); each configured, with its reasons, in pyproject.toml.
-# About 1.5 min on a fresh clone (mypy's first run), seconds after (its cache in .mypy_cache).
+# About 1.5 min on a fresh clone (mypy's first run), less after (its cache in .mypy_cache).
 check: bootstrap ## ruff, mypy and the import contracts (configured in pyproject.toml)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
