@@ -1,6 +1,6 @@
 """When a pool's machine next needs the clock, and when it is at rest.
 
-Rules of this file: it only reads (``pool.PoolReader`` and the rooms' own reads); it owns no
+Rules of this file: it only reads (``pool.PoolReader`` and the concerns' own reads); it owns no
 state. The machine keeps the timer's answer (``PoolMachine.next_deadline``) and, while the pool
 is at rest, lets a resident hit or its end be booked in one pass until that deadline.
 """

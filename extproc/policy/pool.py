@@ -56,7 +56,7 @@ class PoolReader(Protocol):
         """Idle, or the swap's stage."""
 
     actuation: Actuation  # who carries the swaps out (``modes.Hands``)
-    # The records other rooms keep, each changed by its own methods.
+    # The records other concerns keep, each changed by its own methods.
     requests: RequestBook
     history: SwapHistory
     carry: CarryBook  # the saves and restores the swap waits for (carry.py)
