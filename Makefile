@@ -48,7 +48,7 @@ help: ## this list
 # Environment: MODELPOOL_DEMO_PORT (Envoy's port, 8080), MODELPOOL_DEMO_ACTUATION (own|llmkube),
 # MODELPOOL_DEMO_REPLICAS (ext_proc replicas, 1), MODELPOOL_DEMO_ENDPOINT_PICKER (1: behind an
 # InferencePool-style gateway, the ext_proc as its endpoint picker), MODELPOOL_DEMO_RUNTIME (fake|
-# llama.cpp); see the README's demo section.
+# llama.cpp); see docs/demo.md.
 # MODELPOOL_DEMO_RUNTIME=llama.cpp: real llama.cpp members (builds llama-server once: see below).
 demo: bootstrap $(if $(filter llama.cpp,$(MODELPOOL_DEMO_RUNTIME)),llama-server) ## the whole product on loopback: API emulator, simulated members, ext_proc, Envoy
 	$(PY) -m devstack demo
