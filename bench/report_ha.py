@@ -7,12 +7,12 @@ from typing import Any
 Target = tuple[str, str, str, bool]
 
 FOLLOWER_EXTRA_MS = 50.0
-# The leader Lease's default duration (15 s, client-go's) plus 3 s: issue 14's bound.
+# The leader Lease's default duration (15 s, client-go's) plus 3 s: the bound set for it.
 KILL_BOUND_S = 15.0 + 3.0
 
 
 def targets(h: dict[str, Any] | None) -> list[Target]:
-    """Issue 14's targets, when part 5 has been run."""
+    """The replica targets, when part 5 has been run."""
     if not h:
         return []
     out: list[Target] = []

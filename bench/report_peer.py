@@ -9,12 +9,12 @@ from .report_ha import Target, _table
 
 OURS = peer.OURS_SHIPPED.name
 VARIANTS = ("direct", OURS, peer.OURS_TWO.name, peer.PEER_NAME)
-# Issue 22's bounds for the shipped service at c=32 on the small body.
+# The bounds set for the shipped service at c=32 on the small body.
 MIN_DIRECT_RATIO, MAX_CPU_S_PER_1K = 0.35, 0.30
 
 
 def targets(p: dict[str, Any] | None) -> list[Target]:
-    """Issue 22's targets against the peer, when part 1b has been run."""
+    """The targets against the peer, when part 1b has been run."""
     if not p:
         return []
     small, large = p["summary"]["small"], p["summary"]["30KB"]

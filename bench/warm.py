@@ -1,4 +1,4 @@
-"""Part 7 (``--only warm``): warm swaps, prompt-cache carry-over and paced release (issue 24).
+"""Part 7 (``--only warm``): warm swaps, prompt-cache carry-over and paced release.
 
 Both on the cluster-mode stack (``bench.cluster``), with either kind of member (``Members``):
 the member simulator playing llama.cpp (a prefill cost of ``PREFILL_MS`` per prompt token the

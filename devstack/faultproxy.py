@@ -2,7 +2,7 @@
 
 The local stack puts one between each ext_proc replica and the API server (the replica's
 kubeconfig names the proxy), so a test can cut one replica off the API while the others keep
-theirs: the partition HA.md's "follower cut off from the API server" case needs.
+theirs: the partition docs/design/replicas.md's "follower cut off from the API server" case needs.
 
 - ``cut()`` resets every open connection (the replica's watches and keep-alive connections fail
   at once) and from then on black-holes new ones: accepted, never forwarded, never answered, so

@@ -2,7 +2,7 @@
 
 In a real cluster LLMKube's operator always runs a ModelPool reconciler that owns the members'
 replicas and writes the whole pool status. This process behaves the same way (from the facts in
-shared/docs/LLMKUBE.md, never from LLMKube's code; the decisions are in
+docs/design/llmkube.md, never from LLMKube's code; the decisions are in
 ``devstack.reconciler_plan``), so the ext_proc's ``--actuation llmkube`` mode, and its conflict
 detection in own mode, can be exercised on loopback.
 

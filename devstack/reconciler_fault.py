@@ -1,6 +1,6 @@
 """An opt-in fault of the LLMKube stand-in: the lost activation LLMKube's reconciler shows.
 
-Measured beside LLMKube's real reconciler (shared/docs/LLMKUBE.md): a pass woken by the
+Measured beside LLMKube's real reconciler (docs/design/llmkube.md): a pass woken by the
 watch events of its own replica patches decided from a cached pool that did not yet hold its
 own ``pendingMember`` write. With nothing scaled up (it had just held the target at 0) and
 nothing pending in that stale copy, the owner fell back to the resident: the resident was

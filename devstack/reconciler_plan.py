@@ -4,7 +4,7 @@ Rules of this file: no I/O. The reconciler (``devstack.reconciler``) gathers a `
 (the pool, its member InferenceServices, the namespace's Models, how many pods each member
 has, terminating ones included) and the idle probe's answers, and this module turns them into
 a `Plan`. Written from the behaviour of LLMKube's ModelPoolReconciler
-(shared/docs/LLMKUBE.md, and facts checked against its source), never from its code.
+(docs/design/llmkube.md, and facts checked against its source), never from its code.
 
 Theory of operation, one pass:
 

@@ -5,8 +5,8 @@ their Go modules, so the Go module proxy serves them at exactly the versions the
 targets. ``make schemas`` runs ``python -m devstack.upstream_crds write`` which downloads
 those modules into the Go module cache (``go mod download``, the user's cache, nothing else
 touched) and records each one's directory in ``.tools/upstream-crds.json``; the tests read
-that file (``$MODELPOOL_UPSTREAM_CRDS`` names another one). LLMKube's own CRD is published in
-no module the proxy serves: it stays in ``../shared`` (``llmkube_crd``).
+that file (``$MODELPOOL_UPSTREAM_CRDS`` names another one). LLMKube's own CRDs are published
+in no Go module; the tests that use them say where they come from (``tests/deploy/k8s_schema.py``).
 
 A test that needs a missing source skips saying how to get it; under ``CI=true`` it fails,
 because CI runs ``make test``, which records every source, so a missing one there means the
@@ -28,7 +28,6 @@ from typing import Any, Callable, TypeVar
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 RECORD_ENV = "MODELPOOL_UPSTREAM_CRDS"
 DEFAULT_RECORD = PROJECT_ROOT / ".tools" / "upstream-crds.json"
-SHARED_CRDS = PROJECT_ROOT.parent / "shared" / "reference" / "crds"
 T = TypeVar("T")
 HOW = "run `make schemas` (downloads the upstream CRDs' Go modules into the Go module cache)"
 
@@ -107,15 +106,6 @@ def files(name: str, kinds: tuple[str, ...] = ()) -> list[Path]:
     if kinds:
         found = [p for p in found if any(p.name.endswith(f"_{k.lower()}s.yaml") for k in kinds)]
     return found
-
-
-def llmkube_crd(name: str) -> Path:
-    """LLMKube's CRD file `name` from ../shared (no Go module publishes it); FileNotFoundError."""
-    path = SHARED_CRDS / "llmkube" / name
-    if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: LLMKube's own CRD is published in no Go "
-                                "module, only in the shared reference folder ../shared")
-    return path
 
 
 def need(lookup: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -1,6 +1,6 @@
-"""The lost activation of issue 20, end to end in llmkube mode: both ways LLMKube loses one.
+"""A lost activation, end to end in llmkube mode: both ways LLMKube loses one.
 
-LLMKube's reconciler sometimes drops an activation (shared/docs/LLMKUBE.md): after our trigger
+LLMKube's reconciler sometimes drops an activation (docs/design/llmkube.md): after our trigger
 the pool settles Ready on the old resident, the target at 0, nothing pending. Two ways to get
 there on the local stack, each a scenario here, shared by the one- and three-replica modules:
 

@@ -23,7 +23,6 @@ import json
 import os
 
 import aiohttp
-import pytest
 
 from devstack import llamacpp, tinymodel
 from devstack.stack import LLAMA_MODELS
@@ -200,7 +199,7 @@ async def test_a_corrupt_model_ends_failed_and_the_pool_serves_on(
     served = await chat(http, stack, "broken-a", timeout=120)
     if actuation == "llmkube":
         # LLMKube's reconciler keeps a failed member pending and loads nothing else: the
-        # answer says so and what to do (LLMKUBE.md), instead of holding every request
+        # answer says so and what to do (docs/design/llmkube.md), instead of holding every request
         assert served.status == 503 and served.json()["error"]["code"] == "pool_blocked"
         assert "broken-b" in served.json()["error"]["message"]
         return

@@ -1,4 +1,4 @@
-"""A lost activation (issue 20) in llmkube mode, one replica: both reproductions end served.
+"""A lost activation in llmkube mode, one replica: both reproductions end served.
 
 LLMKube's reconciler sometimes drops our trigger and settles back on the resident; the service
 must notice and trigger again (scenarios in lost_activation.py). Until it does, these fail:

@@ -1,4 +1,4 @@
-"""A lost activation (issue 20) in llmkube mode, three replicas: both reproductions end served.
+"""A lost activation in llmkube mode, three replicas: both reproductions end served.
 
 The same scenarios as test_e2e_lost_activation.py (lost_activation.py) behind three ext_proc
 replicas: any of them may have triggered, any may hold the target's request or its retry, and

@@ -1,5 +1,5 @@
-"""Three ext_proc replicas behind one Envoy (HA.md): swaps driven through any replica, the
-pool's leader SIGKILLed mid-swap, a follower cut off from the API server, a follower paused.
+"""Three ext_proc replicas behind one Envoy (docs/design/replicas.md): swaps driven through any
+replica, the pool's leader SIGKILLed mid-swap, a follower cut off from the API server, a follower paused.
 
 The invariant checker replays the API history (never two members with pods; no scale-up while
 another member is up), and every client sees its own member or 503 + Retry-After.

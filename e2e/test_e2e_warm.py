@@ -1,4 +1,4 @@
-"""Warm swaps end to end (issue 24): through Envoy, the service and the member simulator,
+"""Warm swaps end to end: through Envoy, the service and the member simulator,
 which plays llama.cpp's slot API and a prefill cost per uncached prompt token.
 
 * carry-over: a conversation that comes back after a -> b -> a reuses its prompt cache

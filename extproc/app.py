@@ -96,8 +96,8 @@ class Service:
     async def stop(self) -> None:
         """Stop accepting, let in-flight streams finish up to the grace period, then exit.
 
-        Several replicas (HA.md, leaving cleanly): NOT_SERVING first, leadership handed over
-        at once, the membership Lease kept (with our in-flight counts) until the streams have
+        Several replicas (docs/design/replicas.md, "Leaving"): NOT_SERVING first, leadership
+        handed over at once, the membership Lease kept (with our in-flight counts) until the streams have
         ended, then deleted (``platform.stop``) so the others stop waiting for it.
         """
         self._stopping = True

@@ -255,7 +255,7 @@ class _SwapClock:
 
 
 _SWAP_CLOCK = _SwapClock()
-REGISTRY.register(_SWAP_CLOCK)  # type: ignore[arg-type]
+REGISTRY.register(_SWAP_CLOCK)
 
 
 def pool_published(view: Any, swap_budget: float, members: Iterable[str]) -> None:

@@ -290,8 +290,8 @@ class Settings:
                                     "Envoy's route timeout, or its stream idle timeout, 600s "
                                     "in the shipped configs, when the route has none)",
                                     group=_REPLICAS, metavar="DURATION")
-    # Membership follows HA.md (a ~10 s Lease renewed every ~2 s): it gates admission, so a cut
-    # off replica must fail closed soon; client-go's 15 s lease is for leaders, which act rarely.
+    # Membership as docs/design/replicas.md has it (a ~10 s Lease renewed every ~2 s): it gates
+    # admission, so a cut off replica must fail closed soon; client-go's 15 s lease is for leaders, which act rarely.
     membership_lease_duration: float = _opt(10.0, "leaseDurationSeconds of each replica's "
                                             "membership Lease (whole seconds; client-go's "
                                             "leader default is 15s, shorter here so a cut-off "
@@ -377,7 +377,7 @@ def validate(settings: Settings) -> str:
 
 
 def _lease_problem(settings: Settings) -> str:
-    """What is wrong with the Lease timings (issue 14), or ""."""
+    """What is wrong with the Lease timings, or ""."""
     for name in ("membership_lease_duration", "leader_lease_duration"):
         value = getattr(settings, name)
         if value < 1 or value != int(value):  # leaseDurationSeconds is an integer

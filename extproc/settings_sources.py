@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from .settings import ENV_PREFIX, ConfigError, Settings, parse_duration, validate
@@ -61,7 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         groups[group_name] = group
         flag = f.metadata["flag"] or "--" + f.name.replace("_", "-")
         env = ENV_PREFIX + f.name.upper()
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        default = (f.default if f.default is not dataclasses.MISSING
+                   else f.default_factory())  # type: ignore[operator]  # MISSING is not narrowed
         if f.name in _DURATION_FIELDS:
             default = format_duration(default)
         shown = "" if default in ("", []) else f" (default: {default})"
@@ -79,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def from_sources(args: argparse.Namespace | None = None,
-                 environ: dict[str, str] | None = None) -> Settings:
+                 environ: Mapping[str, str] | None = None) -> Settings:
     """Build Settings from parsed flags, then the environment, then the defaults."""
     environ = os.environ if environ is None else environ
     values: dict[str, Any] = {}

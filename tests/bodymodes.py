@@ -4,7 +4,6 @@ with request trailers kept (HTTP/1.1 ``enable_trailers``) and sent to the ext_pr
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from dataclasses import dataclass

@@ -1,10 +1,10 @@
 """A replica that has not yet read its pools never answers "no such model".
 
-Envoy may send a just-started replica requests before its health check says NOT_SERVING
-(a restarted replica of several, HA.md). Until the platform's first full picture is in, a
-request for a name the replica does not know yet waits for it, bounded by the request's own
-patience (x-modelpool-max-wait) and the default swap budget, then is routed, refused as
-unknown, or answered 503 ``pools_not_synced`` with Retry-After.
+Envoy may send a just-started replica requests before its health check says NOT_SERVING (a
+restarted replica of several, docs/design/replicas.md). Until the platform's first full picture is
+in, a request for a name the replica does not know yet waits for it, bounded by the request's own
+patience (x-modelpool-max-wait) and the default swap budget, then is routed, refused as unknown, or
+answered 503 ``pools_not_synced`` with Retry-After.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The Lease settings (issue 14): defaults a reviewer can check against client-go's leader
-election (15 s / 10 s / 2 s) and HA.md's membership (~10 s renewed every ~2 s), flags and
-environment, and the combinations refused at start-up."""
+"""The Lease settings: defaults a reviewer can check against client-go's leader election
+(15 s / 10 s / 2 s) and docs/design/replicas.md's membership (~10 s renewed every ~2 s), flags
+and environment, and the combinations refused at start-up."""
 
 from __future__ import annotations
 

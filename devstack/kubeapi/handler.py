@@ -115,7 +115,8 @@ class KubeHandler(kmock.KubernetesScaffold):
         return await super()._render_error(exc)
 
     def find_type(self, name: str) -> ResourceType:
-        """A served type by any kubectl-style name (`mpool`, `modelpools`, `ModelPool`, `leases.coordination.k8s.io`)."""
+        """A served type by any kubectl-style name: `mpool`, `modelpools`, `ModelPool`,
+        `leases.coordination.k8s.io`."""
         wanted = name.lower()
         for rt in self.types:
             if wanted in rt.names():

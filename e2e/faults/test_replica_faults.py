@@ -1,5 +1,5 @@
-"""Three replicas under faults (HA.md's failure table): a rolling restart of every replica under
-mixed traffic, API throttling of the Lease writes, and a soak in which a replica is killed every
+"""Three replicas under faults (docs/design/replicas.md's failure table): a rolling restart of
+every replica under mixed traffic, API throttling of the Lease writes, and a soak in which a replica is killed every
 10 s. Each ends with the invariant gate: the API history (exclusive slot), Envoy's access log
 (no request sent to a member that could not serve it) and what every client saw (its own
 member, or an explicit error: 503 + Retry-After)."""

@@ -47,7 +47,7 @@ def load_specs(path: str | Path, settings: Settings) -> list[PoolSpec]:
 def load_endpoints(path: str | Path, specs: list[PoolSpec], settings: Settings) -> Endpoints:
     """The pools file's member endpoints; with --endpoint-picker every member needs one."""
     found: Endpoints = {}
-    for i, (entry, spec) in enumerate(zip(_pools(path), specs)):
+    for i, (entry, spec) in enumerate(zip(_pools(path), specs, strict=True)):
         where = f"{path}: pools[{i}].endpoints"
         given = entry.get("endpoints") or {}
         if not isinstance(given, dict) or set(given) - set(spec.members):

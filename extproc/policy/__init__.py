@@ -6,7 +6,7 @@ Rules of this package
   in ``extproc/policy``. Nothing here awaits, sleeps, reads a clock, or talks to gRPC or
   Kubernetes: callers feed events (with the current time) in and carry the returned
   commands out.
-* ``machine.py`` composes the pool's rooms and is the one place where they meet: it routes each
+* ``machine.py`` composes the pool's concerns and is the one place where they meet: it routes each
   event to the concern it belongs to, and it alone assigns the machine's own state (the spec,
   what the cluster showed, the resident, the swap under way, failures, deferral, wishes).
   Each concern owns its state in a dataclass next to its rules: ``modes.Hands`` (who actuates,

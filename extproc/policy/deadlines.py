@@ -1,6 +1,6 @@
 """When a pool's machine next needs the clock, and when it is at rest.
 
-Rules of this file: it only reads (``pool.PoolReader`` and the rooms' own reads); it owns no
+Rules of this file: it only reads (``pool.PoolReader`` and the concerns' own reads); it owns no
 state. The machine keeps the timer's answer (``PoolMachine.next_deadline``) and, while the pool
 is at rest, lets a resident hit or its end be booked in one pass until that deadline.
 """
@@ -15,13 +15,13 @@ from .steps import reask_at
 from .steps_llmkube import lost_at
 
 
-def next_deadline(m: PoolReader) -> float:
+def next_deadline(m: PoolReader, hands: modes.Hands) -> float:
     """The earliest time at which a Tick would change something (inf if none)."""
     times = [m.requests.next_deadline()]
     times.extend(m.failed_until.values())  # the status's failed member clears then
     times.extend(m.landing.deadlines(m.now))  # a write of ours can no longer land then
     times.extend((idle_deadline(m), watchdog.deadline(m),
-                  modes.resume_at(m, m.hands), lost_at(m), *carry.deadlines(m)))
+                  modes.resume_at(m, hands), lost_at(m), *carry.deadlines(m)))
     swap = m.swap
     if swap is not None:
         if swap.stage is Stage.DRAIN:

@@ -5,7 +5,7 @@ to it may still reach the API server: the runtime's scaler keeps a wish until it
 request already on the wire lands up to the API client's request timeout later
 (``Limits.write_landing``). Loading another member meanwhile would put two on the GPU, and
 forgetting a member removed from the pool meanwhile would leave it up with nobody tracking it
-(both found by the exhaustive search). So a member asked up stays possibly up until
+(tests/policy/test_exhaustive.py checks both). So a member asked up stays possibly up until
 
 * the watch shows the write landed (replicas >= 1: from then on the usual unload, until its
   pods are gone, applies), or shows the member deleted;

@@ -1,7 +1,7 @@
 """The swap policy of one pool: a pure, deterministic state machine (sans I/O).
 
 The rules of the package (purity, who owns which state, broken machines) are in its
-``__init__``; this file composes the pool's rooms and is the one place where they meet.
+``__init__``; this file composes the pool's concerns and is the one place where they meet.
 
 Invariants (the property tests in tests/policy check each of them)
 ------------------------------------------------------------------
@@ -67,7 +67,7 @@ class PoolMachine:
         self.spec = spec
         self.limits = limits
         self.now = now
-        # The rooms: each concern's own state (see the module header).
+        # Each concern's own state (see the module header).
         self.hands = modes.Hands(actuation, auto)
         self.fleet = replicas.Fleet(leading=None if actuation is Actuation.FOLLOW else True)
         self.policy_memory = PolicyMemory(resident_since=now)
@@ -105,7 +105,7 @@ class PoolMachine:
         """Where the pool stands: Idle, or the stage of the swap under way."""
         return self.swap.stage if self.swap is not None else Stage.IDLE
 
-    # Values of the rooms that other concerns read, read back from their owners.
+    # Values of one concern that other concerns read, read back from their owners.
     actuation = property(attrgetter("hands.actuation"), doc="Who carries the swaps out.")
     drain = property(attrgetter("fleet.drain"), doc="The drain announcement: (epoch, target).")
     admit_until = property(attrgetter("fleet.admit_until"), doc="This replica admits till then.")
@@ -128,7 +128,7 @@ class PoolMachine:
         except PolicyError as exc:
             self._broken = str(exc)
             raise
-        self._rest_until = deadlines.next_deadline(self) if deadlines.at_rest(self) else -math.inf
+        self._rest_until = deadlines.next_deadline(self, self.hands) if deadlines.at_rest(self) else -math.inf
         return out
 
     def _quick(self, event: Event, now: float) -> list[Command] | None:
@@ -153,7 +153,7 @@ class PoolMachine:
 
     def next_deadline(self) -> float:
         """The earliest time at which a Tick would change something (inf if none)."""
-        return deadlines.next_deadline(self)
+        return deadlines.next_deadline(self, self.hands)
 
     def view(self) -> PoolView:
         """A snapshot for the status writer, metrics and logs."""

@@ -164,7 +164,7 @@ class MemberObservation:
         through separate watches: right after a scale-down, the cache can show replicas 0
         and no pods while a replacement pod the controller created a moment earlier is still
         on its way. The controller reports Stopped only once it has torn the workload down,
-        so requiring both closes that gap (found by the fault suite).
+        so requiring both closes that gap.
         """
         return self.replicas == 0 and self.pods == 0 and self.phase not in ACTIVE_PHASES
 

@@ -88,7 +88,7 @@ class Hands:
 
 def quiet_needed(m: PoolReader, hands: Hands) -> float:
     """How long the spell under way lasts without a foreign write."""
-    return m.limits.hands_off_quiet * min(MAX_SPELL_FACTOR, 2 ** max(0, hands.spell.spells - 1))
+    return m.limits.hands_off_quiet * min(MAX_SPELL_FACTOR, 2.0 ** max(0, hands.spell.spells - 1))
 
 
 def resume_at(m: PoolReader, hands: Hands) -> float:

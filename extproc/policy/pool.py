@@ -43,24 +43,36 @@ class PoolReader(Protocol):
     limits: Limits
     now: float
     # What the cluster showed: the members, and the pool's .status.
-    obs: Mapping[str, MemberObservation]
+    @property
+    def obs(self) -> Mapping[str, MemberObservation]:
+        """The members as the cluster last showed them."""
+
     status: PoolStatus
     # Who owns the slot, and the swap under way (None: Idle).
     resident: str
     swap: Swap | None
-    stage: Stage  # Idle, or the swap's stage
+    @property
+    def stage(self) -> Stage:
+        """Idle, or the swap's stage."""
+
     actuation: Actuation  # who carries the swaps out (``modes.Hands``)
-    # The records other rooms keep, each changed by its own methods.
+    # The records other concerns keep, each changed by its own methods.
     requests: RequestBook
     history: SwapHistory
     carry: CarryBook  # the saves and restores the swap waits for (carry.py)
     # What the machine remembers between events.
     hints: StartHints  # what the cluster remembered at start-up
     owner_picked: bool  # a request, an adoption or a warm-up picked an owner
-    failed_until: Mapping[str, float]  # a member that failed to load -> end of its backoff
+    @property
+    def failed_until(self) -> Mapping[str, float]:
+        """A member that failed to load -> the end of its backoff."""
+
     failed_message: str  # why the last load failed
     deferred: tuple[str, str]  # why the swap waits: (reason, message), or ("", "")
-    wishes: Mapping[str, None]  # members wanted by requests refused for their own deadline
+    @property
+    def wishes(self) -> Mapping[str, None]:
+        """Members wanted by requests refused for their own deadline."""
+
     departing: set[str]  # members removed from the spec that may still hold the GPU
     landing: Landing  # members a scale-up or trigger of ours may still bring up (landing.py)
     closing: tuple[str, str] | None  # (code, message) once the pool closes

@@ -36,7 +36,7 @@ def respec(m: PoolReader, spec: PoolSpec, out: Out) -> Respec:
         elif m.obs[name].unloaded and not m.requests.busy(name) \
                 and not m.landing.may_land(name, m.now):
             # (one a Scale or trigger of ours may still bring up stays: forgotten, it came up
-            # with nobody tracking it; found by the search, llmkube-warm-edit)
+            # with nobody tracking it; the search's llmkube-warm-edit checks it)
             forgotten.append(name)
         else:
             # Removed while it holds the GPU (or serves requests): it still counts for

@@ -77,7 +77,7 @@ class Swap:
     followed_epoch: int = 0  # follow mode: the leader's announcement when we began following
     # The watchdog's record (watchdog.py): what the stage last looked like, since when, and
     # what is missing once it stopped moving ("" while it moves).
-    progress_mark: tuple = ()
+    progress_mark: tuple[object, ...] = ()
     progress_at: float = 0.0
     stalled: str = ""
     # llmkube mode (steps_llmkube.py): triggers LLMKube dropped so far, and since when the

@@ -102,7 +102,7 @@ def reclaim_unwanted(m: PoolReader, now: float) -> bool:
     wanted, or the pool left own mode (reclaim is then LLMKube's job)."""
     swap = swap_of(m)
     # (asked for, not wanted: a member scaled up behind our back during the reclaim is the
-    # swap's own to scale down, no reason to give the reclaim up; found by own-reclaim)
+    # swap's own to scale down, no reason to give the reclaim up; the search's own-reclaim)
     return swap.reclaim and (m.actuation is not Actuation.OWN
                              or m.requests.busy(swap.incumbent) > 0
                              or asked_for(m) not in ("", swap.target))

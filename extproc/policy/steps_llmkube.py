@@ -152,7 +152,7 @@ def lost_at(m: PoolReader) -> float:
     swap = m.swap
     if swap is None or swap.lost_since is None or not activation_gone(m):
         return math.inf
-    return swap.lost_since + m.limits.activation_grace * 2 ** swap.lost
+    return swap.lost_since + m.limits.activation_grace * 2.0 ** swap.lost
 
 
 def _awaited(m: PoolReader) -> bool:

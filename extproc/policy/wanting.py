@@ -14,8 +14,8 @@ from .pool import PoolReader
 
 def llmkube_blocked(m: PoolReader) -> str:
     """The failed member LLMKube keeps pending ("" if none): its reconciler has no handling
-    for a Failed pending member (LLMKUBE.md), so no other member can load until that one is
-    fixed or the pending field is cleared. Nothing we trigger would move the pool."""
+    for a Failed pending member (docs/design/llmkube.md), so no other member can load until
+    that one is fixed or the pending field is cleared. Nothing we trigger would move the pool."""
     pending = m.status.pending
     obs = m.obs.get(pending)
     if m.actuation is not Actuation.LLMKUBE or obs is None or obs.phase != PHASE_FAILED:

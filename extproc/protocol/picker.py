@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
@@ -102,7 +103,7 @@ def _canonical(entry: str) -> str:
 class EndpointPicker:
     """Picks a Ready pod of the admitted member, round robin, within the proxy's hint."""
 
-    def __init__(self, endpoints: Callable[[object, str], Sequence[str]]) -> None:
+    def __init__(self, endpoints: Callable[[Any, str], Sequence[str]]) -> None:
         self._endpoints = endpoints  # (pool key, member) -> its Ready pods (hostport.join)
         self._turns: dict[tuple[object, str], itertools.count[int]] = {}
 

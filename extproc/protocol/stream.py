@@ -147,7 +147,7 @@ def _whole(head: RequestHead, chunks: list[bytes], checks: int) -> tuple[bool, i
 def _check_served(head: RequestHead, message: object) -> None:
     """Endpoint picker: a gateway that reports serving the request elsewhere than we named
     (its retry or fallback configuration moved it) is counted and said, once per 10 s."""
-    served = picker.served_elsewhere(message, head.picked)  # type: ignore[arg-type]
+    served = picker.served_elsewhere(message, head.picked)
     if served is None:
         return
     namespace, pool, member = head.picked_for

@@ -279,7 +279,9 @@ class PoolDriver:
         ticket.decision = decision
         waiter = ticket.waiter
         if waiter is not None:
-            metrics.hold_ended(*self._labels, ticket.member, outcome, decision.held_for)
+            # a Divert is decided at arrival and never held: 0 is only for the type checker
+            held_for = getattr(decision, "held_for", 0.0)
+            metrics.hold_ended(*self._labels, ticket.member, outcome, held_for)
             if not waiter.done():
                 waiter.set_result(decision)
 
@@ -373,7 +375,7 @@ class PoolDriver:
 
     async def _carry(self, member: str, step: str) -> None:
         """Save or restore ``member``'s slots, within the time the swap waits for it."""
-        where = dict(namespace=self.key.namespace, pool=self.key.name, member=member)
+        where = {"namespace": self.key.namespace, "pool": self.key.name, "member": member}
         timeout = self._machine.limits.carry_timeout
         try:
             result = await asyncio.wait_for(

@@ -7,6 +7,8 @@ a follower logs its notices and nothing else.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .. import metrics
 from ..logs import get_logger
 from ..policy.events import WARNING_NOTICES, Notice
@@ -37,7 +39,7 @@ def report(notice: Notice, key: PoolKey, actuation: Actuation, resident: str) ->
     elif notice.kind in ("StreamsCut", "IdleProbeMisread"):
         metrics.requests_cut(ns, pool, notice.source, notice.kind, notice.released)
     if notice.kind == "ActuationChanged" and notice.target == Actuation.HANDS_OFF.value:
-        level = log.error  # someone fights over this pool: an operator must act
+        level: Callable[..., None] = log.error  # someone fights over this pool: an operator must act
     elif notice.kind in WARNING_NOTICES:
         level = log.warning
     else:

@@ -80,8 +80,8 @@ class Call:
                  "_parts", "_held", "_length", "_unread", "_owed", "_ended", "_headers_sent", "_finished",
                  "_callbacks", "_deadline", "unparsed", "task")
 
-    def __init__(self, protocol: Link, sid: int, deserialize: Callable | None,
-                 serialize: Callable | None) -> None:
+    def __init__(self, protocol: Link, sid: int, deserialize: Callable[[bytes], Any] | None,
+                 serialize: Callable[[Any], bytes] | None) -> None:
         self._protocol, self._sid = protocol, sid
         self._deserialize, self._serialize = deserialize, serialize
         self._messages: deque[bytes] = deque()
@@ -138,7 +138,11 @@ class Call:
         """Send one response message."""
         if self._finished:
             return
-        raw = message if isinstance(message, bytes) else self._serialize(message)
+        if isinstance(message, bytes):
+            raw = message
+        else:  # grpc's contract: a method registered without a serializer writes bytes
+            assert self._serialize is not None, "no serializer for a message that is not bytes"
+            raw = self._serialize(message)
         conn = self._protocol.conn
         if not self._headers_sent:
             self._headers_sent = True

@@ -19,7 +19,7 @@ from typing import Callable
 
 from . import frames as f
 from .calm import Calm
-from .events import Closed, ConnectionError_, Data, Request, Reset
+from .events import Closed, ConnectionError_, Data, Event, Request, Reset
 from .headerblocks import DecodingError, HeaderBlocks, TooManyFields
 from .control import (DECODED_BYTES_PER_FRAME, DECODED_FIELD_FRAMES, DRAIN_PING,
                       NEW_STREAM_FRAMES, U32, Control)
@@ -120,13 +120,13 @@ class ServerConnection(Control):
 
     # ---- receiving -------------------------------------------------------------------------
 
-    def receive(self, data: bytes, max_frames: int = 0) -> list[Request | Data | Reset | Closed]:
+    def receive(self, data: bytes, max_frames: int = 0) -> list[Event]:
         """Take bytes from the peer; the events they complete, from at most ``max_frames``
         frames when it is not 0 (``backlog`` then says whether more may wait)."""
         self.backlog = False
         if self.closed:
             return []
-        events: list[Request | Data | Reset | Closed] = []
+        events: list[Event] = []
         try:
             if not self._preface:
                 self._inbox += data
@@ -174,7 +174,7 @@ class ServerConnection(Control):
             events.append(Closed(exc.code, exc.why))
         return events
 
-    def _frame(self, kind: int, flags: int, sid: int, payload: bytes, events: list) -> None:
+    def _frame(self, kind: int, flags: int, sid: int, payload: bytes, events: list[Event]) -> None:
         if self._block is not None and (kind != f.CONTINUATION or sid != self._block[0]):
             raise ConnectionError_(f.PROTOCOL_ERROR, "header block interrupted")
         if kind > f.CONTINUATION or kind in _CONTROL:
@@ -235,7 +235,7 @@ class ServerConnection(Control):
                 self._stream_error(sid, f.PROTOCOL_ERROR, events)  # §5.3.1: on itself
         # other types: ignored (§4.1, extensions)
 
-    def _data(self, flags: int, sid: int, payload: bytes, events: list) -> None:
+    def _data(self, flags: int, sid: int, payload: bytes, events: list[Event]) -> None:
         if not sid:
             raise ConnectionError_(f.PROTOCOL_ERROR, "DATA on stream 0")
         size = len(payload)
@@ -286,7 +286,7 @@ class ServerConnection(Control):
             stream.recv_window += stream.returned
             stream.returned = 0
 
-    def _headers(self, flags: int, sid: int, payload: bytes, events: list) -> None:
+    def _headers(self, flags: int, sid: int, payload: bytes, events: list[Event]) -> None:
         if not sid:
             raise ConnectionError_(f.PROTOCOL_ERROR, "HEADERS on stream 0")
         payload = f.unpadded(flags, payload)
@@ -301,7 +301,7 @@ class ServerConnection(Control):
         else:
             self._block, self._block_frames = (sid, flags, bytearray(payload)), 0
 
-    def _header_block(self, sid: int, flags: int, block: bytes, events: list) -> None:
+    def _header_block(self, sid: int, flags: int, block: bytes, events: list[Event]) -> None:
         try:  # decoded even for a stream refused below: HPACK state is ours
             headers, decoded = self._blocks.decode(block)
         except TooManyFields as exc:
@@ -385,7 +385,7 @@ class ServerConnection(Control):
             del self._closed[oldest]
             self._closed_before = max(self._closed_before, oldest)
 
-    def _stream_error(self, sid: int, code: int, events: list) -> None:
+    def _stream_error(self, sid: int, code: int, events: list[Event]) -> None:
         """RST_STREAM with ``code``; an open stream's handler hears of it."""
         if sid in self._streams:
             self._reset(sid, code)
@@ -393,7 +393,7 @@ class ServerConnection(Control):
         else:
             self._out += f.rst_stream(sid, code)
 
-    def _after_close(self, sid: int, stream: StreamState | None, events: list) -> None:
+    def _after_close(self, sid: int, stream: StreamState | None, events: list[Event]) -> None:
         """DATA or HEADERS on a stream the peer had ended: a stream error (§5.1,
         "half-closed (remote)" and "closed"), unless we reset it and the frame was on its way."""
         if stream is not None or self._closed.get(sid) is False:

@@ -6,11 +6,11 @@ may do. A mixin of ``ServerConnection``, which owns the state named here.
 from __future__ import annotations
 
 import struct
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from . import frames as f
 from .calm import Calm
-from .events import ConnectionError_, Reset
+from .events import ConnectionError_, Event, Reset
 from .sending import Sending
 
 _PAIR = struct.Struct(">HI")
@@ -41,6 +41,9 @@ class Control(Sending):
     _draining: tuple[int, float] | None
     _peer_initial: int
     settings_acked: bool
+
+    if TYPE_CHECKING:  # ServerConnection's, declared for the type checker only
+        def _stream_error(self, sid: int, code: int, events: list[Event]) -> None: ...
 
     def _work(self, frames: int) -> None:
         """A frame that costs as much as ``frames`` ordinary ones: the rest of the turn waits."""
@@ -95,7 +98,7 @@ class Control(Sending):
             if delta > 0:
                 self._unstarve(list(self._starved))
 
-    def _window_update(self, sid: int, payload: bytes, events: list) -> None:
+    def _window_update(self, sid: int, payload: bytes, events: list[Event]) -> None:
         if len(payload) != 4:
             raise ConnectionError_(f.FRAME_SIZE_ERROR, "WINDOW_UPDATE of a wrong size")
         increment = U32.unpack(payload)[0] & 0x7FFFFFFF

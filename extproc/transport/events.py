@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["Closed", "ConnectionError_", "Data", "Request", "Reset"]
+__all__ = ["Closed", "ConnectionError_", "Data", "Event", "Request", "Reset"]
 
 
 class Request(NamedTuple):
@@ -35,6 +35,10 @@ class Closed(NamedTuple):
 
     code: int
     why: str
+
+
+# Anything ``receive`` returns.
+Event = Request | Data | Reset | Closed
 
 
 class ConnectionError_(Exception):

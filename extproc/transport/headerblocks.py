@@ -16,6 +16,7 @@ that a block of too many fields is turned away before the decoder spends time on
 from __future__ import annotations
 
 import re
+from typing import cast
 
 import hpack
 
@@ -112,7 +113,7 @@ class HeaderBlocks:
         before = (len(table.dynamic_entries), table.dynamic_entries[0]
                   if table.dynamic_entries else None, table.maxsize)
         try:
-            headers = self._decoder.decode(block, raw=True)
+            headers = cast(Headers, self._decoder.decode(block, raw=True))  # a list, typed loosely
         except hpack.HPACKError as exc:
             raise DecodingError(str(exc)) from exc
         after = (len(table.dynamic_entries), table.dynamic_entries[0]

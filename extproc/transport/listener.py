@@ -94,7 +94,7 @@ class Server:
                                                  int(port), ssl=tls, backlog=4096,
                                                  reuse_address=True)
         self._listeners.append(listener)
-        return listener.sockets[0].getsockname()[1]
+        return int(listener.sockets[0].getsockname()[1])
 
     async def stop(self, grace: float | None) -> None:
         """Take no new calls; give open ones ``grace`` seconds, then cut them."""

@@ -10,6 +10,8 @@ per SETTINGS or WINDOW_UPDATE does not grow with the streams that wait.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from . import frames as f
 
@@ -45,6 +47,9 @@ class Sending:
     _last_stream: int
     _goaway_at: int | None
     closed: bool
+
+    if TYPE_CHECKING:  # ServerConnection's, declared for the type checker only
+        def _forget(self, sid: int, by_us: bool = False) -> bool: ...
 
     def send_headers(self, sid: int, fields: bytes, end_stream: bool = False) -> None:
         """Send a header block (``fields``: encoded by ``frames``, without the table)."""
@@ -118,7 +123,7 @@ class Sending:
                 return
             self._flush_stream(sid)
 
-    def _unstarve(self, sids: set[int] | list[int]) -> None:
+    def _unstarve(self, sids: Iterable[int]) -> None:
         """Streams whose own window grew: wait for the connection's (and try it at once)."""
         for sid in sids:
             stream = self._streams.get(sid)

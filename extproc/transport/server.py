@@ -92,7 +92,7 @@ class _Protocol(asyncio.Protocol):
         self.peer = str(peer[0]) if isinstance(peer, tuple) else ""
         if not self.server.admission.admit(self):
             _over_cap.warning(connections=len(self.server.admission))
-            transport.abort()
+            transport.abort()  # type: ignore[attr-defined]  # a stream transport's
             return
         self.server.connections.add(self)
         self._handshake_timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._check_handshake)

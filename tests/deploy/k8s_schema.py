@@ -24,8 +24,13 @@ from devstack.kubeapi.resources import apply_defaults as fill_defaults
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 OUR_CRDS = PROJECT_ROOT / "crds"
-#: LLMKube's own CRDs: published in no Go module, so they come from ../shared (tests skip without)
-LLMKUBE = upstream_crds.SHARED_CRDS / "llmkube"
+#: LLMKube's own CRDs (its repository's config/crd/bases, defilantech/LLMKube), published in no
+#: Go module: the project's workspace keeps a copy beside the clone, in ../shared/reference/crds.
+#: The tests that need them skip without, saying so (LLMKUBE_MISSING).
+LLMKUBE = PROJECT_ROOT.parent / "shared" / "reference" / "crds" / "llmkube"
+LLMKUBE_MISSING = ("LLMKube's own CRD (config/crd/bases of LLMKube's repository) is published in no "
+                   "Go module; these tests read it from the reference folder beside the clone, "
+                   "../shared/reference/crds/llmkube, which is not here")
 #: The Prometheus Operator kinds our manifests use (the operator's other CRDs are not loaded).
 OPERATOR_KINDS = ("ServiceMonitor", "PodMonitor", "PrometheusRule")
 
@@ -134,11 +139,11 @@ def upstream_schemas() -> dict[tuple[str, str, str], dict[str, Any]]:
 
 
 def llmkube_crd(name: str) -> Path:
-    """LLMKube's CRD file `name` from ../shared; a skip saying so when it is not there."""
-    try:
-        return upstream_crds.llmkube_crd(name)
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
+    """LLMKube's CRD file `name` (see LLMKUBE); a skip saying where it comes from when absent."""
+    path = LLMKUBE / name
+    if not path.exists():
+        pytest.skip(f"{path} is missing: {LLMKUBE_MISSING}")
+    return path
 
 
 def errors(schema: dict[str, Any], obj: dict[str, Any], strict: bool = False) -> list[str]:

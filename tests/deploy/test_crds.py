@@ -11,13 +11,14 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from k8s_schema import LLMKUBE, OUR_CRDS, PROJECT_ROOT, apply_defaults, errors
+from k8s_schema import LLMKUBE, LLMKUBE_MISSING, OUR_CRDS, PROJECT_ROOT, apply_defaults, errors
 from modelpool_samples import INVALID, VALID, pool
 
 MODELPOOL_CRD = OUR_CRDS / "inference.llmkube.dev_modelpools.yaml"
 ISVC_CRD = OUR_CRDS / "inference.llmkube.dev_inferenceservices.yaml"
 LLMKUBE_MODELPOOL = LLMKUBE / "inference.llmkube.dev_modelpools.yaml"
 LLMKUBE_ISVC = LLMKUBE / "inference.llmkube.dev_inferenceservices.yaml"
+# LLMKube's API reference text for the ModelPool kind, kept beside LLMKube's CRDs (k8s_schema.LLMKUBE)
 REFERENCE_TEXT = PROJECT_ROOT.parent / "shared" / "reference" / "modelpool-crd-reference.txt"
 
 
@@ -31,8 +32,7 @@ def _schema(path: Path) -> dict[str, Any]:
 
 def _need(path: Path) -> Path:
     if not path.exists():
-        pytest.skip(f"{path} is missing: LLMKube's own CRD is published in no Go module, "
-                    "only in the shared reference folder ../shared")
+        pytest.skip(f"{path} is missing: {LLMKUBE_MISSING}")
     return path
 
 

@@ -1,7 +1,8 @@
 """The ModelPool CRD follows LLMKube's newer API (swapPolicy reclaim, spec.reclaimAfter,
 status.residentIdleSince) and still accepts every object the seed schema accepted.
 
-The oracle is LLMKube's CRD from ../shared (the tests skip, saying so, when it is missing),
+The oracle is LLMKube's own CRD (``k8s_schema.LLMKUBE`` says where it comes from; the tests
+skip, saying so, when it is missing),
 as is, and with the newer releases' delta applied (``newer_llmkube_schema``).
 """
 
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from k8s_schema import LLMKUBE, OUR_CRDS, apply_defaults, errors
+from k8s_schema import LLMKUBE, LLMKUBE_MISSING, OUR_CRDS, apply_defaults, errors
 from modelpool_samples import (INVALID, NEWER_INVALID, NEWER_VALID, VALID, newer_llmkube_schema,
                                pool)
 
@@ -24,8 +25,7 @@ EVERY_SAMPLE = {**VALID, **INVALID, **NEWER_VALID, **NEWER_INVALID}
 
 def _schema(path: Path) -> dict[str, Any]:
     if not path.exists():
-        pytest.skip(f"{path} is missing: LLMKube's own CRD is published in no Go module, "
-                    "only in the shared reference folder ../shared")
+        pytest.skip(f"{path} is missing: {LLMKUBE_MISSING}")
     return yaml.safe_load(path.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 

@@ -1,6 +1,6 @@
 """The LLMKube stand-in (devstack.reconciler) against the emulator and the member simulator.
 
-Each test pins one way LLMKube's real ModelPoolReconciler behaves (shared/docs/LLMKUBE.md,
+Each test pins one way LLMKube's real ModelPoolReconciler behaves (docs/design/llmkube.md,
 checked against its source), read back from the API, the emulator's event history and its
 request record. The fixture and readers are in reconciler_kit.py; the lost-activation fault
 and the command line are in test_reconciler_fault.py.

@@ -256,6 +256,8 @@ class ControlPlane:
 
 
 CRDS = PROJECT_ROOT / "crds"
+# LLMKube's own CRDs (config/crd/bases of its repository) are published in no Go module: the
+# workspace keeps a copy beside the clone; the tests that need it skip without it.
 SHARED_CRDS = PROJECT_ROOT.parent / "shared" / "reference" / "crds"
 OUR_CRD_NAMES = ("modelpools.inference.llmkube.dev", "inferenceservices.inference.llmkube.dev")
 

@@ -68,7 +68,9 @@ def _install_pool_crd(plane: ControlPlane, path: Any) -> None:
 def verdicts(control_plane: ControlPlane) -> Iterator[dict[str, dict[str, Any]]]:
     """Verdicts with our CRD, then with LLMKube's (swapped in, then ours put back)."""
     if not THEIRS.exists():
-        pytest.skip(f"{THEIRS} is missing (the shared reference folder ../shared is not here)")
+        pytest.skip(f"{THEIRS} is missing: LLMKube's own CRD (config/crd/bases of LLMKube's "
+                    "repository, in no Go module) is read from the reference folder beside the "
+                    "clone, ../shared/reference/crds/llmkube, which is not here")
     control_plane.ensure_namespace(NAMESPACE)
     ours = _verdicts(control_plane)
     try:

@@ -130,7 +130,7 @@ async def test_scale_retries_connection_errors(emulator: Any, api: Any) -> None:
     port = int(emulator.url.rsplit(":", 1)[1])
 
     def restart() -> None:
-        asyncio.ensure_future(emulator.stop())
+        asyncio.ensure_future(emulator.stop())  # noqa: RUF006  (the test waits for its effect)
         later = asyncio.get_running_loop().create_task(asyncio.sleep(0.5))
         later.add_done_callback(lambda _: asyncio.ensure_future(emulator.start(port=port)))
     await _scaled_by_the_runtime(emulator, "b", 1, fault=restart)

@@ -9,17 +9,17 @@ against the machine's deadlines, which are the only clock jumps). Moves are spli
   one of our patches lands, the kubelet takes a pod one step towards its spec, LLMKube's
   reconciler runs a pass, an idle probe answers truthfully, a slot save or restore is done,
   a client's stream ends;
-* faults, bounded per trace: a foreign scale-up or scale-down (kubectl, an admin), another
-  writer's status, LLMKube's stale pass (it decides from a pool read taken before its own
-  ``pendingMember`` write: LLMKUBE.md), a trigger refused by its resourceVersion, a pod stuck
-  terminating, an idle probe that cannot tell, a watch re-list, a client leaving while held,
-  a slot save or restore that fails (one never answered is time passing to its timeout).
+* faults, bounded per trace: a foreign scale-up or scale-down (kubectl, an admin), another writer's
+  status, LLMKube's stale pass (it decides from a pool read taken before its own ``pendingMember``
+  write: docs/design/llmkube.md), a trigger refused by its resourceVersion, a pod stuck
+  terminating, an idle probe that cannot tell, a watch re-list, a client leaving while held, a slot
+  save or restore that fails (one never answered is time passing to its timeout).
 
-LLMKube's reconciler is modelled from what its source does (LLMKUBE.md): the owner is a member
-scaled up that is neither resident nor pending (a newer request), else the pending member, else
-the resident, else ``spec.default``; every other member goes to 0 unless Ready and busy; the
-owner is held at 0 (and recorded pending) while any other member has replicas or pods, and
-named resident once Ready.
+LLMKube's reconciler is modelled from what its source does (docs/design/llmkube.md): the owner is a
+member scaled up that is neither resident nor pending (a newer request), else the pending member,
+else the resident, else ``spec.default``; every other member goes to 0 unless Ready and busy; the
+owner is held at 0 (and recorded pending) while any other member has replicas or pods, and named
+resident once Ready.
 
 As a follower, the replica that leads the pool plays the same part (``lead``): it announces a
 target under a new epoch in its leader Lease (for the member this replica holds requests for),
@@ -165,7 +165,7 @@ def reconcile(env: Env, default: str, members: tuple[str, ...] = NAMES,
     changes nothing; a member removed from the spec is no longer its to touch).
 
     ``stale``: the pass decides from a pool read taken before its own ``pendingMember`` write
-    (the race LLMKUBE.md records), so it sees no pending member; its status write lands.
+    (the race docs/design/llmkube.md records), so it sees no pending member; its status write lands.
     """
     resident, pending = env.status
     if stale or pending not in members:

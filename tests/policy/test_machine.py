@@ -1,4 +1,4 @@
-"""PoolMachine by example: one test per behaviour of DOMAIN.md's rules 1-7.
+"""PoolMachine by example: one test per behaviour of docs/design/contract.md's rules 1-7.
 
 Every test runs through the invariant-checking Driver, so each also checks that no two members
 are up, nothing is admitted to a non-Ready member and nothing busy is scaled down. Cluster

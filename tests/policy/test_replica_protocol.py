@@ -2,9 +2,9 @@
 joined by a simulated cluster whose every message (status, member observations, the leader
 Lease's announcement, the membership Leases' counts) arrives after a random delay.
 
-Seeded random runs check the guarantee HA.md asks of several replicas: the leader never asks
-a member down while any replica still streams from it, and no replica admits a request to a
-member the leader has asked down (it would be cut off when the pods go)."""
+Seeded random runs check the guarantee docs/design/replicas.md asks of several replicas: the leader
+never asks a member down while any replica still streams from it, and no replica admits a request
+to a member the leader has asked down (it would be cut off when the pods go)."""
 
 from __future__ import annotations
 
@@ -63,8 +63,8 @@ class Cluster:
         self.violations: list[str] = []
         self.delivered: dict[str, float] = {}
         self.leader_peers: dict[str, PoolLoad] = {}  # the membership Leases the leader saw
-        # Every replica's membership Lease exists before it reads pool state (HA.md), so the
-        # leader knows its peers from the start.
+        # Every replica's membership Lease exists before it reads pool state
+        # (docs/design/replicas.md), so the leader knows its peers from the start.
         for name in NAMES[1:]:
             self.leader_peers[name] = self.loads[name] = PoolLoad()
         self.machines["leader"].handle(PeersObserved(self.peer_states()), 0.0)

@@ -138,7 +138,7 @@ async def test_one_connections_flood_of_frames_waits_its_turn(serve: Factory) ->
         assert await method(channel, "Echo")(b"probe", timeout=WAIT) == b"probe"
         # answered while the flood still waited: the loop turned between its frames
         assert served.state.received == []
-    frames = await flooding.until(lambda fs: any(k == f.HEADERS and fl & f.END_STREAM
-                                                 for k, fl, _s, _p in fs))
+    await flooding.until(lambda fs: any(k == f.HEADERS and fl & f.END_STREAM
+                                        for k, fl, _s, _p in fs))
     assert served.state.received == [size]
     flooding.writer.close()

@@ -1,7 +1,7 @@
 // Command monitoringcheck validates Prometheus Operator objects (ServiceMonitor, PodMonitor,
 // PrometheusRule) read as YAML documents on stdin against the operator's own Go API types,
 // strictly: an unknown or misspelt field, or a value of the wrong type, is an error. The
-// deploy tests use it where ../shared has no CRD schema for these kinds.
+// deploy tests use it beside the operator's CRD schemas, as a second and independent check.
 // Prints one line per problem and exits 1 if there was any.
 package main
 

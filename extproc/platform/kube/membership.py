@@ -1,6 +1,6 @@
 """A replica's membership Lease: proof to itself that it may admit, and its counts for the others.
 
-Theory of operation (HA.md, "Membership"):
+Theory of operation (docs/design/replicas.md, "Membership"):
 - `start()` creates the replica's own Lease before anything reads pool state, so no peer can
   miss a replica that is already admitting.
 - The loop renews every `membership_renew` seconds with the current `Load` (in-flight and held

@@ -85,7 +85,7 @@ class KubePlatform:
 
     async def run(self, listener: PoolListener) -> None:
         """Join the replicas, then watch the cluster forever, reporting to ``listener``."""
-        await self.replicas.start()  # before any pool state is read (HA.md, membership)
+        await self.replicas.start()  # before any pool state is read (docs/design/replicas.md)
         if self._settings.route_check_interval > 0:
             checker = RouteChecker(self._api_client, self._settings, self._events,
                                    self.watcher.pools)

@@ -1,4 +1,4 @@
-"""Several replicas of this service, coordinated through Leases (HA.md; ``policy/replicas.py``).
+"""Several replicas of this service, coordinated through Leases (docs/design/replicas.md).
 
 Theory of operation:
 - ``start()`` writes this replica's membership Lease before the watcher reads any pool
@@ -26,7 +26,8 @@ import math
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 from pathlib import Path
 
 from extproc.logs import get_logger
@@ -45,13 +46,13 @@ log = get_logger(__name__)
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
-def replica_identity(settings: Settings, environ: dict[str, str] | None = None) -> str:
+def replica_identity(settings: Settings, environ: Mapping[str, str] | None = None) -> str:
     """--replica-name, else $POD_NAME, else the host name (a pod's name), lower-cased."""
     environ = os.environ if environ is None else environ
     return (settings.replica_name or environ.get("POD_NAME") or socket.gethostname()).lower()
 
 
-def lease_namespace(settings: Settings, environ: dict[str, str] | None = None,
+def lease_namespace(settings: Settings, environ: Mapping[str, str] | None = None,
                     account_file: Path = SERVICE_ACCOUNT_NAMESPACE) -> str:
     """--lease-namespace, else $POD_NAMESPACE, else the service account's, else default."""
     environ = os.environ if environ is None else environ
@@ -297,5 +298,5 @@ class _Electing:
         self._replicas.pool_gone(key)
         self._inner.pool_removed(key)
 
-    def __getattr__(self, name: str) -> object:
+    def __getattr__(self, name: str) -> Any:  # Any: it stands for every PoolListener report
         return getattr(self._inner, name)  # the other reports pass through unchanged

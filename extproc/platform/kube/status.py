@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from collections import deque
 from datetime import datetime, timezone
-from typing import Protocol
+from typing import Any, Protocol
 
 from extproc.backoff import Backoff
 from extproc.logs import get_logger
@@ -52,7 +52,7 @@ def desired_status(view: PoolView, current_status: dict, now: datetime, *,
                       _spec_valid(view, spec_problems), _swap_stalled(view))]
     # Conditions of other writers (LLMKube's MetalSupported, ...) are theirs: kept as they are.
     conditions += [c for kind, c in old.items() if kind not in OWN_CONDITIONS]
-    status = {
+    status: dict[str, Any] = {
         "phase": PoolPhase(view.phase).value,
         "residentMember": view.resident,
         "pendingMember": view.pending,

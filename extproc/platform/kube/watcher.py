@@ -28,6 +28,7 @@ older, and resourceVersions are opaque (only equality is defined).
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -186,8 +187,8 @@ class ClusterWatcher:
                 watch = CollectionWatch(
                     self._api, kind, self._path(kind, scope), self._settings, scope=scope,
                     params={"labelSelector": self._pod_selector} if kind == PODS else None,
-                    on_list=lambda items, k=kind, s=scope: self._listed_all(k, s, items),
-                    on_event=lambda event, obj, k=kind: self._apply(k, event, obj))
+                    on_list=functools.partial(self._listed_all, kind, scope),
+                    on_event=functools.partial(self._apply, kind))
                 self._loops[(kind, scope)] = self._group.create_task(watch.run())
 
     async def reread(self, kind: str, namespace: str, name: str) -> None:
