@@ -72,6 +72,7 @@ class ExtProcService:
         self._outcomes: dict[tuple[str, str, str], Any] = {}
         self._picker = picker.EndpointPicker(hub.endpoints) if settings.endpoint_picker \
             else None
+        self.open_streams = 0  # this service's (the gauge counts the whole process's)
 
     def handler(self) -> grpc.GenericRpcHandler:
         """The gRPC generic handler; messages in are parsed with upb, out are raw bytes."""
@@ -84,6 +85,7 @@ class ExtProcService:
         """Handle one request's stream from its headers to its end."""
         global _open_streams
         _open_streams += 1
+        self.open_streams += 1
         ticket: Ticket | None = None
         route: Route | None = None
         try:
@@ -163,6 +165,7 @@ class ExtProcService:
             if ticket is not None and route is not None:
                 route.driver.end(ticket)
             _open_streams -= 1
+            self.open_streams -= 1
 
     # ---- the steps -------------------------------------------------------------------------
 
