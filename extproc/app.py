@@ -202,10 +202,14 @@ class Service:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
-        app.router.add_get("/debug/pools", self._pools)
+        if self.settings.debug_endpoints:
+            app.router.add_get("/debug/pools", self._pools)
         app.router.add_get("/pools", self._queues)
         app.router.add_get("/pools/{namespace}/{name}", self._queues)
-        self._http = web.AppRunner(app, access_log=None)
+        # keepalive_timeout also bounds a connection that never completes a request (aiohttp
+        # arms it on connect): its default of an hour would let silent sockets pile up.
+        self._http = web.AppRunner(app, access_log=None,
+                                   keepalive_timeout=self.settings.metrics_idle_timeout)
         await self._http.setup()
         host, _, port = self.settings.metrics_listen.rpartition(":")
         site = web.TCPSite(self._http, host or "127.0.0.1", int(port))

@@ -84,6 +84,10 @@ class Settings:
                        "(use 0.0.0.0:9002 in a pod)", group="listeners", metavar="HOST:PORT")
     metrics_listen: str = _opt("127.0.0.1:9090", "HTTP address serving /metrics and /healthz "
                                "(empty disables it)", group="listeners", metavar="HOST:PORT")
+    metrics_idle_timeout: float = _opt(10.0, "a connection to --metrics-listen that has not "
+                                       "sent a whole request this long after it opened or "
+                                       "after its last answer is closed", group="listeners",
+                                       metavar="DURATION")
     tls_cert: str = _opt("", "PEM certificate for TLS on the gRPC listener (with --tls-key)",
                          group="listeners", metavar="FILE")
     tls_key: str = _opt("", "PEM private key for TLS on the gRPC listener", group="listeners",
@@ -324,7 +328,10 @@ class Settings:
     log_bodies: bool = _opt(False, "log request bodies (first 4 KiB) at debug level; off by "
                             "default because prompts may hold secrets (authorization headers "
                             "are never read, so never logged)", group="observability")
-
+    debug_endpoints: bool = _opt(False, "serve GET /debug/pools on --metrics-listen (every "
+                                 "pool of every namespace, members and counts); off by "
+                                 "default: anyone who reaches the port would read it",
+                                 group="observability")
 
 
 def validate(settings: Settings) -> str:
@@ -344,6 +351,8 @@ def validate(settings: Settings) -> str:
         return "--max-streams-per-connection must be at least 1"
     if settings.max_connections < 1:
         return "--max-connections must be at least 1"
+    if settings.metrics_idle_timeout <= 0:
+        return "--metrics-idle-timeout must be above 0"
     if settings.grpc_server not in ("native", "grpcio"):
         return f"bad grpc_server {settings.grpc_server!r}: use native or grpcio"
     if settings.event_loop not in ("uvloop", "asyncio"):

@@ -309,10 +309,11 @@ class ExtProcService:
         if self._settings.passthrough_unknown:  # (never with the picker: settings refuse it)
             self._count("", "", "passthrough")
             return answers.CONTINUE_BODY
-        available = sorted({entry.id for entry in self._hub.models})
+        # The error names no other model: it reaches whoever sent the request, and its text
+        # ends up in client logs and screens (the models of every namespace otherwise).
         return self._refuse(head, BadRequest(
-            404, "model_not_found", f"model {model!r} does not exist; available models: "
-            f"{', '.join(available) or '(none)'}", "model"))
+            404, "model_not_found", f"model {model!r} does not exist; GET {_MODELS_PATH} "
+            "lists the models", "model"))
 
     def _refuse(self, head: RequestHead, exc: BadRequest) -> bytes:
         # The path without its query: query strings can carry API keys.

@@ -1,0 +1,101 @@
+"""What a client, or anyone who reaches a port, can do with the shipped defaults: read the
+models of every namespace from an error (no), keep a silent connection to the metrics port or
+read its debug view (no)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from reliability.grpcprobe import body_message, headers_message, open_process
+
+from extproc.app import Service
+from extproc.platform.static import StaticPlatform
+from extproc.policy.model import PoolKey, PoolSpec
+from extproc.settings import Settings
+
+KEY = PoolKey("demo", "shared-gpu")
+OTHER = PoolKey("team-b", "private")
+
+
+class NeverLoads(StaticPlatform):
+    """Members never change: a swap stays open, so requests for a cold member stay held."""
+
+    async def scale(self, key: PoolKey, member: str, replicas: int) -> None:
+        """Accepted, never carried out."""
+
+
+@contextlib.asynccontextmanager
+async def _service(**changes: Any) -> AsyncIterator[Service]:
+    specs = [PoolSpec(KEY, ("judge", "coder"), default="judge", swap_budget=60.0),
+             PoolSpec(OTHER, ("secret-model",), default="secret-model")]
+    service = Service(Settings(**{"listen": "127.0.0.1:0", "metrics_listen": "", **changes}),
+                      NeverLoads(specs))
+    await service.start()
+    try:
+        await asyncio.wait_for(service.platform.synced.wait(), 10)
+        yield service
+    finally:
+        await service.stop()
+
+
+async def _open(channel: grpc.aio.Channel, model: str,
+                headers: tuple[tuple[str, str], ...] = ()) -> Any:
+    """A request's stream up to its body sent; the call, to read the answer from."""
+    call = open_process(channel)
+    await call.write(headers_message(extra=headers))
+    assert (await call.read()).HasField("request_headers")
+    await call.write(body_message(json.dumps({"model": model}).encode()))
+    return call
+
+
+def _error(answer: ep.ProcessingResponse) -> tuple[int, dict[str, Any]]:
+    immediate = answer.immediate_response
+    return immediate.status.code, json.loads(immediate.body)["error"]
+
+
+# ---- the unknown model's answer --------------------------------------------------------------
+
+async def test_an_unknown_model_answer_lists_no_models() -> None:
+    async with _service() as service:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
+            call = await _open(channel, "ghost")
+            status, error = _error(await call.read())
+            call.cancel()
+    assert (status, error["code"]) == (404, "model_not_found")
+    assert "ghost" in error["message"]
+    for name in ("judge", "coder", "secret-model"):
+        assert name not in error["message"], error["message"]
+
+
+# ---- the metrics port ------------------------------------------------------------------------
+
+async def test_the_metrics_port_closes_a_silent_connection() -> None:
+    timeout = Settings().metrics_idle_timeout
+    async with _service(metrics_listen="127.0.0.1:0") as service:
+        reader, writer = await asyncio.open_connection("127.0.0.1", service.metrics_port)
+        try:
+            # never a byte sent: the server hangs up once the idle timeout has passed
+            assert await asyncio.wait_for(reader.read(1), timeout + 20) == b""
+        finally:
+            writer.close()
+
+
+async def test_debug_endpoints_are_off_unless_enabled() -> None:
+    for enabled, expected in ((False, 404), (True, 200)):
+        async with _service(metrics_listen="127.0.0.1:0", debug_endpoints=enabled) as service:
+            async with aiohttp.ClientSession() as http:
+                base = f"http://127.0.0.1:{service.metrics_port}"
+                async with http.get(f"{base}/debug/pools") as reply:
+                    assert reply.status == expected
+                    if enabled:
+                        assert {p["key"]["namespace"] for p in await reply.json()} == {
+                            "demo", "team-b"}
+                async with http.get(f"{base}/metrics") as reply:
+                    assert reply.status == 200
