@@ -209,10 +209,10 @@ class Settings:
                                      metavar="DURATION")
     probe_retry: float = _opt(1.0, "after an idle probe said busy or could not tell, ask again "
                               "after this long", group="swap", metavar="DURATION")
-    max_held: int = _opt(0, "requests a pool holds at most while it swaps; beyond, 503 + "
-                         "Retry-After at once (0 = no bound: Envoy's circuit breaker stays the "
-                         "only limit); per pool: annotation "
-                         "modelpool.inference.llmkube.dev/max-held", group="swap",
+    max_held: int = _opt(256, "requests a pool holds at most on this replica while it swaps; "
+                         "beyond, 503 + Retry-After at once (each held request pins its body "
+                         "in Envoy for up to the swap budget; 0 = no bound); per pool: "
+                         "annotation modelpool.inference.llmkube.dev/max-held", group="swap",
                          metavar="COUNT")
     stall_after: float = _opt(120.0, "a swap that unloads or loads with no change in its "
                               "members' replicas, pods or phase for this long is reported "

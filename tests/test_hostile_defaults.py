@@ -1,6 +1,6 @@
-"""What a client, or anyone who reaches a port, can do with the shipped defaults: read the
-models of every namespace from an error (no), keep a silent connection to the metrics port or
-read its debug view (no)."""
+"""What a client, or anyone who reaches a port, can do with the shipped defaults: hold without
+bound (no), read the models of every namespace from an error (no),
+keep a silent connection to the metrics port or read its debug view (no)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from reliability.grpcprobe import body_message, headers_message, open_process
 
+from devstack.testkit import eventually
 from extproc.app import Service
 from extproc.platform.static import StaticPlatform
 from extproc.policy.model import PoolKey, PoolSpec
@@ -58,6 +59,27 @@ async def _open(channel: grpc.aio.Channel, model: str,
 def _error(answer: ep.ProcessingResponse) -> tuple[int, dict[str, Any]]:
     immediate = answer.immediate_response
     return immediate.status.code, json.loads(immediate.body)["error"]
+
+
+# ---- the held bound --------------------------------------------------------------------------
+
+async def test_the_default_bounds_held_requests() -> None:
+    bound = Settings().max_held
+    assert bound > 0
+    async with _service() as service:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
+            calls = [await _open(channel, "coder") for _ in range(bound + 3)]
+            try:
+                driver = service.hub.drivers()[0]
+                await eventually(lambda: driver.view().held == bound, 20, "the bound held")
+                # the last three found the bound full: 503 at once, the others stay held
+                for call in calls[-3:]:
+                    status, error = _error(await asyncio.wait_for(call.read(), 10))
+                    assert (status, error["code"]) == (503, "too_many_held")
+                assert driver.view().held == bound
+            finally:
+                for call in calls:
+                    call.cancel()
 
 
 # ---- the unknown model's answer --------------------------------------------------------------
