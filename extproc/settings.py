@@ -333,6 +333,14 @@ class Settings:
                                  "default: anyone who reaches the port would read it",
                                  group="observability")
 
+    # --- trust -------------------------------------------------------------------------------
+    client_priority: str = _opt("lower", "what the client headers x-modelpool-priority and "
+                                "x-gateway-inference-objective may do to a request's priority: "
+                                "lower (below 0 only, never above: any client can send "
+                                "them), trust (as sent: only where the gateway sets or strips "
+                                "them itself) or ignore",
+                                group="trust", metavar="MODE")
+
 
 def validate(settings: Settings) -> str:
     """The first thing wrong with ``settings`` that would only show up per request, or ""."""
@@ -355,6 +363,8 @@ def validate(settings: Settings) -> str:
         return "--metrics-idle-timeout must be above 0"
     if settings.grpc_server not in ("native", "grpcio"):
         return f"bad grpc_server {settings.grpc_server!r}: use native or grpcio"
+    if settings.client_priority not in ("lower", "trust", "ignore"):
+        return f"bad client_priority {settings.client_priority!r}: use lower, trust or ignore"
     if settings.event_loop not in ("uvloop", "asyncio"):
         return f"bad event_loop {settings.event_loop!r}: use uvloop or asyncio"
     if settings.actuation not in ("own", "llmkube", "auto"):

@@ -1,5 +1,5 @@
-"""What a client, or anyone who reaches a port, can do with the shipped defaults: hold without
-bound (no), read the models of every namespace from an error (no),
+"""What a client, or anyone who reaches a port, can do with the shipped defaults: raise its own
+priority (no), hold without bound (no), read the models of every namespace from an error (no),
 keep a silent connection to the metrics port or read its debug view (no)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 
 import aiohttp
 import grpc
+import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from reliability.grpcprobe import body_message, headers_message, open_process
 
@@ -19,6 +20,8 @@ from devstack.testkit import eventually
 from extproc.app import Service
 from extproc.platform.static import StaticPlatform
 from extproc.policy.model import PoolKey, PoolSpec
+from extproc.protocol.request import granted
+from extproc.runtime.driver import PoolDriver
 from extproc.settings import Settings
 
 KEY = PoolKey("demo", "shared-gpu")
@@ -59,6 +62,43 @@ async def _open(channel: grpc.aio.Channel, model: str,
 def _error(answer: ep.ProcessingResponse) -> tuple[int, dict[str, Any]]:
     immediate = answer.immediate_response
     return immediate.status.code, json.loads(immediate.body)["error"]
+
+
+# ---- priority headers ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode, sent, objective, expected", [
+    ("lower", "10", "", ("", 0)),  # raising: capped at the default
+    ("lower", "-3", "", ("", -3)),  # lowering: a batch client may step aside
+    ("lower", "", "critical", ("critical", 0)),  # the pool maps critical to 10: capped
+    ("lower", "", "batch", ("batch", -5)),
+    ("trust", "10", "", ("", 10)),
+    ("trust", "", "critical", ("critical", None)),  # the policy maps it (10)
+    ("ignore", "-3", "batch", ("", None)),
+])
+def test_client_priority_grants(mode: str, sent: str, objective: str,
+                                expected: tuple[str, int | None]) -> None:
+    rank = int(sent) if sent else None
+    assert granted(mode, objective, rank, {"critical": 10, "batch": -5}) == expected
+
+
+async def test_a_client_cannot_raise_its_priority_by_default(monkeypatch) -> None:
+    arrivals: list[tuple[str, int | None]] = []
+    arrive = PoolDriver.arrive
+
+    def spy(self: PoolDriver, member: str, max_wait: float = float("inf"),
+            activation: str = "", objective: str = "", priority: int | None = None) -> Any:
+        arrivals.append((objective, priority))
+        return arrive(self, member, max_wait, activation, objective, priority)
+    monkeypatch.setattr(PoolDriver, "arrive", spy)
+    sent = [(("x-modelpool-priority", "100"),), (("x-modelpool-priority", "-2"),),
+            (("x-gateway-inference-objective", "critical"),)]
+    async with _service() as service:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
+            calls = [await _open(channel, "judge", headers) for headers in sent]
+            await eventually(lambda: len(arrivals) == len(sent), 10, "every request arrived")
+            for call in calls:
+                call.cancel()
+    assert arrivals == [("", 0), ("", -2), ("critical", 0)]
 
 
 # ---- the held bound --------------------------------------------------------------------------

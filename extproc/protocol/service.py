@@ -36,7 +36,8 @@ from ..runtime.driver import Ticket
 from ..runtime.hub import Hub, Route
 from ..settings import Settings
 from . import answers, picker, stream
-from .request import BadRequest, RequestHead, activation, max_wait, model_from_body, priority
+from .request import (BadRequest, RequestHead, activation, granted, max_wait, model_from_body,
+                      priority)
 
 log = get_logger(__name__)
 
@@ -141,7 +142,9 @@ class ExtProcService:
             if route is None:
                 await context.write(self._unrouted(head, model))
                 return await stream.until_closed(context, head)
-            ticket = route.driver.arrive(route.member, patience, asks, head.objective, rank)
+            objective, rank = granted(self._settings.client_priority, head.objective, rank,
+                                      route.driver.spec.priorities)
+            ticket = route.driver.arrive(route.member, patience, asks, objective, rank)
             if ticket.waiter is not None:
                 if not await self._park(context, ticket, route, head):
                     return  # the client left while held
