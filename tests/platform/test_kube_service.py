@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kube_helpers import NS, eventually, isvc, modelpool
@@ -149,8 +150,10 @@ def _membership(emulator: Any) -> Any:
                  if lease["metadata"]["name"] == "modelpool-extproc-r1"), None)
 
 
-async def test_streams_cut_at_shutdown_leave_the_lease_to_lapse(emulator: Any) -> None:
-    async with _service(emulator, shutdown_grace=0.5) as service:
+@pytest.mark.parametrize("server", ["native", "grpcio"])
+async def test_streams_cut_at_shutdown_leave_the_lease_to_lapse(emulator: Any,
+                                                                 server: str) -> None:
+    async with _service(emulator, shutdown_grace=0.5, grpc_server=server) as service:
         await eventually(lambda: service.hub.admit_until > time.monotonic(), 10,
                          "the membership Lease")
         channel, call = await _routed_stream(service.grpc_port)
