@@ -138,14 +138,29 @@ async def test_an_unknown_model_answer_lists_no_models() -> None:
 
 # ---- the metrics port ------------------------------------------------------------------------
 
-async def test_the_metrics_port_closes_a_silent_connection() -> None:
+async def _trickle(writer: asyncio.StreamWriter) -> None:
+    """A request head that never ends: one header byte every half second."""
+    writer.write(b"GET /metrics HTTP/1.1\r\nhost: x\r\n")
+    with contextlib.suppress(ConnectionError):
+        while True:
+            writer.write(b"x")
+            await writer.drain()
+            await asyncio.sleep(0.5)
+
+
+@pytest.mark.parametrize("sending", ["nothing", "a head that never ends"])
+async def test_the_metrics_port_closes_a_connection_without_a_request(sending: str) -> None:
     timeout = Settings().metrics_idle_timeout
     async with _service(metrics_listen="127.0.0.1:0") as service:
         reader, writer = await asyncio.open_connection("127.0.0.1", service.metrics_port)
+        trickle = asyncio.create_task(_trickle(writer)) if sending != "nothing" else None
         try:
-            # never a byte sent: the server hangs up once the idle timeout has passed
+            # no whole request: the server hangs up once the idle timeout has passed
             assert await asyncio.wait_for(reader.read(1), timeout + 20) == b""
         finally:
+            if trickle is not None:
+                trickle.cancel()
+                await asyncio.gather(trickle, return_exceptions=True)
             writer.close()
 
 
