@@ -60,9 +60,9 @@ async def _service(emulator: Any, **overrides: Any) -> AsyncIterator[Service]:
             await service.stop()
 
 
-async def _status(stub: Any, name: str) -> int:
+async def _status(stub: Any, name: str, timeout: float = 2.0) -> int:
     try:
-        answer = await stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=2.0)
+        answer = await stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=timeout)
     except grpc.aio.AioRpcError:
         return -1  # unanswered: a failed probe
     return answer.status
@@ -76,6 +76,9 @@ class Kubelet:
         self.stub, self.service = stub, probe["grpc"].get("service", "")
         self.period = probe.get("periodSeconds", 10) / SCALE
         self.threshold = probe.get("failureThreshold", 3)
+        # the kubelet's own timeout, not scaled: a slow answer on a busy machine is no failure
+        # of what is tested here
+        self.timeout = max(2.0, probe.get("timeoutSeconds", 1))
         self.answers: list[int] = []
         self.tripped = False  # failureThreshold failures in a row were seen
         self._run_of_failures = 0
@@ -83,7 +86,7 @@ class Kubelet:
     async def run(self) -> None:
         """Probe until cancelled."""
         while True:
-            status = await _status(self.stub, self.service)
+            status = await _status(self.stub, self.service, self.timeout)
             self.answers.append(status)
             self._run_of_failures = 0 if status == SERVING else self._run_of_failures + 1
             self.tripped |= self._run_of_failures >= self.threshold
