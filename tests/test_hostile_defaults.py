@@ -20,7 +20,7 @@ from devstack.testkit import eventually
 from extproc.app import Service
 from extproc.platform.static import StaticPlatform
 from extproc.policy.model import PoolKey, PoolSpec
-from extproc.protocol.request import granted
+from extproc.protocol.trust import granted
 from extproc.runtime.driver import PoolDriver
 from extproc.settings import Settings
 

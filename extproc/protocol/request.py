@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..policy.ifidle import parse as parse_activation
@@ -165,17 +164,6 @@ def priority(head: RequestHead) -> int | None:
     except ValueError:
         raise BadRequest(400, "invalid_priority", f"header {PRIORITY_HEADER} "
                          f"{head.priority[:64]!r} is not an integer", PRIORITY_HEADER) from None
-
-
-def granted(mode: str, objective: str, rank: int | None,
-            priorities: Mapping[str, int]) -> tuple[str, int | None]:
-    """The objective and priority a request keeps under ``--client-priority`` ``mode``: as
-    sent (trust), none (ignore), or lowered only: what they name, capped at the default 0."""
-    if mode == "trust":
-        return objective, rank
-    if mode == "ignore":
-        return "", None
-    return objective, min(rank if rank is not None else priorities.get(objective, 0), 0)
 
 
 def model_from_body(head: RequestHead, body: bytes, max_bytes: int) -> str:

@@ -36,8 +36,8 @@ from ..runtime.driver import Ticket
 from ..runtime.hub import Hub, Route
 from ..settings import Settings
 from . import answers, picker, stream
-from .request import (BadRequest, RequestHead, activation, granted, max_wait, model_from_body,
-                      priority)
+from .request import BadRequest, RequestHead, activation, max_wait, model_from_body, priority
+from .trust import granted
 
 log = get_logger(__name__)
 
