@@ -23,6 +23,7 @@ from kube_helpers import NS, eventually, isvc, modelpool
 
 from extproc.app import Service
 from extproc.platform.kube.leases import PAYLOAD_ANNOTATION
+from extproc.platform.kube.membership import Load, Membership
 from extproc.settings import Settings
 
 DEPLOYMENT = Path(__file__).resolve().parents[2] / "deploy" / "base" / "deployment.yaml"
@@ -154,22 +155,31 @@ def _membership(emulator: Any) -> Any:
 
 
 @pytest.mark.parametrize("server", ["native", "grpcio"])
-async def test_streams_cut_at_shutdown_leave_the_lease_to_lapse(emulator: Any,
+async def test_streams_cut_at_shutdown_leave_the_lease_to_lapse(emulator: Any, api: Any,
                                                                  server: str) -> None:
-    async with _service(emulator, shutdown_grace=0.5, grpc_server=server) as service:
-        await eventually(lambda: service.hub.admit_until > time.monotonic(), 10,
-                         "the membership Lease")
-        channel, call = await _routed_stream(service.grpc_port)
-        try:
-            await service.stop()
-        finally:
-            call.cancel()
-            await channel.close()
-    # cut while Envoy may still relay the response: no clean leave, the Lease lapses
-    lease = _membership(emulator)
-    assert lease is not None
-    load = json.loads(lease["metadata"]["annotations"][PAYLOAD_ANNOTATION])
-    assert load["pools"][f"{NS}/slot"]["inFlight"] == {"a": 1}, load
+    peer = Membership(api, NS, "r2", Load, Settings(**FAST))
+    await peer.start()
+    try:
+        async with _service(emulator, shutdown_grace=0.5, grpc_server=server) as service:
+            await eventually(lambda: service.hub.admit_until > time.monotonic(), 10,
+                             "the membership Lease")
+            channel, call = await _routed_stream(service.grpc_port)
+            try:
+                await service.stop()
+            finally:
+                call.cancel()
+                await channel.close()
+        # cut while Envoy may still relay the response: no clean leave, the Lease lapses
+        lease = _membership(emulator)
+        assert lease is not None
+        load = json.loads(lease["metadata"]["annotations"][PAYLOAD_ANNOTATION])
+        assert load["pools"][f"{NS}/slot"]["inFlight"] == {"a": 1}, load
+        # and the other replica counts it lost, its counts unknown (not gone: none in flight)
+        [lost] = await eventually(lambda: [p for p in peer.peers() if p.identity == "r1"
+                                           and p.lost], 20, "r1 lost to its peer")
+        assert lost.pools is None
+    finally:
+        await peer.stop()
 
 
 async def test_drained_shutdown_deletes_the_lease(emulator: Any) -> None:
