@@ -101,6 +101,15 @@ async def test_a_client_cannot_raise_its_priority_by_default(monkeypatch) -> Non
     assert arrivals == [("", 0), ("", -2), ("critical", 0)]
 
 
+async def test_ignored_priority_headers_are_not_even_read() -> None:
+    async with _service(client_priority="ignore") as service:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
+            call = await _open(channel, "coder", (("x-modelpool-priority", "high"),))
+            answer = await call.read()
+            call.cancel()
+    assert not answer.HasField("immediate_response"), answer  # held, not a 400
+
+
 # ---- the held bound --------------------------------------------------------------------------
 
 async def test_the_default_bounds_held_requests() -> None:

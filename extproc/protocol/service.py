@@ -121,7 +121,7 @@ class ExtProcService:
                 model = model_from_body(head, body, self._settings.max_body_bytes)
                 patience = max_wait(head)
                 asks = activation(head)
-                rank = priority(head)
+                rank = priority(head) if self._settings.client_priority != "ignore" else None
             except BadRequest as exc:
                 await context.write(self._refuse(head, exc))
                 return await stream.until_closed(context)
