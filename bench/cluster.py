@@ -78,7 +78,8 @@ class ClusterStack:
         self.probe_port = free_port()
         self.extproc = services.ExtProc(workdir, "extproc", services.EXTPROC,
                                         "--kubeconfig", str(self.user_kubeconfigs[EXTPROC_USER]),
-                                        "--namespace", NAMESPACE, *mode, "--idle-probe-url",
+                                        "--namespace", NAMESPACE, *mode, "--debug-endpoints",
+                                        "--idle-probe-url",
                                         proberouter.template(self.probe_port), *extproc_args)
         self._procs: list[Any] = []
         self.envoy: EnvoyProcess | None = None

@@ -47,7 +47,9 @@ def _wait_held(stack: ClusterStack, n: int, proc: subprocess.Popen[str],
 def run_one(workdir: Path, n: int, streams: int, rate: int, idle_s: float = 3.0
             ) -> dict[str, Any]:
     """Hold ``n`` requests for one swap and release them; return the figures."""
-    stack = ClusterStack(workdir, load_delay=0.2, unload_delay=0.1, sink_for="b")
+    # thousands held for one pool: above the default --max-held, lifted as an operator would
+    stack = ClusterStack(workdir, load_delay=0.2, unload_delay=0.1, sink_for="b",
+                         extproc_args=("--max-held", "0"))
     body = workdir / "body-b.json"
     h2load: subprocess.Popen[str] | None = None
     try:

@@ -180,7 +180,7 @@ def serve_args(replica: Replica, kubeconfig: Path, namespaces: Iterable[str],
     """The command line of one replica."""
     args = [sys.executable, "-m", "extproc", "serve", "--kubeconfig", str(kubeconfig),
             "--listen", replica.grpc_address,
-            "--metrics-listen", f"{LOCALHOST}:{replica.metrics_port}",
+            "--metrics-listen", f"{LOCALHOST}:{replica.metrics_port}", "--debug-endpoints",
             "--replica-name", replica.name, "--lease-namespace", lease_namespace]
     for ns in namespaces:
         args += ["--namespace", ns]

@@ -17,6 +17,8 @@ BOTH_MODES = True
 STACK_DOCS = pools(("prio", ["prio-a", "prio-b", "prio-c", "prio-d"], {
     "default": "prio-a", "annotations": {
         "modelpool.inference.llmkube.dev/priorities": "critical=10,batch=-5"}}))
+# raising a priority is the operator's to allow: here the gateway is trusted with the headers
+STACK_OPTIONS = {"extproc_args": ["--client-priority", "trust"]}
 
 
 @pytest.mark.parametrize("urgent", [{"x-modelpool-priority": "5"},

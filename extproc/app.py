@@ -52,6 +52,7 @@ class Service:
         self.hub: Hub | None = None
         self._grpc: transport.GrpcServer | None = None
         self._health_grpc: grpc.aio.Server | None = None
+        self._extproc: ExtProcService | None = None
         self._health = health_aio.HealthServicer()
         self._http: web.AppRunner | None = None
         self._background: list[asyncio.Task[Any]] = []
@@ -74,7 +75,7 @@ class Service:
         self.hub = Hub(self.settings, platform)
         self._background.append(asyncio.create_task(platform.run(self.hub)))
         max_message = max(_GRPC_MESSAGE_FLOOR, self.settings.max_body_bytes + _GRPC_MESSAGE_SLACK)
-        service = ExtProcService(self.hub, self.settings)
+        service = self._extproc = ExtProcService(self.hub, self.settings)
 
         def register(server: Any) -> None:
             server.add_generic_rpc_handlers((service.handler(),))
@@ -98,7 +99,10 @@ class Service:
 
         Several replicas (docs/design/replicas.md, "Leaving"): NOT_SERVING first, leadership
         handed over at once, the membership Lease kept (with our in-flight counts) until the streams have
-        ended, then deleted (``platform.stop``) so the others stop waiting for it.
+        ended, then deleted (``platform.stop``) so the others stop waiting for it. Streams
+        still open when the grace runs out are cut while Envoy may still relay their
+        responses: the Lease is then left to lapse, so the others count this replica's
+        in-flight requests as unknown, not as none.
         """
         self._stopping = True
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -111,10 +115,11 @@ class Service:
             await self.platform.leave()
         if self._health_grpc is not None:
             await self._health_grpc.stop(0)
+        cut = 0
         if self._grpc is not None:
             log.info("draining", grace_s=self.settings.shutdown_grace,
                      streams=metrics.STREAMS_IN_FLIGHT._value.get())
-            await self._grpc.stop(self.settings.shutdown_grace)
+            cut = await self._drain(self._grpc, self.settings.shutdown_grace)
         if self.hub is not None:
             self.hub.close()
         for task in self._background:
@@ -122,7 +127,7 @@ class Service:
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(*self._background, return_exceptions=True)
         if self.platform is not None:
-            await self.platform.stop()
+            await self.platform.stop(clean=not cut)
         if self._http is not None:
             await self._http.cleanup()
         log.info("stopped")
@@ -143,6 +148,17 @@ class Service:
         await self.stop()
 
     # ---- pieces ------------------------------------------------------------------------------
+
+    async def _drain(self, server: transport.GrpcServer, grace: float) -> int:
+        """Stop ``server`` with ``grace``; the streams still open when the grace ran out
+        (the server cuts them)."""
+        stopping = asyncio.ensure_future(server.stop(grace))
+        await asyncio.wait({stopping}, timeout=grace)
+        cut = self._extproc.open_streams if self._extproc is not None else 0
+        if cut:
+            log.warning("shutdown grace ran out: cutting streams", streams=cut)
+        await stopping
+        return cut
 
     async def _serve_when(self, synced: asyncio.Event) -> None:
         await synced.wait()
@@ -186,10 +202,14 @@ class Service:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
-        app.router.add_get("/debug/pools", self._pools)
+        if self.settings.debug_endpoints:
+            app.router.add_get("/debug/pools", self._pools)
         app.router.add_get("/pools", self._queues)
         app.router.add_get("/pools/{namespace}/{name}", self._queues)
-        self._http = web.AppRunner(app, access_log=None)
+        # keepalive_timeout also bounds a connection that never completes a request (aiohttp
+        # arms it on connect): its default of an hour would let silent sockets pile up.
+        self._http = web.AppRunner(app, access_log=None,
+                                   keepalive_timeout=self.settings.metrics_idle_timeout)
         await self._http.setup()
         host, _, port = self.settings.metrics_listen.rpartition(":")
         site = web.TCPSite(self._http, host or "127.0.0.1", int(port))

@@ -84,6 +84,10 @@ class Settings:
                        "(use 0.0.0.0:9002 in a pod)", group="listeners", metavar="HOST:PORT")
     metrics_listen: str = _opt("127.0.0.1:9090", "HTTP address serving /metrics and /healthz "
                                "(empty disables it)", group="listeners", metavar="HOST:PORT")
+    metrics_idle_timeout: float = _opt(10.0, "a connection to --metrics-listen that has not "
+                                       "sent a whole request this long after it opened or "
+                                       "after its last answer is closed", group="listeners",
+                                       metavar="DURATION")
     tls_cert: str = _opt("", "PEM certificate for TLS on the gRPC listener (with --tls-key); "
                          "it, the key and the client CA are re-read when they change "
                          "(rotation): new connections get the new ones", group="listeners",
@@ -215,10 +219,10 @@ class Settings:
                                      metavar="DURATION")
     probe_retry: float = _opt(1.0, "after an idle probe said busy or could not tell, ask again "
                               "after this long", group="swap", metavar="DURATION")
-    max_held: int = _opt(0, "requests a pool holds at most while it swaps; beyond, 503 + "
-                         "Retry-After at once (0 = no bound: Envoy's circuit breaker stays the "
-                         "only limit); per pool: annotation "
-                         "modelpool.inference.llmkube.dev/max-held", group="swap",
+    max_held: int = _opt(256, "requests a pool holds at most on this replica while it swaps; "
+                         "beyond, 503 + Retry-After at once (each held request pins its body "
+                         "in Envoy for up to the swap budget; 0 = no bound); per pool: "
+                         "annotation modelpool.inference.llmkube.dev/max-held", group="swap",
                          metavar="COUNT")
     stall_after: float = _opt(120.0, "a swap that unloads or loads with no change in its "
                               "members' replicas, pods or phase for this long is reported "
@@ -334,7 +338,18 @@ class Settings:
     log_bodies: bool = _opt(False, "log request bodies (first 4 KiB) at debug level; off by "
                             "default because prompts may hold secrets (authorization headers "
                             "are never read, so never logged)", group="observability")
+    debug_endpoints: bool = _opt(False, "serve GET /debug/pools on --metrics-listen (every "
+                                 "pool of every namespace, members and counts); off by "
+                                 "default: anyone who reaches the port would read it",
+                                 group="observability")
 
+    # --- trust -------------------------------------------------------------------------------
+    client_priority: str = _opt("lower", "what the client headers x-modelpool-priority and "
+                                "x-gateway-inference-objective may do to a request's priority: "
+                                "lower (below 0 only, never above: any client can send "
+                                "them), trust (as sent: only where the gateway sets or strips "
+                                "them itself) or ignore",
+                                group="trust", metavar="MODE")
 
 
 def validate(settings: Settings) -> str:
@@ -356,8 +371,12 @@ def validate(settings: Settings) -> str:
         return "--max-connections must be at least 1"
     if settings.max_connections_per_peer < 1:
         return "--max-connections-per-peer must be at least 1"
+    if settings.metrics_idle_timeout <= 0:
+        return "--metrics-idle-timeout must be above 0"
     if settings.grpc_server not in ("native", "grpcio"):
         return f"bad grpc_server {settings.grpc_server!r}: use native or grpcio"
+    if settings.client_priority not in ("lower", "trust", "ignore"):
+        return f"bad client_priority {settings.client_priority!r}: use lower, trust or ignore"
     if settings.event_loop not in ("uvloop", "asyncio"):
         return f"bad event_loop {settings.event_loop!r}: use uvloop or asyncio"
     if settings.actuation not in ("own", "llmkube", "auto"):

@@ -47,7 +47,8 @@ async def _release(upstreams, envoy_factory, template: Path) -> collections.Coun
     spec = PoolSpec(KEY, ("judge", "coder"), swap_budget=240.0)
     cluster = GatedCluster([spec])
     cluster.gate = asyncio.Event()
-    service = Service(Settings(listen="127.0.0.1:0", metrics_listen=""), cluster)
+    # more held at once than the default bound: the operator's choice, made here
+    service = Service(Settings(listen="127.0.0.1:0", metrics_listen="", max_held=0), cluster)
     await service.start()
     try:
         envoy = envoy_factory(service.grpc_port, {f"{n}.demo": h.port

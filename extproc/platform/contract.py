@@ -111,8 +111,9 @@ class Platform(Protocol):
     async def run(self, listener: PoolListener) -> None:
         """Report pools and members to ``listener`` until cancelled."""
 
-    async def stop(self) -> None:
-        """Finish or drop background work and close connections (after ``run`` ends)."""
+    async def stop(self, clean: bool = True) -> None:
+        """Finish or drop background work and close connections (after ``run`` ends);
+        ``clean`` False: streams were cut, so the membership is left to lapse, not ended."""
 
     async def scale(self, key: PoolKey, member: str, replicas: int) -> None:
         """Set a member's replicas: one attempt, raising on failure (the runtime retries);

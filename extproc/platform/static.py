@@ -133,7 +133,7 @@ class StaticPlatform:
                 listener.endpoints_changed(spec.key, member, ())
         self._synced.set()
 
-    async def stop(self) -> None:
+    async def stop(self, clean: bool = True) -> None:
         """Nothing runs in the background."""
 
     async def scale(self, key: PoolKey, member: str, replicas: int) -> None:

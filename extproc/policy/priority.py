@@ -3,6 +3,8 @@
 A request's priority is its ``x-modelpool-priority`` header (an integer), else what the pool's
 annotation ``modelpool.inference.llmkube.dev/priorities`` (``critical=10,batch=-5``) maps its
 ``x-gateway-inference-objective`` to (the Gateway API inference extension's objective), else 0.
+Both come from clients: the protocol layer passes on only what ``--client-priority`` grants
+them (by default a priority below 0, never above), so what arrives here is trusted as it is.
 When the slot is free to move, the next swap targets the member of the held request with the
 highest priority, the oldest among equals (``wanting.wanted``); with no priorities anywhere that
 is the oldest held request, as before.

@@ -37,6 +37,7 @@ from ..runtime.hub import Hub, Route
 from ..settings import Settings
 from . import answers, picker, stream
 from .request import BadRequest, RequestHead, activation, max_wait, model_from_body, priority
+from .trust import granted
 
 log = get_logger(__name__)
 
@@ -72,6 +73,7 @@ class ExtProcService:
         self._outcomes: dict[tuple[str, str, str], Any] = {}
         self._picker = picker.EndpointPicker(hub.endpoints) if settings.endpoint_picker \
             else None
+        self.open_streams = 0  # this service's (the gauge counts the whole process's)
 
     def handler(self) -> grpc.GenericRpcHandler:
         """The gRPC generic handler; messages in are parsed with upb, out are raw bytes."""
@@ -84,6 +86,7 @@ class ExtProcService:
         """Handle one request's stream from its headers to its end."""
         global _open_streams
         _open_streams += 1
+        self.open_streams += 1
         ticket: Ticket | None = None
         route: Route | None = None
         try:
@@ -118,7 +121,7 @@ class ExtProcService:
                 model = model_from_body(head, body, self._settings.max_body_bytes)
                 patience = max_wait(head)
                 asks = activation(head)
-                rank = priority(head)
+                rank = priority(head) if self._settings.client_priority != "ignore" else None
             except BadRequest as exc:
                 await context.write(self._refuse(head, exc))
                 return await stream.until_closed(context)
@@ -139,7 +142,9 @@ class ExtProcService:
             if route is None:
                 await context.write(self._unrouted(head, model))
                 return await stream.until_closed(context, head)
-            ticket = route.driver.arrive(route.member, patience, asks, head.objective, rank)
+            objective, rank = granted(self._settings.client_priority, head.objective, rank,
+                                      route.driver.spec.priorities)
+            ticket = route.driver.arrive(route.member, patience, asks, objective, rank)
             if ticket.waiter is not None:
                 if not await self._park(context, ticket, route, head):
                     return  # the client left while held
@@ -163,6 +168,7 @@ class ExtProcService:
             if ticket is not None and route is not None:
                 route.driver.end(ticket)
             _open_streams -= 1
+            self.open_streams -= 1
 
     # ---- the steps -------------------------------------------------------------------------
 
@@ -306,10 +312,11 @@ class ExtProcService:
         if self._settings.passthrough_unknown:  # (never with the picker: settings refuse it)
             self._count("", "", "passthrough")
             return answers.CONTINUE_BODY
-        available = sorted({entry.id for entry in self._hub.models})
+        # The error names no other model: it reaches whoever sent the request, and its text
+        # ends up in client logs and screens (the models of every namespace otherwise).
         return self._refuse(head, BadRequest(
-            404, "model_not_found", f"model {model!r} does not exist; available models: "
-            f"{', '.join(available) or '(none)'}", "model"))
+            404, "model_not_found", f"model {model!r} does not exist; GET {_MODELS_PATH} "
+            "lists the models", "model"))
 
     def _refuse(self, head: RequestHead, exc: BadRequest) -> bytes:
         # The path without its query: query strings can carry API keys.

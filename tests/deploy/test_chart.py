@@ -135,6 +135,10 @@ def test_deployment_runs_the_service_it_configures(combination: str) -> None:
     assert settings.metrics_listen.endswith(f":{ports['metrics']}")
     probes = {container[p]["grpc"]["port"] for p in ("startupProbe", "readinessProbe",
                                                      "livenessProbe")}
+    # readiness follows the membership Lease; liveness survives an API server outage
+    assert [container[p]["grpc"].get("service") for p in ("startupProbe", "readinessProbe",
+                                                          "livenessProbe")] == [
+        None, None, "liveness"]
     tls = values.get("tls", {}).get("enabled")
     if tls:  # the kubelet cannot speak TLS: health on its own plaintext port
         assert settings.tls_cert and settings.tls_key and settings.tls_client_ca

@@ -160,8 +160,11 @@ def test_deployment_agrees_with_settings(render, path: str) -> None:
     assert settings.namespaces == [NAMESPACE]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"grpc": _port(settings.listen), "metrics": _port(settings.metrics_listen)}
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+    # readiness follows the membership Lease (""); liveness asks the service that stays
+    # SERVING through an API server outage, so an outage restarts no replica
+    for probe in ("startupProbe", "readinessProbe"):
         assert container[probe]["grpc"] == {"port": ports["grpc"]}
+    assert container["livenessProbe"]["grpc"] == {"port": ports["grpc"], "service": "liveness"}
     # the first sync may take minutes: the startup probe allows it, liveness waits for it
     startup = container["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 300

@@ -13,7 +13,10 @@ Theory of operation (docs/design/replicas.md, "Membership"):
 - Peers are read after each renew. A peer whose Lease has not changed for its duration + margin,
   measured on our clock from when we saw it change, is lost: its counts are unknown, never zero.
   A deleted Lease is a clean leave and drops the peer at once.
-- `stop()` deletes the Lease so the others stop waiting for it.
+- `stop()` deletes the Lease so the others stop waiting for it: a clean leave, for a replica
+  whose streams all ended. One that cut streams still relayed by Envoy stops renewing and
+  leaves the Lease to lapse: the others then count it lost, its counts unknown, and wait for
+  the member's idle probe (or --lost-replica-wait) before unloading it.
 """
 
 from __future__ import annotations
@@ -190,14 +193,18 @@ class Membership:
                 self._haunt(seen.lease, seen.changed_at)  # restarted: the old run is lost
             self._seen[lease.name] = _Sighting(lease, self._clock())
 
-    async def stop(self) -> None:
-        """Stop renewing and delete the Lease (a failure is logged: the Lease then expires)."""
+    async def stop(self, delete: bool = True) -> None:
+        """Stop renewing and delete the Lease unless ``delete`` is False (a failure is
+        logged: the Lease then expires)."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
         self.valid_until = -math.inf
+        if not delete:
+            log.warning("membership lease left to lapse: streams were cut", lease=self.name)
+            return
         lease = self._lease
         try:
             with contextlib.suppress(LeaseConflict):

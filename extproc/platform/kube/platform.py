@@ -101,15 +101,16 @@ class KubePlatform:
         """SIGTERM: hand every pool's leadership to another replica now."""
         await self.replicas.leave()
 
-    async def stop(self) -> None:
-        """Finish pending events, drop pending status writes and close connections."""
+    async def stop(self, clean: bool = True) -> None:
+        """Finish pending events, drop pending status writes and close connections; the
+        membership Lease is deleted only when ``clean`` (no stream was cut)."""
         if self._route_check is not None:
             self._route_check.cancel()
         if self._event_tasks:
             await asyncio.wait(self._event_tasks, timeout=2.0)
         await self._publisher.close()
         self._fences.close()
-        await self.replicas.stop()
+        await self.replicas.stop(clean)
         if self._session is not None:
             await self._session.close()
         await self._api_client.close()

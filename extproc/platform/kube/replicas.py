@@ -152,10 +152,11 @@ class Replicas:
                 self._lead(key, False)  # before the release: a new leader may act at once
         await asyncio.gather(*(leader.release() for leader in self._leaders.values()))
 
-    async def stop(self) -> None:
-        """After the streams ended: release what is still held, delete the membership Lease."""
+    async def stop(self, clean: bool = True) -> None:
+        """After the streams ended: release what is still held, delete the membership Lease
+        (``clean``), or leave it to lapse when streams were cut (membership.stop)."""
         await self.leave()
-        await self.membership.stop()
+        await self.membership.stop(delete=clean)
 
     # ---- pools (through _Electing) ---------------------------------------------------------
 
