@@ -98,9 +98,9 @@ class Service:
         """Stop accepting, let in-flight streams finish up to the grace period, then exit.
 
         Several replicas (docs/design/replicas.md, "Leaving"): NOT_SERVING first, leadership
-        handed over at once, the membership Lease kept (with our in-flight counts) until the streams have
-        ended, then deleted (``platform.stop``) so the others stop waiting for it. Streams
-        still open when the grace runs out are cut while Envoy may still relay their
+        handed over at once, the membership Lease kept (with our in-flight counts) until the
+        streams have ended, then deleted (``platform.stop``) so the others stop waiting for it.
+        Streams still open when the grace runs out are cut while Envoy may still relay their
         responses: the Lease is then left to lapse, so the others count this replica's
         in-flight requests as unknown, not as none.
         """
