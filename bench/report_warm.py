@@ -105,7 +105,8 @@ def attacks_section(r: dict[str, Any] | None) -> list[str]:
            f"`serve`; a gRPC health check every {r['probe_every_ms']} ms beside it. CPU is the "
            "server's over the attack; memory its RSS before, at the peak, and 1 s after (12 s "
            "after 50,000 streams over 100 connections). Every half second a check on a "
-           "connection of its own (a reconnecting Envoy): how many got in (a row measured before that probe existed shows -).", ""]
+           "connection of its own (a reconnecting Envoy): how many got in (a row measured "
+           "before that probe existed shows -).", ""]
     rows = [[row["attack"], row["probes"], row["lost"], row["p50_ms"], row["p99_ms"],
              row["max_ms"], _fresh(row), row["server_cpu_s"],
              f"{row['rss_before_mb']} / {row['rss_peak_mb']} / {row['rss_after_mb']}",
