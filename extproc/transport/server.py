@@ -253,7 +253,7 @@ class _Protocol(asyncio.Protocol):
             if not self.calls:
                 self._note()
 
-    def _call_done(self, _task: asyncio.Task) -> None:
+    def _call_done(self, _task: asyncio.Task[None]) -> None:
         self.server.live_calls -= 1
 
     async def unblocked(self, sid: int) -> None:
