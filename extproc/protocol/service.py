@@ -36,7 +36,8 @@ from ..runtime.driver import Ticket
 from ..runtime.hub import Hub, Route
 from ..settings import Settings
 from . import answers, picker, stream
-from .request import BadRequest, RequestHead, activation, max_wait, model_from_body, priority
+from .jsonscan import run_async
+from .request import BadRequest, RequestHead, activation, max_wait, model_scan, priority
 
 log = get_logger(__name__)
 
@@ -115,7 +116,7 @@ class ExtProcService:
                 log.debug("request body", request_id=head.request_id,
                           body=body[:4096].decode("utf-8", "replace"))
             try:
-                model = model_from_body(head, body, self._settings.max_body_bytes)
+                model = await run_async(model_scan(head, body, self._settings.max_body_bytes))
                 patience = max_wait(head)
                 asks = activation(head)
                 rank = priority(head)

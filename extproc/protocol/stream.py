@@ -16,7 +16,8 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from .. import metrics
 from ..logs import Throttled, get_logger
 from . import answers, picker
-from .request import (ATTRIBUTES_KEY, BadRequest, RequestHead, body_complete, model_from_body,
+from .jsonscan import run_async
+from .request import (ATTRIBUTES_KEY, BadRequest, RequestHead, body_complete, model_scan,
                       read_attributes, read_head)
 
 log = get_logger("extproc.protocol.service")  # its lines kept the service's logger name
@@ -94,7 +95,7 @@ async def read_body(context: grpc.aio.ServicerContext, head: RequestHead, limit:
     # a headers message's end says nothing of a body; a buffered body message is the body
     ended = (ended or head.buffered) and first is not None
     if head.streamed and first is not None and not ended:
-        ended, checks = _whole(head, chunks, checks)
+        ended, checks = await _whole(head, chunks, checks)
         if not ended:
             await context.write(answers.CONTINUE_BODY)
     while not ended:
@@ -107,7 +108,7 @@ async def read_body(context: grpc.aio.ServicerContext, head: RequestHead, limit:
             # left to carry the decision (only a body that is no document gets here)
             head.trailers = ended = True
             if head.streamed and size <= limit:
-                model_from_body(head, b"".join(chunks), limit)  # no document: its own 400
+                await run_async(model_scan(head, b"".join(chunks), limit))  # no document: its 400
                 raise BadRequest(400, "unroutable_body", "the request body's end was not "
                                  "recognised before its trailers: send one JSON object")
             continue
@@ -128,7 +129,7 @@ async def read_body(context: grpc.aio.ServicerContext, head: RequestHead, limit:
         if head.streamed and not ended:
             if size > limit:
                 break  # answered at once: the rest need not be read
-            ended, checks = _whole(head, chunks, checks)
+            ended, checks = await _whole(head, chunks, checks)
             if not ended:
                 await context.write(answers.CONTINUE_BODY)
     if size > limit:
@@ -137,11 +138,11 @@ async def read_body(context: grpc.aio.ServicerContext, head: RequestHead, limit:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def _whole(head: RequestHead, chunks: list[bytes], checks: int) -> tuple[bool, int]:
+async def _whole(head: RequestHead, chunks: list[bytes], checks: int) -> tuple[bool, int]:
     """Whether the STREAMED body so far is the whole document, and the checks left."""
     if not checks or not chunks[-1].rstrip(b" \t\r\n").endswith((b"}", b"--")):
         return False, checks
-    return body_complete(head, b"".join(chunks)), checks - 1
+    return await run_async(body_complete(head, b"".join(chunks))), checks - 1
 
 
 def _check_served(head: RequestHead, message: object) -> None:

@@ -1,0 +1,289 @@
+"""Reading the top-level ``model`` of a JSON request body without building the document.
+
+``json.loads`` on a 24 MiB body of small values (``[{},{},...]``) builds millions of objects:
+about 27 times the body in memory and most of a second with the event loop stopped. This
+scanner walks the bytes instead: it validates the whole body as JSON (the same answers as a
+full parse: malformed anywhere, trailing data, nesting too deep), keeps nothing but a stack of
+open brackets and the span of the last top-level ``model`` value, and hands control back
+every few thousand tokens so the event loop can serve other streams while a large body is read.
+
+Duplicate top-level ``model`` keys: the last one wins, as with ``json.loads`` (and the
+Python model servers behind us), so the member reads the model we routed on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import json
+import re
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
+
+# Deeper nesting is refused as invalid JSON (json.loads refused it at about the interpreter's
+# recursion limit); requests nest a few levels, tool schemas a few dozen at most.
+MAX_DEPTH = 512
+# The scanner hands control back after about this many tokens (a few milliseconds of work).
+STEP_TOKENS = 4_000
+# Bodies up to this size are parsed whole with json.loads: faster than the scanner (the hot
+# path's bodies are a few KB), and at most about 27 times this much memory, briefly.
+LOADS_LIMIT = 256 * 1024
+# The pre-pass (UTF-8 and control characters) works in slices of this many bytes.
+_SLICE = 1 << 20
+_WS = b" \t\n\r"
+_NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+_BAD_ESCAPE = re.compile(rb'\\(?:[^"/bfnrtu]|u(?![0-9a-fA-F]{4}))|\\$')
+_CONTROL = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f]")
+_BACKSLASH = ord("\\")
+_LITERALS = {ord("t"): b"true", ord("f"): b"false", ord("n"): b"null", ord("N"): b"NaN",
+             ord("I"): b"Infinity"}
+# Every byte but the C0 controls: deleting them leaves only the controls a body holds.
+_NOT_CONTROL = bytes(range(0x20, 0x100))
+_TYPE_OF = {ord("{"): "dict", ord("["): "list", ord('"'): "str", ord("t"): "bool",
+            ord("f"): "bool", ord("n"): "NoneType"}
+_LBRACE, _LBRACKET, _RBRACE, _QUOTE, _COMMA, _COLON = (ord(c) for c in '{[}",:')
+_CLOSE = {_LBRACE: _RBRACE, _LBRACKET: ord("]")}
+
+
+class ScanError(ValueError):
+    """The body is not valid JSON (or not UTF-8); the message says where."""
+
+
+@dataclass(slots=True)
+class Scanned:
+    """What a scan found: whether the body is one JSON object, and its top-level model.
+
+    ``model`` is the decoded string, or None; ``model_type`` names the value's Python type
+    as ``json.loads`` would have built it ("" when there is no top-level model key).
+    """
+
+    is_object: bool = False
+    model: str | None = None
+    model_type: str = ""
+    model_length: int = 0  # the raw value's length in bytes (a string too long to decode)
+
+
+def scan(body: bytes, max_model_bytes: int) -> Generator[None, None, Scanned]:
+    """Validate ``body`` as JSON and find its top-level ``model``; a generator that yields
+    now and then (drive it with ``run`` or ``run_async``) and returns what it found.
+
+    A model value longer than ``max_model_bytes`` is reported by its length, not decoded.
+    """
+    if len(body) <= LOADS_LIMIT:
+        return _loaded(body)
+    return (yield from _scanned(body, max_model_bytes))
+
+
+def _loaded(body: bytes) -> Scanned:
+    """What ``scan`` finds, by parsing the (small) body whole."""
+    try:
+        # Decode strictly first: json.loads(bytes) would also accept UTF-16/32 and lone
+        # surrogates, which RFC 8259 forbids and the member may choke on.
+        document = json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ScanError(f"not valid UTF-8: {exc.reason} at byte {exc.start}") from None
+    except (ValueError, RecursionError) as exc:
+        raise ScanError(str(exc)) from None
+    found = Scanned(is_object=isinstance(document, dict))
+    if found.is_object and "model" in document:
+        model = document["model"]
+        found.model_type = type(model).__name__
+        if isinstance(model, str):
+            found.model, found.model_length = model, len(model)
+    return found
+
+
+def _scanned(body: bytes, max_model_bytes: int) -> Generator[None, None, Scanned]:
+    """What ``scan`` finds, by walking the (large) body without building it."""
+    spaced = yield from _prepass(body)
+    found = Scanned()
+    n = len(body)
+    i = _skip_ws(body, 0)
+    if i < n and body[i] == _LBRACE:
+        found.is_object = True
+    stack: list[int] = []  # the open brackets, innermost last
+    expect_key = False  # inside an object, at a key (after "{" or ",")
+    model_key = False  # the value about to be read is the top-level model's
+    tokens = 0
+    while True:
+        tokens += 1
+        if tokens >= STEP_TOKENS:
+            tokens = 0
+            yield
+        # ---- a value (or, in an object, a key) starts at i
+        if i >= n:
+            raise ScanError(f"unexpected end of body at byte {i}")
+        c = body[i]
+        if expect_key:
+            if c != _QUOTE:
+                raise ScanError(f"expected a string key at byte {i}")
+            end = _string_end(body, i, spaced)
+            if len(stack) == 1:
+                model_key = _is_model(body, i, end)
+            i = _skip_ws(body, end)
+            if i >= n or body[i] != _COLON:
+                raise ScanError(f"expected ':' at byte {i}")
+            i = _skip_ws(body, i + 1)
+            expect_key = False
+            continue
+        if c == _LBRACE or c == _LBRACKET:
+            if model_key:
+                found.model, found.model_type, model_key = None, _TYPE_OF[c], False
+            if len(stack) >= MAX_DEPTH:
+                raise ScanError(f"nested more than {MAX_DEPTH} deep at byte {i}")
+            stack.append(_CLOSE[c])
+            i = _skip_ws(body, i + 1)
+            if i < n and body[i] == stack[-1]:
+                stack.pop()
+                i += 1
+            elif c == _LBRACE:
+                expect_key = True
+                continue
+            else:
+                continue
+        elif c == _QUOTE:
+            end = _string_end(body, i, spaced)
+            if model_key:
+                _take_model(found, body, i, end, max_model_bytes)
+                model_key = False
+            i = end
+        else:
+            end = _scalar_end(body, i)
+            if model_key:
+                raw = body[i:end]
+                found.model = None
+                found.model_type = _TYPE_OF.get(c) or (
+                    "int" if raw.lstrip(b"-").isdigit() else "float")
+                model_key = False
+            i = end
+        # ---- after a value: a comma, the end of its container, or the end of the body
+        while True:
+            i = _skip_ws(body, i)
+            if not stack:
+                if i != n:
+                    raise ScanError(f"extra data at byte {i}")
+                return found
+            if i >= n:
+                raise ScanError(f"unexpected end of body at byte {i}")
+            c = body[i]
+            if c == _COMMA:
+                i = _skip_ws(body, i + 1)
+                expect_key = stack[-1] == _RBRACE
+                break
+            if c != stack[-1]:
+                raise ScanError(f"expected ',' or {chr(stack[-1])!r} at byte {i}")
+            stack.pop()
+            i += 1
+
+
+def run(scanning: Generator[None, None, T]) -> T:
+    """Drive a scan to its end at once."""
+    try:
+        while True:
+            next(scanning)
+    except StopIteration as done:
+        return done.value
+
+
+async def run_async(scanning: Generator[None, None, T]) -> T:
+    """Drive a scan to its end, letting the event loop run each time it yields."""
+    try:
+        while True:
+            next(scanning)
+            await asyncio.sleep(0)
+    except StopIteration as done:
+        return done.value
+
+
+def _prepass(body: bytes) -> Generator[None, None, bool]:
+    """Refuse what is not UTF-8 or holds a raw control character other than JSON's
+    whitespace (invalid inside a string and outside one alike), a slice at a time.
+    Returns whether the body holds tabs or line breaks (which strings must then be
+    checked for)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    spaced = False
+    for start in range(0, len(body), _SLICE):
+        piece = body[start:start + _SLICE]
+        if not piece.isascii():
+            try:
+                decoder.decode(piece, final=start + _SLICE >= len(body))
+            except UnicodeDecodeError as exc:
+                raise ScanError(f"not valid UTF-8: {exc.reason} near byte "
+                                f"{start + exc.start}") from None
+        controls = piece.translate(None, _NOT_CONTROL)
+        if controls:
+            if controls.strip(_WS):
+                match = _CONTROL.search(piece)
+                raise ScanError(f"control character at byte {start + match.start()}")
+            spaced = True
+        yield
+    return spaced
+
+
+def _skip_ws(body: bytes, i: int) -> int:
+    """The first byte at or after ``i`` that is not whitespace."""
+    n = len(body)
+    while i < n and body[i] in _WS:
+        i += 1
+    return i
+
+
+def _string_end(body: bytes, i: int, spaced: bool) -> int:
+    """Just past the string starting at ``i`` (its quote), its escapes checked; ``spaced``:
+    the body holds tabs or line breaks, which a string may not."""
+    j = i
+    while True:
+        j = body.find(b'"', j + 1)
+        if j < 0:
+            raise ScanError(f"unterminated string starting at byte {i}")
+        if body[j - 1] != _BACKSLASH:
+            break
+        # escaped unless the backslashes before it pair up (a window; all of them if longer)
+        low = max(i + 1, j - 64)
+        run = j - low - len(body[low:j].rstrip(b"\\"))
+        if run == j - low and low > i + 1:
+            run = j - i - 1 - len(body[i + 1:j].rstrip(b"\\"))
+        if run % 2 == 0:
+            break
+    if body.find(b"\\", i + 1, j) >= 0:
+        # pairs of backslashes are whole escapes; any backslash left must start one
+        if _BAD_ESCAPE.search(body[i + 1:j].replace(b"\\\\", b"")) is not None:
+            raise ScanError(f"invalid escape in the string starting at byte {i}")
+    if spaced and (body.find(b"\t", i + 1, j) >= 0 or body.find(b"\n", i + 1, j) >= 0
+                   or body.find(b"\r", i + 1, j) >= 0):
+        raise ScanError(f"control character in the string starting at byte {i}")
+    return j + 1
+
+
+def _scalar_end(body: bytes, i: int) -> int:
+    """Just past the number or literal starting at ``i``."""
+    c = body[i]
+    if c == b"-"[0] and body.startswith(b"-Infinity", i):
+        return i + 9
+    literal = _LITERALS.get(c)
+    if literal is not None:
+        if not body.startswith(literal, i):
+            raise ScanError(f"invalid literal at byte {i}")
+        return i + len(literal)
+    match = _NUMBER.match(body, i)
+    if match is None:
+        raise ScanError(f"expected a value at byte {i}")
+    return match.end()
+
+
+def _is_model(body: bytes, start: int, end: int) -> bool:
+    """Whether the key body[start:end] (with its quotes) reads "model", escapes decoded."""
+    if end - start == 7:
+        return body[start:end] == b'"model"'
+    # "model" spelled with \\u escapes is at most 5 * 6 + 2 bytes
+    return end - start <= 32 and json.loads(body[start:end]) == "model"
+
+
+def _take_model(found: Scanned, body: bytes, start: int, end: int, limit: int) -> None:
+    """Record the top-level model string body[start:end], decoded unless too long."""
+    found.model_type = "str"
+    found.model_length = end - start - 2
+    found.model = json.loads(body[start:end]) if end - start - 2 <= limit else None
