@@ -27,7 +27,7 @@ T = TypeVar("T")
 # recursion limit); requests nest a few levels, tool schemas a few dozen at most.
 MAX_DEPTH = 512
 # The scanner hands control back after about this many tokens (a few milliseconds of work).
-STEP_TOKENS = 4_000
+STEP_TOKENS = 1_000
 # Bodies up to this size are parsed whole with json.loads: faster than the scanner (the hot
 # path's bodies are a few KB), and at most about 27 times this much memory, briefly.
 LOADS_LIMIT = 256 * 1024
