@@ -15,7 +15,7 @@ import pytest_asyncio
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from grpcprobe import answers_a_good_request, decide, headers_message, open_process, route_of
-from relstack import POOLS, settings_for, settle, streams_in_flight
+from relstack import serving, settle, streams_in_flight
 
 from extproc.app import Service
 from extproc.protocol import jsonscan
@@ -81,17 +81,9 @@ def test_the_last_model_key_wins_in_a_large_body() -> None:
 @pytest_asyncio.fixture
 async def strict(tmp_path: Path) -> AsyncIterator[Service]:
     """The service alone, with a short first-message bound and a 1 MiB body budget."""
-    pools = tmp_path / "pools.yaml"
-    pools.write_text(POOLS)
-    settings = settings_for(pools, first_message_timeout=1.0, max_body_bytes=1024 * 1024,
-                            body_bytes_in_flight=1024 * 1024)
-    svc = Service(settings)
-    await svc.start()
-    assert await settle(lambda: svc.platform.synced.is_set())
-    try:
+    async with serving(tmp_path, first_message_timeout=1.0, max_body_bytes=1024 * 1024,
+                       body_bytes_in_flight=1024 * 1024) as svc:
         yield svc
-    finally:
-        await svc.stop()
 
 
 async def test_silent_streams_are_ended(strict: Service) -> None:
