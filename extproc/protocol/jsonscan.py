@@ -31,6 +31,16 @@ STEP_TOKENS = 1_000
 # Bodies up to this size are parsed whole with json.loads: faster than the scanner (the hot
 # path's bodies are a few KB), and at most about 27 times this much memory, briefly.
 LOADS_LIMIT = 256 * 1024
+# Runs of identical array elements up to this long are skipped this many bytes at a time.
+_UNIT, _BLOCK = 64, 64 * 1024
+# Runs of small values (numbers, literals, strings without escapes, empty containers) in an
+# array, or of members with such values in an object, are read by one regular expression
+# over at most this many bytes at a time; a member named "model" stops an object's run.
+_WINDOW = 64 * 1024
+_SMALL = (rb'[ \t\n\r]*(?:-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|true|false|null'
+          rb'|"[^"\\\t\n\r]*"|\{[ \t\n\r]*\}|\[[ \t\n\r]*\])[ \t\n\r]*,')
+_ARRAY_RUN = re.compile(rb"(?:" + _SMALL + rb")*")
+_OBJECT_RUN = re.compile(rb'(?:[ \t\n\r]*(?!"model")"[^"\\\t\n\r]*"[ \t\n\r]*:' + _SMALL + rb")*")
 # The pre-pass (UTF-8 and control characters) works in slices of this many bytes.
 _SLICE = 1 << 20
 _WS = b" \t\n\r"
@@ -107,76 +117,109 @@ def _scanned(body: bytes, max_model_bytes: int) -> Generator[None, None, Scanned
     stack: list[int] = []  # the open brackets, innermost last
     expect_key = False  # inside an object, at a key (after "{" or ",")
     model_key = False  # the value about to be read is the top-level model's
+    element = -1  # in an array: where the current element began (just past its comma)
+    elements: list[int] = []  # the same for each array (or object) the stack holds
     tokens = 0
-    while True:
-        tokens += 1
-        if tokens >= STEP_TOKENS:
-            tokens = 0
-            yield
-        # ---- a value (or, in an object, a key) starts at i
-        if i >= n:
-            raise ScanError(f"unexpected end of body at byte {i}")
-        c = body[i]
-        if expect_key:
-            if c != _QUOTE:
-                raise ScanError(f"expected a string key at byte {i}")
-            end = _string_end(body, i, spaced)
-            if len(stack) == 1:
-                model_key = _is_model(body, i, end)
-            i = _skip_ws(body, end)
-            if i >= n or body[i] != _COLON:
-                raise ScanError(f"expected ':' at byte {i}")
-            i = _skip_ws(body, i + 1)
-            expect_key = False
-            continue
-        if c == _LBRACE or c == _LBRACKET:
-            if model_key:
-                found.model, found.model_type, model_key = None, _TYPE_OF[c], False
-            if len(stack) >= MAX_DEPTH:
-                raise ScanError(f"nested more than {MAX_DEPTH} deep at byte {i}")
-            stack.append(_CLOSE[c])
-            i = _skip_ws(body, i + 1)
-            if i < n and body[i] == stack[-1]:
-                stack.pop()
-                i += 1
-            elif c == _LBRACE:
-                expect_key = True
-                continue
-            else:
-                continue
-        elif c == _QUOTE:
-            end = _string_end(body, i, spaced)
-            if model_key:
-                _take_model(found, body, i, end, max_model_bytes)
-                model_key = False
-            i = end
-        else:
-            end = _scalar_end(body, i)
-            if model_key:
-                raw = body[i:end]
-                found.model = None
-                found.model_type = _TYPE_OF.get(c) or (
-                    "int" if raw.lstrip(b"-").isdigit() else "float")
-                model_key = False
-            i = end
-        # ---- after a value: a comma, the end of its container, or the end of the body
+    try:
         while True:
-            i = _skip_ws(body, i)
-            if not stack:
-                if i != n:
-                    raise ScanError(f"extra data at byte {i}")
-                return found
-            if i >= n:
-                raise ScanError(f"unexpected end of body at byte {i}")
+            tokens += 1
+            if tokens >= STEP_TOKENS:
+                tokens = 0
+                yield
+            # ---- a value (or, in an object, a key) starts at i
             c = body[i]
-            if c == _COMMA:
-                i = _skip_ws(body, i + 1)
-                expect_key = stack[-1] == _RBRACE
-                break
-            if c != stack[-1]:
-                raise ScanError(f"expected ',' or {chr(stack[-1])!r} at byte {i}")
-            stack.pop()
-            i += 1
+            if expect_key:
+                if c != _QUOTE:
+                    raise ScanError(f"expected a string key at byte {i}")
+                end = _string_end(body, i, spaced)
+                if len(stack) == 1:
+                    model_key = _is_model(body, i, end)
+                i = end
+                if body[i] in _WS:
+                    i = _skip_ws(body, i)
+                if body[i] != _COLON:
+                    raise ScanError(f"expected ':' at byte {i}")
+                i += 1
+                if body[i] in _WS:
+                    i = _skip_ws(body, i)
+                expect_key = False
+                continue
+            if c == _LBRACE or c == _LBRACKET:
+                if model_key:
+                    found.model, found.model_type, model_key = None, _TYPE_OF[c], False
+                if len(stack) >= MAX_DEPTH:
+                    raise ScanError(f"nested more than {MAX_DEPTH} deep at byte {i}")
+                close = _CLOSE[c]
+                i += 1
+                if body[i] in _WS:
+                    i = _skip_ws(body, i)
+                if body[i] == close:
+                    i += 1
+                else:
+                    stack.append(close)
+                    elements.append(element)
+                    expect_key = c == _LBRACE
+                    element = -1
+                    continue
+            elif c == _QUOTE:
+                end = _string_end(body, i, spaced)
+                if model_key:
+                    _take_model(found, body, i, end, max_model_bytes)
+                    model_key = False
+                i = end
+            else:
+                end = _scalar_end(body, i)
+                if model_key:
+                    found.model, found.model_type = None, _TYPE_OF.get(c) or (
+                        "int" if body[i:end].lstrip(b"-").isdigit() else "float")
+                    model_key = False
+                i = end
+            # ---- after a value: a comma, the end of its container, or the end of the body
+            while True:
+                if i < n and body[i] in _WS:
+                    i = _skip_ws(body, i)
+                if not stack:
+                    if i != n:
+                        raise ScanError(f"extra data at byte {i}")
+                    return found
+                c = body[i]
+                if c == _COMMA:
+                    i += 1
+                    if stack[-1] == _RBRACE:
+                        expect_key = True
+                        run = _OBJECT_RUN.match(body, i, i + _WINDOW).end()
+                    else:
+                        if element >= 0:
+                            i = _repeats(body, element, i)
+                        run = _ARRAY_RUN.match(body, i, i + _WINDOW).end()
+                        element = run
+                    tokens += (run - i) >> 4
+                    i = run
+                    if body[i] in _WS:
+                        i = _skip_ws(body, i)
+                    break
+                if c != stack[-1]:
+                    raise ScanError(f"expected ',' or {chr(stack[-1])!r} at byte {i}")
+                stack.pop()
+                element = elements.pop()
+                i += 1
+    except IndexError:
+        raise ScanError(f"unexpected end of body at byte {n}") from None
+
+
+def _repeats(body: bytes, element: int, i: int) -> int:
+    """Past the copies that follow at ``i`` of the array element (with its comma) that
+    began at ``element``: a copy of an element already read is valid JSON too, so a run of
+    identical small values (``{},{},...``) is skipped at memory-compare speed."""
+    unit = body[element:i]
+    if len(unit) > _UNIT or not body.startswith(unit, i):
+        return i
+    block = unit * (_BLOCK // len(unit))
+    while body.startswith(block, i):
+        i += len(block)
+    while body.startswith(unit, i):
+        i += len(unit)
+    return i
 
 
 def run(scanning: Generator[None, None, T]) -> T:
