@@ -39,10 +39,11 @@ _UNIT, _BLOCK = 64, 64 * 1024
 _WINDOW = 64 * 1024
 _SMALL = (rb'[ \t\n\r]*(?:-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|true|false|null'
           rb'|"[^"\\\t\n\r]*"|\{[ \t\n\r]*\}|\[[ \t\n\r]*\])[ \t\n\r]*,')
-_ARRAY_RUN = re.compile(rb"(?:" + _SMALL + rb")*")
-_OBJECT_RUN = re.compile(rb'(?:[ \t\n\r]*(?!"model")"[^"\\\t\n\r]*"[ \t\n\r]*:' + _SMALL + rb")*")
+# (possessive: sre keeps no backtracking state per repetition)
+_ARRAY_RUN = re.compile(rb"(?:" + _SMALL + rb")*+")
+_OBJECT_RUN = re.compile(rb'(?:[ \t\n\r]*(?!"model")"[^"\\\t\n\r]*"[ \t\n\r]*:' + _SMALL + rb")*+")
 # The pre-pass (UTF-8 and control characters) works in slices of this many bytes.
-_SLICE = 1 << 20
+_SLICE = 256 * 1024
 _WS = b" \t\n\r"
 _NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 _BAD_ESCAPE = re.compile(rb'\\(?:[^"/bfnrtu]|u(?![0-9a-fA-F]{4}))|\\$')
