@@ -79,11 +79,12 @@ def test_the_last_model_key_wins_in_a_large_body() -> None:
     assert model_from_body(RequestHead(), body, len(body)) == "judge"
 
 
-@pytest_asyncio.fixture
-async def strict(tmp_path: Path) -> AsyncIterator[Service]:
-    """The service alone, with a short first-message bound and a 1 MiB body budget."""
+@pytest_asyncio.fixture(params=["native", "grpcio"])
+async def strict(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Service]:
+    """The service alone (either gRPC server), with a short first-message bound and a 1 MiB
+    body budget."""
     async with serving(tmp_path, first_message_timeout=1.0, max_body_bytes=1024 * 1024,
-                       body_bytes_in_flight=1024 * 1024) as svc:
+                       body_bytes_in_flight=1024 * 1024, grpc_server=request.param) as svc:
         yield svc
 
 
