@@ -1,11 +1,13 @@
 """Reading the top-level ``model`` of a JSON request body without building the document.
 
 ``json.loads`` on a 24 MiB body of small values (``[{},{},...]``) builds millions of objects:
-about 27 times the body in memory and most of a second with the event loop stopped. This
-scanner walks the bytes instead: it validates the whole body as JSON (the same answers as a
-full parse: malformed anywhere, trailing data, nesting too deep), keeps nothing but a stack of
-open brackets and the span of the last top-level ``model`` value, and hands control back
-every few thousand tokens so the event loop can serve other streams while a large body is read.
+about 27 times the body in memory and most of a second with the event loop stopped. Bodies
+up to ``LOADS_LIMIT`` still go to ``json.loads`` (faster, and small); larger ones are walked
+by this scanner instead. It validates the whole body as JSON (the same answers as a full
+parse: malformed anywhere, trailing data, nesting too deep), keeps a stack of open brackets
+and the last top-level ``model``, reads copies of an array element and runs of small values
+at C speed (memory compares, one regular expression per window), and hands the event loop
+back every thousand tokens or window of a long string.
 
 Duplicate top-level ``model`` keys: the last one wins, as with ``json.loads`` (and the
 Python model servers behind us), so the member reads the model we routed on.
@@ -46,7 +48,8 @@ _OBJECT_RUN = re.compile(rb'(?:[ \t\n\r]*(?!"model")"[^"\\\t\n\r]*"[ \t\n\r]*:' 
 _SLICE = 256 * 1024
 _WS = b" \t\n\r"
 _NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
-_BAD_ESCAPE = re.compile(rb'\\(?:[^"/bfnrtu]|u(?![0-9a-fA-F]{4}))|\\$')
+_SIMPLE_ESCAPES = (b'\\"', b"\\/", b"\\b", b"\\f", b"\\n", b"\\r", b"\\t")
+_BAD_UNICODE = re.compile(rb"\\u(?![0-9a-fA-F]{4})")
 _CONTROL = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f]")
 _BACKSLASH = ord("\\")
 _LITERALS = {ord("t"): b"true", ord("f"): b"false", ord("n"): b"null", ord("N"): b"NaN",
@@ -133,6 +136,8 @@ def _scanned(body: bytes, max_model_bytes: int) -> Generator[None, None, Scanned
                 if c != _QUOTE:
                     raise ScanError(f"expected a string key at byte {i}")
                 end = _string_end(body, i, spaced)
+                if end < 0:
+                    end = yield from _long_string_end(body, i, spaced)
                 if len(stack) == 1:
                     model_key = _is_model(body, i, end)
                 i = end
@@ -164,6 +169,8 @@ def _scanned(body: bytes, max_model_bytes: int) -> Generator[None, None, Scanned
                     continue
             elif c == _QUOTE:
                 end = _string_end(body, i, spaced)
+                if end < 0:
+                    end = yield from _long_string_end(body, i, spaced)
                 if model_key:
                     _take_model(found, body, i, end, max_model_bytes)
                     model_key = False
@@ -277,29 +284,58 @@ def _skip_ws(body: bytes, i: int) -> int:
 
 def _string_end(body: bytes, i: int, spaced: bool) -> int:
     """Just past the string starting at ``i`` (its quote), its escapes checked; ``spaced``:
-    the body holds tabs or line breaks, which a string may not."""
-    j = i
-    while True:
-        j = body.find(b'"', j + 1)
-        if j < 0:
-            raise ScanError(f"unterminated string starting at byte {i}")
-        if body[j - 1] != _BACKSLASH:
-            break
-        # escaped unless the backslashes before it pair up (a window; all of them if longer)
-        low = max(i + 1, j - 64)
-        run = j - low - len(body[low:j].rstrip(b"\\"))
-        if run == j - low and low > i + 1:
-            run = j - i - 1 - len(body[i + 1:j].rstrip(b"\\"))
-        if run % 2 == 0:
-            break
-    if body.find(b"\\", i + 1, j) >= 0:
-        # pairs of backslashes are whole escapes; any backslash left must start one
-        if _BAD_ESCAPE.search(body[i + 1:j].replace(b"\\\\", b"")) is not None:
-            raise ScanError(f"invalid escape in the string starting at byte {i}")
-    if spaced and (body.find(b"\t", i + 1, j) >= 0 or body.find(b"\n", i + 1, j) >= 0
-                   or body.find(b"\r", i + 1, j) >= 0):
-        raise ScanError(f"control character in the string starting at byte {i}")
+    the body holds tabs or line breaks, which a string may not. -1 for a string this does
+    not read at once: longer than a window, or holding an escaped quote."""
+    j = body.find(b'"', i + 1)
+    if j < 0:
+        raise ScanError(f"unterminated string starting at byte {i}")
+    if body[j - 1] == _BACKSLASH or j - i > _WINDOW:
+        return -1
+    inner = body[i + 1:j]
+    if _BACKSLASH in inner:
+        _check_escapes(inner.replace(b"\\\\", b"\0\0"), i)
+    if spaced:
+        _check_spaces(inner, i)
     return j + 1
+
+
+def _long_string_end(body: bytes, i: int, spaced: bool) -> Generator[None, None, int]:
+    """``_string_end`` for any string, a window at a time (yielding between windows)."""
+    pos = i + 1
+    while True:
+        window = body[pos:pos + _WINDOW]
+        if not window:
+            raise ScanError(f"unterminated string starting at byte {i}")
+        # pairs of backslashes are whole escapes: blanked, every backslash left starts one
+        window = window.replace(b"\\\\", b"\0\0")
+        cut = window.rfind(b"\\", max(0, len(window) - 6))
+        if cut >= 0 and pos + len(window) < len(body):
+            window = window[:cut]  # an escape the window would split: the next one reads it
+        close = window.replace(b'\\"', b"\0\0").find(b'"')
+        part = window if close < 0 else window[:close]
+        _check_escapes(part, i)
+        if spaced:
+            _check_spaces(part, i)
+        if close >= 0:
+            return pos + close + 1
+        pos += len(window)
+        yield
+
+
+def _check_escapes(inner: bytes, start: int) -> None:
+    """Refuse a string (its content, pairs of backslashes blanked) with an invalid escape."""
+    if _BACKSLASH not in inner:
+        return
+    for escape in _SIMPLE_ESCAPES:  # blanked, not removed: no new escape can form
+        inner = inner.replace(escape, b"\0\0")
+    if inner.count(b"\\") != inner.count(b"\\u") or _BAD_UNICODE.search(inner):
+        raise ScanError(f"invalid escape in the string starting at byte {start}")
+
+
+def _check_spaces(inner: bytes, start: int) -> None:
+    """Refuse a string holding a raw tab or line break."""
+    if b"\t" in inner or b"\n" in inner or b"\r" in inner:
+        raise ScanError(f"control character in the string starting at byte {start}")
 
 
 def _scalar_end(body: bytes, i: int) -> int:

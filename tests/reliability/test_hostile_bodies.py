@@ -66,6 +66,8 @@ def test_a_large_body_is_read_in_steps() -> None:
     (b"[" + b"{}," * 100_000 + b'{"model": "judge"}]', "invalid_request"),
     (b'{"x": "' + b"a" * 300_000 + b'\x01", "model": "judge"}', "invalid_json"),
     (b'{"x": ' + b"[" * 200_000 + b"]" * 200_000 + b', "model": "judge"}', "invalid_json"),
+    (b'{"x": "' + b'\\"' * 200_000 + b'\\q", "model": "judge"}', "invalid_json"),
+    (b'{"x": "' + b"\\u0041" * 60_000 + b'\\u004", "model": "judge"}', "invalid_json"),
 ])
 def test_a_large_body_gets_the_answers_of_a_full_parse(body: bytes, code: str) -> None:
     assert len(body) > jsonscan.LOADS_LIMIT
@@ -74,8 +76,10 @@ def test_a_large_body_gets_the_answers_of_a_full_parse(body: bytes, code: str) -
     assert caught.value.code == code
 
 
-def test_the_last_model_key_wins_in_a_large_body() -> None:
-    body = b'{"model": "coder", "x": "' + b"a" * 300_000 + b'", "mod\\u0065l": "judge"}'
+@pytest.mark.parametrize("filler", [b"a" * 300_000, b'\\"\\\\' * 100_000],
+                         ids=["plain", "escaped"])
+def test_the_last_model_key_wins_in_a_large_body(filler: bytes) -> None:
+    body = b'{"model": "coder", "x": "' + filler + b'", "mod\\u0065l": "judge"}'
     assert model_from_body(RequestHead(), body, len(body)) == "judge"
 
 
