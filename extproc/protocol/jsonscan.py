@@ -35,15 +35,28 @@ STEP_TOKENS = 1_000
 LOADS_LIMIT = 256 * 1024
 # Runs of identical array elements up to this long are skipped this many bytes at a time.
 _UNIT, _BLOCK = 64, 64 * 1024
-# Runs of small values (numbers, literals, strings without escapes, empty containers) in an
-# array, or of members with such values in an object, are read by one regular expression
-# over at most this many bytes at a time; a member named "model" stops an object's run.
+# Runs of small values (numbers, literals, strings without escapes, and arrays or objects of
+# those up to two levels deep) in an array, or of members with such values in an object, are
+# read by one regular expression over at most this many bytes at a time; a member named
+# "model" stops an object's run.
 _WINDOW = 64 * 1024
-_SMALL = (rb'[ \t\n\r]*(?:-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|true|false|null'
-          rb'|"[^"\\\t\n\r]*"|\{[ \t\n\r]*\}|\[[ \t\n\r]*\])[ \t\n\r]*,')
+_W = rb"[ \t\n\r]*"
+_SCALAR = (rb'(?:-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|true|false|null'
+           rb'|"[^"\\\t\n\r]*")')
+
+
+def _nested(value: bytes) -> bytes:
+    """A pattern for ``value`` or an array or object of such values (one level deeper)."""
+    member = rb'"[^"\\\t\n\r]*"' + _W + rb":" + _W + value + _W
+    return (rb"(?:" + _SCALAR + rb"|\[" + _W + rb"(?:" + value + _W + rb"(?:," + _W + value + _W
+            + rb")*+)?\]|\{" + _W + rb"(?:" + member + rb"(?:," + _W + member + rb")*+)?\})")
+
+
+_SMALL = _W + _nested(_nested(_SCALAR)) + _W + rb","  # (values nested up to two levels)
 # (possessive: sre keeps no backtracking state per repetition)
 _ARRAY_RUN = re.compile(rb"(?:" + _SMALL + rb")*+")
-_OBJECT_RUN = re.compile(rb'(?:[ \t\n\r]*(?!"model")"[^"\\\t\n\r]*"[ \t\n\r]*:' + _SMALL + rb")*+")
+_OBJECT_RUN = re.compile(rb'(?:' + _W + rb'(?!"model")"[^"\\\t\n\r]*"' + _W + rb":" + _SMALL
+                         + rb")*+")
 # The pre-pass (UTF-8 and control characters) works in slices of this many bytes.
 _SLICE = 256 * 1024
 _WS = b" \t\n\r"
