@@ -300,6 +300,47 @@ def bad_messages(host: str, port: int, seconds: float) -> None:
     _repeat(host, port, seconds, lambda i: _streams(i, 50, lambda sid: frame(0, 0x1, sid, body)))
 
 
+_PROCESS = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
+# A Process stream's header block on a fresh connection (its encoder's table is empty)
+PROCESS_BLOCK = hpack.Encoder().encode([(k, _PROCESS if k == ":path" else v)
+                                        for k, v in REQUEST])
+
+
+def silent_streams(host: str, port: int, seconds: float) -> None:
+    """900 connections, each with one ext_proc stream opened and never a message on it."""
+    _hold(host, port, seconds, 900, lambda: OPENING + frame(1, 0x4, 1, PROCESS_BLOCK))
+
+
+def bomb_message(size: int) -> bytes:
+    """A one-message ext_proc request whose JSON body holds ``size`` bytes of empty objects
+    before its model (all of it must be read to find the model)."""
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+
+    from extproc.protocol.request import ATTRIBUTES_KEY
+    body = b'{"x": [' + b"{}," * (size // 3) + b'{}], "model": "judge"}'
+    message = ep.ProcessingRequest(request_body=ep.HttpBody(body=body, end_of_stream=True))
+    message.attributes[ATTRIBUTES_KEY].update({
+        "request.method": "POST", "request.path": "/v1/chat/completions",
+        "request.headers['content-type']": "application/json"})
+    return message.SerializeToString()
+
+
+def body_bombs(host: str, port: int, seconds: float) -> None:
+    """24 MiB JSON bodies of small values, one after another, each waiting for its answer."""
+    import grpc
+    message = bomb_message(24 << 20)
+    options = [("grpc.max_send_message_length", 64 << 20),
+               ("grpc.max_receive_message_length", 64 << 20)]
+    deadline = time.monotonic() + seconds
+    with grpc.insecure_channel(f"{host}:{port}", options=options) as channel:
+        process = channel.stream_stream(_PROCESS, request_serializer=None,
+                                        response_deserializer=None)
+        for _ in range(3):
+            next(iter(process(iter([message]), timeout=120)))
+            if time.monotonic() >= deadline:
+                break
+
+
 ATTACKS: dict[str, Callable[[str, int, float], None]] = {
     "settings-flood": flood(frame(4, 0, 0)),
     "window-update-flood": flood(frame(8, 0, 0, struct.pack(">I", 1))),
@@ -321,6 +362,8 @@ ATTACKS: dict[str, Callable[[str, int, float], None]] = {
     "fifty-thousand-streams": kept_streams(50_000),
     "fifty-thousand-streams-spread": kept_streams(50_000, connections=100),
     "bad-messages": bad_messages,
+    "silent-streams": silent_streams,
+    "body-bombs": body_bombs,
 }
 
 

@@ -130,6 +130,11 @@ class Settings:
         300.0, "a gRPC connection with no stream for this long is closed gracefully (GOAWAY, "
         "then a PING, so that no stream Envoy sent meanwhile is lost; 0: never)",
         group="listeners", metavar="DURATION")
+    first_message_timeout: float = _opt(
+        10.0, "an ext_proc stream whose first message (the request's headers or body) has not "
+        "come after this long is ended with DEADLINE_EXCEEDED, so silent streams cannot hold "
+        "connections for ever (Envoy sends it at once; 0: wait for ever)", group="listeners",
+        metavar="DURATION")
     shutdown_grace: float = _opt(30.0, "on SIGTERM, stop accepting streams and let in-flight "
                                  "ones finish for up to this long", group="listeners",
                                  metavar="DURATION")
@@ -174,6 +179,11 @@ class Settings:
     max_body_bytes: int = _opt(25 * 1024 * 1024, "largest request body accepted (413 above); "
                                "keep Envoy's buffer limit above it", group="routing",
                                metavar="BYTES")
+    body_bytes_in_flight: int = _opt(
+        128 * 1024 * 1024, "request-body bytes the whole process holds at once while reading "
+        "the model from them; a body past this budget is answered 503 with Retry-After (the "
+        "memory a flood of large bodies can take; keep it at least --max-body-bytes)",
+        group="routing", metavar="BYTES")
     streamed_body_limit: int = _opt(
         32 * 1024, "with --endpoint-picker behind a gateway sending request bodies STREAMED: "
         "the largest content-length routed, 413 at once above (Envoy forwards the headers of a "
@@ -373,6 +383,8 @@ def validate(settings: Settings) -> str:
         return "--max-connections-per-peer must be at least 1"
     if settings.metrics_idle_timeout <= 0:
         return "--metrics-idle-timeout must be above 0"
+    if settings.body_bytes_in_flight < settings.max_body_bytes:
+        return "--body-bytes-in-flight must be at least --max-body-bytes"
     if settings.grpc_server not in ("native", "grpcio"):
         return f"bad grpc_server {settings.grpc_server!r}: use native or grpcio"
     if settings.client_priority not in ("lower", "trust", "ignore"):

@@ -20,7 +20,7 @@ _DURATION_FIELDS = {"shutdown_grace", "connection_idle_timeout", "carry_timeout"
                     "failure_backoff", "idle_probe_timeout", "probe_retry", "park_margin",
                     "stall_after", "activation_grace", "hands_off_quiet", "idle_report",
                     "watch_timeout", "api_retry_initial", "api_retry_max", "api_request_timeout",
-                    "route_check_interval", "metrics_idle_timeout",
+                    "route_check_interval", "metrics_idle_timeout", "first_message_timeout",
                     *("membership_lease_duration", "membership_renew", "lease_margin",
                       "membership_write_interval", "leader_lease_duration",
                       "leader_renew_deadline", "leader_retry", "lost_replica_wait")}

@@ -6,15 +6,18 @@ OpenAI-style error code the client will see.
 
 from __future__ import annotations
 
-import json
 import math
+from collections.abc import Generator
 from dataclasses import dataclass
 
 from ..policy.ifidle import parse as parse_activation
 from ..settings import parse_duration
+from .jsonscan import Scanned, ScanError, run, scan
 
 # Longest model name accepted; OpenAI and Kubernetes names are far shorter.
 MAX_MODEL_LENGTH = 256
+# The longest raw model value that can decode to that many characters (each a \uXXXX escape)
+_MODEL_BYTES = 6 * MAX_MODEL_LENGTH
 # The client's own deadline: how long it is willing to wait for its member (e.g. "20s").
 MAX_WAIT_HEADER = "x-modelpool-max-wait"
 # Whether the request may start a swap behind a busy incumbent: Wait (yes) or IfIdle (no).
@@ -168,6 +171,12 @@ def priority(head: RequestHead) -> int | None:
 
 def model_from_body(head: RequestHead, body: bytes, max_bytes: int) -> str:
     """Return the ``model`` the request names, or raise BadRequest."""
+    return run(model_scan(head, body, max_bytes))
+
+
+def model_scan(head: RequestHead, body: bytes, max_bytes: int) -> Generator[None, None, str]:
+    """``model_from_body`` as a generator that yields now and then while a large JSON body
+    is scanned (``jsonscan.run_async`` lets the event loop run in between)."""
     if len(body) > max_bytes:
         raise BadRequest(413, "request_too_large",
                          f"request body is {len(body)} bytes; the limit is {max_bytes}")
@@ -186,26 +195,32 @@ def model_from_body(head: RequestHead, body: bytes, max_bytes: int) -> str:
                          f"content-type {media_type!r} is not supported; send "
                          "application/json or multipart/form-data")
     try:
-        # Decode strictly first: json.loads(bytes) would also accept UTF-16/32 and lone
-        # surrogates, which RFC 8259 forbids and the member may choke on.
-        document = json.loads(body.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise BadRequest(400, "invalid_json", f"request body is not valid UTF-8: {exc.reason} "
-                         f"at byte {exc.start}") from None
-    except (ValueError, RecursionError) as exc:
+        found = yield from scan(body, _MODEL_BYTES)
+    except ScanError as exc:
         raise BadRequest(400, "invalid_json", f"request body is not valid JSON: {exc}") \
             from None
-    if not isinstance(document, dict):
-        raise BadRequest(400, "invalid_request",
-                         f"request body must be a JSON object, not {type(document).__name__}")
-    if "model" not in document:
+    return _json_model(found)
+
+
+def _json_model(found: Scanned) -> str:
+    """The model a scanned JSON body names, or BadRequest."""
+    if not found.is_object:
+        raise BadRequest(400, "invalid_request", "request body must be a JSON object")
+    if not found.model_type:
         raise BadRequest(400, "missing_model", "request body must name a model", "model")
-    return _check_model(document["model"])
+    if found.model_type == "str" and found.model is None:
+        raise BadRequest(400, "invalid_model", f"model name is {found.model_length} bytes; "
+                         f"at most {MAX_MODEL_LENGTH} characters are allowed", "model")
+    if found.model_type != "str":
+        raise BadRequest(400, "invalid_model",
+                         f"model must be a string, not {found.model_type}", "model")
+    return _check_model(found.model)
 
 
-def body_complete(head: RequestHead, body: bytes) -> bool:
+def body_complete(head: RequestHead, body: bytes) -> Generator[None, None, bool]:
     """Whether ``body`` is a whole document of its type: a JSON object, or a multipart body
-    with its closing delimiter (where a STREAMED body's end is known before Envoy says so)."""
+    with its closing delimiter (where a STREAMED body's end is known before Envoy says so).
+    A generator, as ``model_scan``."""
     tail = body.rstrip(b" \t\r\n")
     if head.content_type.split(";", 1)[0].strip().lower() == "multipart/form-data":
         try:
@@ -215,8 +230,8 @@ def body_complete(head: RequestHead, body: bytes) -> bool:
     if not tail.endswith(b"}") or head.content_encoding not in ("", "identity"):
         return False
     try:
-        json.loads(body)
-    except (ValueError, RecursionError):  # (UnicodeDecodeError is a ValueError)
+        yield from scan(body, 0)
+    except ScanError:
         return False
     return True
 

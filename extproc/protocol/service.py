@@ -36,7 +36,8 @@ from ..runtime.driver import Ticket
 from ..runtime.hub import Hub, Route
 from ..settings import Settings
 from . import answers, picker, stream
-from .request import BadRequest, RequestHead, activation, max_wait, model_from_body, priority
+from .jsonscan import run_async
+from .request import BadRequest, RequestHead, activation, max_wait, model_scan, priority
 from .trust import granted
 
 log = get_logger(__name__)
@@ -54,6 +55,7 @@ metrics.STREAMS_IN_FLIGHT.set_function(lambda: _open_streams)
 
 
 _malformed = Throttled(log, "undecodable ext_proc message")
+_silent = Throttled(log, "ext_proc stream ended: its first message never came")
 
 
 def _request_id_header(head: RequestHead) -> tuple[tuple[str, str], ...]:
@@ -74,6 +76,8 @@ class ExtProcService:
         self._picker = picker.EndpointPicker(hub.endpoints) if settings.endpoint_picker \
             else None
         self.open_streams = 0  # this service's (the gauge counts the whole process's)
+        # one service per process: its budget is the process's
+        self._budget = stream.BodyBudget(settings.body_bytes_in_flight)
 
     def handler(self) -> grpc.GenericRpcHandler:
         """The gRPC generic handler; messages in are parsed with upb, out are raw bytes."""
@@ -89,8 +93,10 @@ class ExtProcService:
         self.open_streams += 1
         ticket: Ticket | None = None
         route: Route | None = None
+        hold = self._budget.hold()
         try:
-            opened = await stream.read_opening(context, self._picker is not None)
+            opened = await stream.read_opening(context, self._picker is not None,
+                                               self._settings.first_message_timeout)
             if opened is None:
                 return
             head, end_of_stream, first = opened
@@ -106,9 +112,11 @@ class ExtProcService:
                                     else picker.STRIP_HEADERS)
             try:
                 body = await stream.read_body(context, head, self._settings.max_body_bytes,
-                                              self._picker is not None, first, end_of_stream)
+                                              self._picker is not None, hold, first,
+                                              end_of_stream)
                 del first
             except BadRequest as exc:
+                hold.release()  # the body is dropped; the stream may stay open long after
                 await context.write(self._refuse(head, exc))
                 return await stream.until_closed(context)
             if body is None:
@@ -118,17 +126,19 @@ class ExtProcService:
                 log.debug("request body", request_id=head.request_id,
                           body=body[:4096].decode("utf-8", "replace"))
             try:
-                model = model_from_body(head, body, self._settings.max_body_bytes)
+                model = await run_async(model_scan(head, body, self._settings.max_body_bytes))
                 patience = max_wait(head)
                 asks = activation(head)
                 rank = priority(head) if self._settings.client_priority != "ignore" else None
             except BadRequest as exc:
+                hold.release()  # the body is dropped; the stream may stay open long after
                 await context.write(self._refuse(head, exc))
                 return await stream.until_closed(context)
             # A parked stream should not pin its body (10,000 may be parked), unless Envoy
             # forwards only what we hand back (full duplex).
             kept = body if head.duplex_request else b""
             del body
+            hold.release()
             route = self._hub.resolve(model)
             if route is None:  # (awaited only off the hot path: a replica just started)
                 try:
@@ -155,6 +165,9 @@ class ExtProcService:
             await stream.until_closed(context, head)
         except asyncio.CancelledError:
             raise  # Envoy reset the stream (client gone); `finally` does the accounting
+        except stream.Silent as exc:
+            _silent.warning(error=str(exc))
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
         except DecodeError as exc:
             # Garbage from a peer is the peer's problem: counted, and one line at most every
             # 10 s saying how many were held back (a flood must not flood the log).
@@ -165,6 +178,7 @@ class ExtProcService:
             log.error("ext_proc stream failed", exc_info=True)
             await context.abort(grpc.StatusCode.INTERNAL, "internal error")
         finally:
+            hold.release()
             if ticket is not None and route is not None:
                 route.driver.end(ticket)
             _open_streams -= 1

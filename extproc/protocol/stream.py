@@ -8,6 +8,7 @@ response phases and trailers a gateway's mode sends after the decision.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 
 import grpc
@@ -16,7 +17,8 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from .. import metrics
 from ..logs import Throttled, get_logger
 from . import answers, picker
-from .request import (ATTRIBUTES_KEY, BadRequest, RequestHead, body_complete, model_from_body,
+from .jsonscan import run_async
+from .request import (ATTRIBUTES_KEY, BadRequest, RequestHead, body_complete, model_scan,
                       read_attributes, read_head)
 
 log = get_logger("extproc.protocol.service")  # its lines kept the service's logger name
@@ -37,16 +39,63 @@ _SPLIT_TRAILERS = answers.error(
     "without trailers, or configure the ext_proc filter BUFFERED")
 
 
-async def read_opening(context: grpc.aio.ServicerContext, picking: bool
+class BodyBudget:
+    """Request-body bytes the service holds at once (read, not yet decided), and the limit."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def hold(self) -> Hold:
+        """A stream's share of the budget, empty to start with."""
+        return Hold(self)
+
+
+class Hold:
+    """The body bytes one stream holds; ``release`` (idempotent) gives them back."""
+
+    __slots__ = ("budget", "size")
+
+    def __init__(self, budget: BodyBudget) -> None:
+        self.budget = budget
+        self.size = 0
+
+    def add(self, size: int) -> None:
+        """Count ``size`` more bytes, or 503 (with Retry-After) past the budget."""
+        budget = self.budget
+        if budget.held + size > budget.limit:
+            raise BadRequest(503, "body_budget_exhausted", "the service is reading too many "
+                             "request bodies at once; retry", None, (("retry-after", "1"),))
+        budget.held += size
+        self.size += size
+
+    def release(self) -> None:
+        """Give back every byte counted."""
+        self.budget.held -= self.size
+        self.size = 0
+
+
+class Silent(Exception):
+    """The stream's first message did not come in time."""
+
+
+async def read_opening(context: grpc.aio.ServicerContext, picking: bool, patience: float
                        ) -> tuple[RequestHead, bool, bytes | None] | None:
     """The request head, whether the message that brought it ends the request, and the
     body that came with it (one-message mode; None after a headers message). None: the
-    stream is not a request.
+    stream is not a request. ``Silent`` when nothing came within ``patience`` seconds
+    (0: no bound): Envoy sends the first message with the stream, so a stream without one
+    only holds a connection.
 
     The message itself stays local here: its protobuf arena is freed on return instead
     of living as long as the (possibly parked) stream.
     """
-    first = await context.read()
+    try:
+        async with asyncio.timeout(patience or None):
+            first = await context.read()
+    except TimeoutError:
+        raise Silent(f"no ProcessingRequest within {patience:g}s of the stream's start") \
+            from None
     if first is grpc.aio.EOF:
         return None
     if first.HasField("request_body"):
@@ -73,9 +122,10 @@ async def read_opening(context: grpc.aio.ServicerContext, picking: bool
 
 
 async def read_body(context: grpc.aio.ServicerContext, head: RequestHead, limit: int,
-                    picking: bool, first: bytes | None = None,
+                    picking: bool, hold: Hold, first: bytes | None = None,
                     ended: bool = False) -> bytes | None:
-    """The whole request body (None if the stream ended first); 413 over the limit.
+    """The whole request body (None if the stream ended first); 413 over the limit, 503
+    past the process's budget of body bytes (``hold`` counts the chunks kept).
 
     ``first`` is the chunk that came with the head in one-message mode, ``ended`` whether
     it was the last. Behind a picker, trailers end the body too (``head.trailers``:
@@ -90,11 +140,12 @@ async def read_body(context: grpc.aio.ServicerContext, head: RequestHead, limit:
     """
     chunks: list[bytes] = [] if first is None else [first]
     size = len(first or b"")
+    hold.add(size)
     checks = _COMPLETE_CHECKS
     # a headers message's end says nothing of a body; a buffered body message is the body
     ended = (ended or head.buffered) and first is not None
     if head.streamed and first is not None and not ended:
-        ended, checks = _whole(head, chunks, checks)
+        ended, checks = await _whole(head, chunks, checks)
         if not ended:
             await context.write(answers.CONTINUE_BODY)
     while not ended:
@@ -107,7 +158,7 @@ async def read_body(context: grpc.aio.ServicerContext, head: RequestHead, limit:
             # left to carry the decision (only a body that is no document gets here)
             head.trailers = ended = True
             if head.streamed and size <= limit:
-                model_from_body(head, b"".join(chunks), limit)  # no document: its own 400
+                await run_async(model_scan(head, b"".join(chunks), limit))  # no document: its 400
                 raise BadRequest(400, "unroutable_body", "the request body's end was not "
                                  "recognised before its trailers: send one JSON object")
             continue
@@ -122,13 +173,14 @@ async def read_body(context: grpc.aio.ServicerContext, head: RequestHead, limit:
         chunk = msg.request_body.body
         size += len(chunk)
         if size <= limit:
+            hold.add(len(chunk))
             chunks.append(chunk)
         ended = msg.request_body.end_of_stream or head.buffered
         head.split = head.streamed and not picking and (first is not None or len(chunks) > 1)
         if head.streamed and not ended:
             if size > limit:
                 break  # answered at once: the rest need not be read
-            ended, checks = _whole(head, chunks, checks)
+            ended, checks = await _whole(head, chunks, checks)
             if not ended:
                 await context.write(answers.CONTINUE_BODY)
     if size > limit:
@@ -137,11 +189,11 @@ async def read_body(context: grpc.aio.ServicerContext, head: RequestHead, limit:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def _whole(head: RequestHead, chunks: list[bytes], checks: int) -> tuple[bool, int]:
+async def _whole(head: RequestHead, chunks: list[bytes], checks: int) -> tuple[bool, int]:
     """Whether the STREAMED body so far is the whole document, and the checks left."""
     if not checks or not chunks[-1].rstrip(b" \t\r\n").endswith((b"}", b"--")):
         return False, checks
-    return body_complete(head, b"".join(chunks)), checks - 1
+    return await run_async(body_complete(head, b"".join(chunks))), checks - 1
 
 
 def _check_served(head: RequestHead, message: object) -> None:

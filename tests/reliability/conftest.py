@@ -9,7 +9,7 @@ from typing import AsyncIterator
 
 import pytest
 import pytest_asyncio
-from relstack import POOLS, Stack, settings_for, settle
+from relstack import POOLS, Stack, serving, settings_for
 
 from devstack import envoyproc
 from devstack.testkit import finish_within
@@ -43,12 +43,5 @@ async def stack(envoy_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> As
 @pytest_asyncio.fixture
 async def service(tmp_path: Path) -> AsyncIterator[Service]:
     """The service alone (no Envoy), static pools, on a free loopback port."""
-    pools = tmp_path / "pools.yaml"
-    pools.write_text(POOLS)
-    svc = Service(settings_for(pools))
-    await svc.start()
-    assert await settle(lambda: svc.platform.synced.is_set())
-    try:
+    async with serving(tmp_path) as svc:
         yield svc
-    finally:
-        await svc.stop()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import AsyncIterator
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -64,3 +66,17 @@ async def settle(condition, timeout: float = 10.0) -> bool:
             return bool(condition())
         await asyncio.sleep(0.05)
     return True
+
+
+@contextlib.asynccontextmanager
+async def serving(workdir: Path, **changes: object) -> AsyncIterator[Service]:
+    """The service alone (no Envoy), static pools, on a free loopback port, synced."""
+    pools = workdir / "pools.yaml"
+    pools.write_text(POOLS)
+    svc = Service(settings_for(pools, **changes))
+    await svc.start()
+    assert await settle(lambda: svc.platform.synced.is_set())
+    try:
+        yield svc
+    finally:
+        await svc.stop()
