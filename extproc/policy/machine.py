@@ -214,6 +214,9 @@ class PoolMachine:
                 pass
             case _:
                 raise PolicyError(f"unknown event {event!r}")
+        if self.hands.fights.fight and modes.fought_by_controller(hands):
+            # a controller that writes again: no edge of ours may answer its write first
+            modes.settle_fight(self, hands, out)
         watchdog.watch(self, now, out)  # (first: a budget 503 at the stall's instant says so)
         self._expire(now, out)
         admission.shed(self, out)  # past the held bound, the lowest negative priority goes
@@ -269,6 +272,7 @@ class PoolMachine:
         self.obs[obs.name] = obs
         if before is not None and before.replicas != obs.replicas:  # (hands-off: not ours)
             modes.foreign_write(self, self.hands)
+        modes.note_writer(self, self.hands, before, obs, out)
         modes.note_scaled_up(self.hands, obs.name, obs.replicas, self.now)
         swap = self.swap
         if swap is not None and obs.replicas > 0:

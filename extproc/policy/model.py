@@ -120,6 +120,8 @@ class PoolStatus:
     deferred_message: str = ""
     foreign: bool = False
     llmkube: bool = False
+    # the field manager that last wrote the slot fields (metadata.managedFields; "": unknown)
+    written_by: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +149,8 @@ class MemberObservation:
     capacity: int = 0
     # its llama.cpp slots are saved before it unloads and restored when it loads (carry.py)
     carry: bool = False
+    # the field manager owning spec.replicas (metadata.managedFields; "": unknown; writers.py)
+    replicas_by: str = ""
 
     @property
     def ready(self) -> bool:

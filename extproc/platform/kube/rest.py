@@ -10,13 +10,29 @@ from __future__ import annotations
 
 import asyncio
 import json
+from importlib import metadata
 from typing import Any
 
 import aiohttp
 
 from extproc.platform.kube.credentials import Credentials
+from extproc.policy.writers import OUR_MANAGER
 
 MERGE_PATCH = "application/merge-patch+json"
+# Every write names this service as its field manager (metadata.managedFields), so the API
+# server, kubectl and our own watch can tell our writes from others' (policy/writers.py).
+WRITE_METHODS = frozenset({"PATCH", "POST", "PUT"})
+
+
+def _version() -> str:
+    """This package's version for the User-Agent ("dev" when not installed)."""
+    try:
+        return metadata.version("modelpool-extproc")
+    except metadata.PackageNotFoundError:
+        return "dev"
+
+
+USER_AGENT = f"{OUR_MANAGER}/{_version()}"
 
 
 class ApiError(Exception):
@@ -49,12 +65,15 @@ class KubeClient:
                    body: Any = None, content_type: str = MERGE_PATCH,
                    timeout: float | None = None) -> aiohttp.ClientResponse:
         """Send a request and return the response unread (for watch streams); any status."""
-        headers = {"Accept": "application/json", **self.credentials.headers()}
+        headers = {"Accept": "application/json", "User-Agent": USER_AGENT,
+                   **self.credentials.headers()}
         data = None
         if body is not None:
             headers["Content-Type"] = content_type
             data = json.dumps(body).encode()
         query = {k: _query_value(v) for k, v in (params or {}).items() if v is not None}
+        if method in WRITE_METHODS:
+            query.setdefault("fieldManager", OUR_MANAGER)
         return await self._http().request(
             method, path, params=query, data=data, headers=headers,
             timeout=aiohttp.ClientTimeout(total=timeout or self.request_timeout))

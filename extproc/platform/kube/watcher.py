@@ -40,7 +40,8 @@ from extproc.platform.kube.idle import IdleProbe
 from extproc.platform.kube.endpoints import PodEndpoints, ready_ip
 from extproc.platform.kube.idle.probes import SLOTS
 from extproc.platform.kube.slotcounts import SlotCounts
-from extproc.platform.kube.objects import (object_key, pod_member, pool_spec, pool_status,
+from extproc.platform.kube.objects import (REPLICAS_FIELD, SLOT_FIELDS, field_owner,
+                                            object_key, pod_member, pool_spec, pool_status,
                                             service_capacity, service_carry, service_probe,
                                             service_state)
 from extproc.platform.kube.rest import KubeClient
@@ -62,6 +63,7 @@ class _Pool:
     status: dict
     uid: str
     resource_version: str
+    written_by: str = ""  # the field manager that last set the status's slot fields
 
 
 class ClusterWatcher:
@@ -88,6 +90,7 @@ class ClusterWatcher:
         self._services: dict[tuple[str, str], tuple[str, int]] = {}
         self._capacities: dict[tuple[str, str], int] = {}  # pacing.py's annotation
         self._carried: dict[tuple[str, str], str] = {}  # carry.py's annotation: the model
+        self._replicas_by: dict[tuple[str, str], str] = {}  # spec.replicas' field manager
         # llama.cpp members' slot counts, read from /slots once per load (paced release)
         self._slot_counts = SlotCounts(self._slot_url, settings,
                                        lambda ns, member: self._refresh(ns, member))
@@ -248,6 +251,7 @@ class ClusterWatcher:
                 self._services.pop(key, None)
                 self._capacities.pop(key, None)
                 self._carried.pop(key, None)
+                self._replicas_by.pop(key, None)
                 self._service_versions.pop(key, None)
                 self._probes.pop(key, None)
             else:
@@ -258,6 +262,7 @@ class ClusterWatcher:
                                 problem=problem)
                 self._capacities[key] = capacity
                 self._carried[key] = service_carry(obj)
+                self._replicas_by[key] = field_owner(obj, REPLICAS_FIELD)
                 self._service_versions[key] = (obj.get("metadata") or {}).get(
                     "resourceVersion") or ""
                 self._probes[key] = service_probe(obj)
@@ -293,7 +298,7 @@ class ClusterWatcher:
         meta = obj.get("metadata") or {}
         spec, problems = pool_spec(obj, self._settings)
         pool = _Pool(spec, problems, obj.get("status") or {}, meta.get("uid") or "",
-                     meta.get("resourceVersion") or "")
+                     meta.get("resourceVersion") or "", field_owner(obj, *SLOT_FIELDS))
         if old is not None and old.uid != pool.uid:
             # Deleted and re-created while we were not watching: a new pool, with an empty
             # status, that the runtime must treat as new rather than as an unchanged spec.
@@ -352,7 +357,8 @@ class ClusterWatcher:
         if not self.synced.is_set():
             return
         key = pool.spec.key
-        status = pool_status(pool.status, changed and not self._ours(key, pool.status))
+        status = pool_status(pool.status, changed and not self._ours(key, pool.status),
+                             pool.written_by)
         if self._statuses.get(key) != status:
             self._statuses[key] = status
             self._call("status_changed", key, status)
@@ -378,7 +384,8 @@ class ClusterWatcher:
         return self._with_slot_count(MemberObservation(
             member, exists=True, phase=phase, replicas=replicas, pods=pods,
             capacity=self._capacities.get((namespace, member), 0),
-            carry=bool(self._carried.get((namespace, member)))), namespace)
+            carry=bool(self._carried.get((namespace, member))),
+            replicas_by=self._replicas_by.get((namespace, member), "")), namespace)
 
     def _with_slot_count(self, obs: MemberObservation, namespace: str) -> MemberObservation:
         """``obs`` with a llama.cpp member's slot count as its capacity (slotcounts.py)."""
