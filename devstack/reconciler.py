@@ -57,6 +57,9 @@ from devstack.simulator_member import desired_replicas
 # The same llama.cpp /slots reading the service uses: one fail-closed reading, not two twins.
 from extproc.platform.kube.idle import probe_idle
 
+# a kubebuilder operator's binary is "manager": the API server records LLMKube's writes so
+LLMKUBE_AGENT = "manager/v0.11.0 (linux/amd64) llmkube-devstack"
+
 log = logging.getLogger("devstack.reconciler")
 
 POOLS = "modelpools"
@@ -122,7 +125,7 @@ class ModelPoolReconciler:
 
     async def start(self) -> None:
         """Connect, list pools, members and Models in every namespace, then reconcile on changes."""
-        self._api = await connect(self._api_arg)
+        self._api = await connect(self._api_arg, user_agent=LLMKUBE_AGENT)
         self._kube = kube = Kube(self._api)
         self._session = aiohttp.ClientSession(proxy=self.probe_proxy)
         listed: list[asyncio.Event] = []

@@ -112,6 +112,8 @@ class PoolMachine:
     peers = property(attrgetter("fleet.peers"), doc="The other replicas' membership Leases.")
     resident_since = property(attrgetter("policy_memory.resident_since"), doc="Resident since.")
     idle_shown = property(attrgetter("policy_memory.idle_shown"), doc="residentIdleSince.")
+    hands_off = property(lambda self: modes.shown_hands_off(self.hands),
+                         doc="Why own mode stopped actuating, for the status.")
 
     def handle(self, event: Event, now: float) -> list[Command]:
         """Apply one event at time ``now`` and return the commands it causes."""

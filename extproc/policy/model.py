@@ -193,3 +193,4 @@ class PoolView:
     resident_idle_since: float | None = None
     unsupported_policy: str = ""  # spec.swapPolicy when this version runs it as sticky
     stalled: str = ""  # what a swap that stopped moving is missing ("" when none)
+    hands_off: str = ""  # why own mode stopped actuating, naming the other writer ("": it acts)

@@ -54,6 +54,8 @@ class HandsOff:
     quiet_since: float = -math.inf  # the last foreign write seen during the spell
     ended: float = -math.inf  # when the last spell ended
     token: str = ""  # the resume annotation's value when the spell began
+    reason: str = ""  # what the spell's notice said (the other writer, the remedy)
+    over_status: bool = False  # the fight is over the pool's status: we stop writing it too
 
 
 @dataclass(slots=True)
@@ -88,6 +90,14 @@ class Hands:
     auto_said: bool = False  # (auto mode names its choice once per pool)
     fights: FightMemory = field(default_factory=FightMemory)
     spell: HandsOff = field(default_factory=HandsOff)
+
+
+def shown_hands_off(hands: Hands) -> str:
+    """Why own mode stopped actuating, for the status's Actuating condition ("" : it did
+    not, or the fight is over the status itself, which we then leave to the other writer)."""
+    if hands.actuation is not Actuation.HANDS_OFF or hands.spell.over_status:
+        return ""
+    return hands.spell.reason
 
 
 def quiet_needed(m: PoolReader, hands: Hands) -> float:
@@ -147,6 +157,7 @@ def observe_status(m: PoolWriter, hands: Hands, before: PoolStatus, out: Out) ->
         if status != before:  # (a re-list repeats what we saw: not a new write)
             foreign_write(m, hands)
     elif hands.actuation is Actuation.OWN and status.foreign:
+        hands.spell.over_status = True
         who = writers.named(status.written_by) if status.written_by else "another controller"
         switch(m, hands, Actuation.HANDS_OFF, f"{who} rewrites this pool's status; run with "
                "--actuation llmkube (or auto) beside LLMKube", out, writer=status.written_by)
@@ -193,7 +204,7 @@ def switch(m: PoolWriter, hands: Hands, actuation: Actuation, reason: str, out: 
         spell = hands.spell
         spell.spells = spell.spells + 1 if m.now - spell.ended < FIGHT_WINDOW else 1
         spell.quiet_since, spell.token = m.now, m.spec.resume
-        reason = f"{reason}; {resume_hint(m, hands)}"
+        reason = spell.reason = f"{reason}; {resume_hint(m, hands)}"
     out.append(Notice("ActuationChanged", f"actuation {before.value} -> {actuation.value}: "
                       f"{reason}", source=before.value, target=actuation.value, writer=writer))
     swap = m.swap
@@ -303,6 +314,7 @@ def settle_fight(m: PoolWriter, hands: Hands, out: Out) -> bool:
     writer = hands.fights.writer
     # auto mode takes an unnamed fighter for LLMKube's reconciler; a named one is not
     llmkube = hands.auto and writers.label(writer) in ("other", "unknown")
+    hands.spell.over_status = False
     switch(m, hands, Actuation.LLMKUBE if llmkube else Actuation.HANDS_OFF,
            hands.fights.fight, out, writer=writer)
     return True

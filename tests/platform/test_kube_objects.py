@@ -182,3 +182,20 @@ def test_priorities_annotation_is_read_and_bad_entries_reported() -> None:
     spec, problems = pool_spec(pool({"members": members("a")},
                                     {annotation: "urgent=high,=3,x"}), SETTINGS)
     assert spec.priorities == {} and len(problems) == 3
+
+
+def test_field_owner_names_the_latest_manager_of_a_field() -> None:
+    from extproc.platform.kube.objects import REPLICAS_FIELD, field_owner  # noqa: PLC0415
+    replicas = {"f:spec": {"f:replicas": {}}}
+    obj = {"metadata": {"managedFields": [
+        {"manager": "kubectl-client-side-apply", "operation": "Update",
+         "time": "2026-12-01T10:00:00Z", "fieldsType": "FieldsV1",
+         "fieldsV1": {"f:spec": {"f:modelRef": {}}}},
+        {"manager": "argocd-controller", "operation": "Apply", "time": "2026-12-01T10:00:05Z",
+         "fieldsType": "FieldsV1", "fieldsV1": replicas},
+        {"manager": "modelpool-extproc", "operation": "Apply", "time": "2026-12-01T10:00:01Z",
+         "fieldsType": "FieldsV1", "fieldsV1": replicas}]}}
+    assert field_owner(obj, REPLICAS_FIELD) == "argocd-controller"  # shared: the latest
+    assert field_owner(obj, ("spec", "modelRef")) == "kubectl-client-side-apply"
+    assert field_owner(obj, ("status", "phase")) == ""
+    assert field_owner({"metadata": {"managedFields": "junk"}}, REPLICAS_FIELD) == ""

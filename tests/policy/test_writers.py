@@ -109,3 +109,15 @@ def test_auto_mode_hands_a_named_controllers_fight_to_no_one_not_to_llmkube() ->
     ("keda-operator", "autoscaler"), (OURS, "ours"), ("my-script", "other"), ("", "unknown")])
 def test_metric_labels_are_a_fixed_set(manager: str, label: str) -> None:
     assert writers.label(manager) == label and label in writers.LABELS
+
+
+def test_the_status_says_who_made_own_mode_stand_back_unless_the_status_is_fought_over() -> None:
+    from extproc.policy.snapshot import view  # noqa: PLC0415
+    m = machine()
+    assert view(m).hands_off == ""
+    m.handle(MemberObserved(Obs("a", **STOPPED, replicas_by="argocd-controller")), 1.0)
+    shown = view(m).hands_off
+    assert "'argocd-controller'" in shown and "ignoreDifferences" in shown
+    m = machine()
+    m.handle(StatusObserved(PoolStatus(resident="b", foreign=True, written_by="manager")), 1.0)
+    assert m.actuation is Actuation.HANDS_OFF and view(m).hands_off == ""

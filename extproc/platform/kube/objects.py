@@ -52,7 +52,7 @@ def pod_member(pod: dict[str, Any]) -> str:
 
 # The condition types this service writes; every other type belongs to someone else.
 OWN_CONDITIONS = frozenset({"SlotAllocated", "MembersValid", "SwapDeferred", "SpecValid",
-                            "SwapStalled"})
+                            "SwapStalled", "Actuating"})
 
 
 # Condition types only LLMKube's ModelPoolReconciler writes: where they are, it manages the pool.

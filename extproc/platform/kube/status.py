@@ -36,7 +36,8 @@ def desired_status(view: PoolView, current_status: dict, now: datetime, *,
     conditions = [_condition(kind, status, reason, message, gen, old.get(kind), stamp)
                   for kind, status, reason, message in (
                       _slot_allocated(view), _members_valid(view), _swap_deferred(view),
-                      _spec_valid(view, spec_problems), _swap_stalled(view))]
+                      _spec_valid(view, spec_problems), _swap_stalled(view),
+                      _actuating(view))]
     # Conditions of other writers (LLMKube's MetalSupported, ...) are theirs: kept as they are.
     conditions += [c for kind, c in old.items() if kind not in OWN_CONDITIONS]
     status = {
@@ -128,6 +129,13 @@ def _swap_stalled(view: PoolView) -> tuple[str, str, str, str]:
     if view.stalled:
         return "SwapStalled", "True", "NoProgress", view.stalled
     return "SwapStalled", "False", "Progressing", ""
+
+
+def _actuating(view: PoolView) -> tuple[str, str, str, str]:
+    """Actuating: False, naming the other writer and the remedy, while own mode stands back."""
+    if view.hands_off:
+        return "Actuating", "False", "HandsOff", view.hands_off
+    return "Actuating", "True", "Actuating", ""
 
 
 _WHO_FIELDS = ("phase", "residentMember", "pendingMember")
