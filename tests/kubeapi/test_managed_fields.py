@@ -50,3 +50,13 @@ async def test_a_status_write_owns_status_fields_only(emulator: KubeEmulator) ->
                           {"status": {"phase": "Ready"}}, agent="x/1")
     assert field_owner(written, ("status", "phase")) == "manager"
     assert field_owner(written, REPLICAS_FIELD) == "kubectl"
+
+
+async def test_kubectl_scale_leaves_kubectl_as_the_field_manager(kubectl, emulator) -> None:
+    """The kubectl on PATH, as a person runs it: no fieldManager, its User-Agent names it."""
+    await _send(emulator, "POST", BASE, isvc("a", 1), agent="modelpool-extproc/1",
+                content_type="application/json")
+    await kubectl("scale", "isvc", "a", "--replicas=0")
+    stored = await _send(emulator, "PATCH", f"{BASE}/a", {}, agent="reader/1")
+    assert stored["spec"]["replicas"] == 0
+    assert field_owner(stored, REPLICAS_FIELD) == "kubectl"
