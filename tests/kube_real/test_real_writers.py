@@ -9,8 +9,10 @@ which is what this test sends through the /scale subresource, as kubectl does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -85,24 +87,33 @@ def _machine(namespace: str) -> PoolMachine:
     return m
 
 
-async def test_a_kubectl_scale_is_reported_naming_kubectl_at_its_first_watch_event(
-        control_plane: ControlPlane, custom: Any, namespace: str) -> None:
+@contextlib.asynccontextmanager
+async def _scaled_by_us(control_plane: ControlPlane, namespace: str, member: str,
+                        replicas: int) -> AsyncIterator[Observed]:
+    """Watch the namespace, feeding an own-mode machine, after our scale of ``member``."""
     reports = Observed(_machine(namespace))
     async with api_client(control_plane.kubeconfig) as service:
         async with watching(service, namespace, reports, watch_timeout=5):
-            # our own write names us (fieldManager modelpool-extproc on every write)
-            await Actuator(service).scale(namespace, "b", 1)
-            await until(lambda: reports.observed["b"].replicas == 1, what="b scaled to 1")
-            assert reports.observed["b"].replicas_by == writers.OUR_MANAGER
-            assert not any(reports.notices[-1])
-            # a person's `kubectl scale` of b back to 0, through /scale as kubectl sends it
-            mark = len(reports.seen)
-            await asyncio.to_thread(
-                control_plane.request, "PATCH",
-                f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/inferenceservices/b/scale",
-                {"spec": {"replicas": 0}}, content_type="application/merge-patch+json",
-                user_agent=KUBECTL_AGENT)
-            await until(lambda: reports.observed["b"].replicas == 0, what="b scaled to 0")
+            await Actuator(service).scale(namespace, member, replicas)
+            await until(lambda: reports.observed[member].replicas == replicas,
+                        what=f"{member} scaled to {replicas}")
+            yield reports
+
+
+async def test_a_kubectl_scale_is_reported_naming_kubectl_at_its_first_watch_event(
+        control_plane: ControlPlane, custom: Any, namespace: str) -> None:
+    async with _scaled_by_us(control_plane, namespace, "b", 1) as reports:
+        # our own write names us (fieldManager modelpool-extproc on every write)
+        assert reports.observed["b"].replicas_by == writers.OUR_MANAGER
+        assert not any(reports.notices[-1])
+        # a person's `kubectl scale` of b back to 0, through /scale as kubectl sends it
+        mark = len(reports.seen)
+        await asyncio.to_thread(
+            control_plane.request, "PATCH",
+            f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/inferenceservices/b/scale",
+            {"spec": {"replicas": 0}}, content_type="application/merge-patch+json",
+            user_agent=KUBECTL_AGENT)
+        await until(lambda: reports.observed["b"].replicas == 0, what="b scaled to 0")
     first = next(i for i in range(mark, len(reports.seen))
                  if reports.seen[i].name == "b" and reports.seen[i].replicas == 0)
     assert reports.seen[first].replicas_by == "kubectl"
@@ -113,20 +124,16 @@ async def test_a_kubectl_scale_is_reported_naming_kubectl_at_its_first_watch_eve
 
 async def test_an_argo_cd_sync_of_replicas_hands_the_pool_off_naming_it(
         control_plane: ControlPlane, custom: Any, namespace: str) -> None:
-    reports = Observed(_machine(namespace))
-    async with api_client(control_plane.kubeconfig) as service:
-        async with watching(service, namespace, reports, watch_timeout=5):
-            await Actuator(service).scale(namespace, "a", 0)
-            await until(lambda: reports.observed["a"].replicas == 0, what="a scaled to 0")
-            # Argo CD's server-side apply of the manifest's replicas: 1 (its self-heal)
-            await asyncio.to_thread(
-                control_plane.request, "PATCH",
-                f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/inferenceservices/a"
-                "?fieldManager=argocd-controller&force=true",
-                {"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceService",
-                 "metadata": {"name": "a"}, "spec": {"modelRef": "a", "replicas": 1}},
-                content_type="application/apply-patch+yaml")
-            await until(lambda: reports.observed["a"].replicas == 1, what="a synced to 1")
+    async with _scaled_by_us(control_plane, namespace, "a", 0) as reports:
+        # Argo CD's server-side apply of the manifest's replicas: 1 (its self-heal)
+        await asyncio.to_thread(
+            control_plane.request, "PATCH",
+            f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/inferenceservices/a"
+            "?fieldManager=argocd-controller&force=true",
+            {"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceService",
+             "metadata": {"name": "a"}, "spec": {"modelRef": "a", "replicas": 1}},
+            content_type="application/apply-patch+yaml")
+        await until(lambda: reports.observed["a"].replicas == 1, what="a synced to 1")
     assert reports.observed["a"].replicas_by == "argocd-controller"
     changed = [n for batch in reports.notices for n in batch if n.kind == "ActuationChanged"]
     assert [(n.target, n.writer) for n in changed] == [("hands-off", "argocd-controller")]
@@ -136,13 +143,9 @@ async def test_an_argo_cd_sync_of_replicas_hands_the_pool_off_naming_it(
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="no kubectl on PATH")
 async def test_the_kubectl_on_path_is_named_as_a_person(control_plane: ControlPlane,
                                                        custom: Any, namespace: str) -> None:
-    reports = Observed(_machine(namespace))
-    async with api_client(control_plane.kubeconfig) as service:
-        async with watching(service, namespace, reports, watch_timeout=5):
-            await Actuator(service).scale(namespace, "b", 1)
-            await until(lambda: reports.observed["b"].replicas == 1, what="b scaled to 1")
-            await asyncio.to_thread(control_plane.kubectl, "scale", "-n", namespace,
-                                    "inferenceservice/b", "--replicas=0")
-            await until(lambda: reports.observed["b"].replicas == 0, what="b scaled to 0")
+    async with _scaled_by_us(control_plane, namespace, "b", 1) as reports:
+        await asyncio.to_thread(control_plane.kubectl, "scale", "-n", namespace,
+                                "inferenceservice/b", "--replicas=0")
+        await until(lambda: reports.observed["b"].replicas == 0, what="b scaled to 0")
     manager = reports.observed["b"].replicas_by
     assert writers.label(manager) == "kubectl", manager
