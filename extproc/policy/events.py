@@ -241,7 +241,7 @@ class Notice:
     ActuationChanged, SwapCancelled, Reclaimed, UnsupportedSwapPolicy, SwapStalled,
     SwapResumed, ActivationLost, PromptCacheCarried, PromptCacheCarryFailed, StreamsCut,
     IdleProbeMisread (``released``: the requests in flight on this replica that the probe's
-    answer endangered), ReplicasWritten (a member's replicas set by ``writer``).
+    answer endangered), ReplicasWritten (a member's replicas set by ``writer``), MemberAutoscaled.
     """
 
     kind: str
@@ -259,7 +259,7 @@ Command = (Admit | Hold | Reject | Divert | Dropped | Scale | Trigger | ProbeIdl
 # Notice kinds that mean something is wrong for the pool's users: Warning Events and logs.
 WARNING_NOTICES = ("SwapFailed", "MemberLost", "SwapStalled", "UnsupportedSwapPolicy",
                    "ActivationLost", "PromptCacheCarryFailed", "StreamsCut", "IdleProbeMisread",
-                   "ReplicasWritten")
+                   "ReplicasWritten", "MemberAutoscaled")
 
 
 def is_warning(notice: Notice) -> bool:

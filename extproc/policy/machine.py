@@ -40,8 +40,8 @@ import math
 from dataclasses import replace
 from operator import attrgetter
 
-from . import (admission, carry, deadlines, fairness, landing, modes, pacing, priority,
-               probecheck, replicas, snapshot, watchdog)
+from . import (admission, autoscaled, carry, deadlines, fairness, landing, modes, pacing,
+               priority, probecheck, replicas, snapshot, watchdog)
 from .events import (ActuationChanged, AdmissionLease, Admit, CarryAnswered, Close, Command,
                      DrainAnnounced, Dropped, Event, Hold, IdleProbed, LeadershipChanged,
                      MemberObserved, Notice, PeersObserved, Reject, RequestArrived,
@@ -141,7 +141,8 @@ class PoolMachine:
             case RequestArrived(rid, member) if member in self.spec.members \
                     and not self.requests.knows(rid):
                 self.now = now
-                if not self.routable(member) or not pacing.admits(self, member):
+                if not self.routable(member) or not pacing.admits(self, member) \
+                        or autoscaled.autoscaler(self, member):
                     return None
                 self.owner_picked = True
                 self.requests.arrived(member, now, self.limits.drain_linger)
@@ -241,6 +242,9 @@ class PoolMachine:
             raise PolicyError(f"{member!r} is not a member of pool {self.spec.key}")
         if self.requests.knows(rid):
             raise PolicyError(f"request {rid} arrived twice")
+        if autoscaled.autoscaler(self, member):
+            out.append(autoscaled.reject(self, rid, member, 0.0))  # never swapped in
+            return
         self.owner_picked = True
         # A return within the drain linger's cap is what makes an adaptive linger worth it.
         self.requests.arrived(member, now, self.limits.drain_linger)
@@ -275,6 +279,11 @@ class PoolMachine:
         if before is not None and before.replicas != obs.replicas:  # (hands-off: not ours)
             modes.foreign_write(self, self.hands)
         modes.note_writer(self, self.hands, before, obs, out)
+        if autoscaled.noticed(self, before, obs, out):
+            for rid, held in list(self.requests.held.items()):
+                if held.member == obs.name:
+                    self.requests.unhold(rid)
+                    out.append(autoscaled.reject(self, rid, obs.name, self.now - held.arrived))
         modes.note_scaled_up(self.hands, obs.name, obs.replicas, self.now)
         swap = self.swap
         if swap is not None and obs.replicas > 0:

@@ -151,6 +151,8 @@ class MemberObservation:
     carry: bool = False
     # the field manager owning spec.replicas (metadata.managedFields; "": unknown; writers.py)
     replicas_by: str = ""
+    # the autoscaler aimed at it, "Kind/name" ("": none; autoscaled.py refuses the member)
+    autoscaled_by: str = ""
 
     @property
     def ready(self) -> bool:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from extproc.policy import writers
-from extproc.policy.events import MemberObserved, Notice, RequestArrived, Scale, StatusObserved
+from extproc.policy.events import (MemberObserved, Notice, Reject, RequestArrived, RequestEnded,
+                                   Scale, StatusObserved)
 from extproc.policy.machine import PoolMachine
 from extproc.policy.model import Actuation, PoolKey, PoolSpec, PoolStatus
 from extproc.policy.model import MemberObservation as Obs
@@ -121,3 +122,36 @@ def test_the_status_says_who_made_own_mode_stand_back_unless_the_status_is_fough
     m = machine()
     m.handle(StatusObserved(PoolStatus(resident="b", foreign=True, written_by="manager")), 1.0)
     assert m.actuation is Actuation.HANDS_OFF and view(m).hands_off == ""
+
+
+# ---- autoscaled members (policy/autoscaled.py) ------------------------------------------
+
+
+def test_an_autoscaled_member_is_refused_naming_its_autoscaler_and_the_rest_serves() -> None:
+    m = machine()
+    out = m.handle(RequestArrived(1, "b"), 1.0)  # held: a swap to b starts
+    out = m.handle(MemberObserved(Obs("b", **STOPPED, replicas_by=OURS,
+                                      autoscaled_by="HorizontalPodAutoscaler/b-hpa")), 1.5)
+    [warned] = notices(out, "MemberAutoscaled")
+    assert "HorizontalPodAutoscaler/b-hpa" in warned.message and warned.source == "b"
+    [refused] = [c for c in out if isinstance(c, Reject)]
+    assert (refused.rid, refused.status, refused.code) == (1, 503, "member_autoscaled")
+    assert "HorizontalPodAutoscaler/b-hpa" in refused.message
+    out = m.handle(RequestArrived(2, "b"), 2.0)
+    assert [(c.rid, c.code) for c in out if isinstance(c, Reject)] == [(2, "member_autoscaled")]
+    assert not [c for c in out if isinstance(c, Scale) and c.replicas > 0]
+    from extproc.policy.events import Admit  # noqa: PLC0415
+    assert [c for c in m.handle(RequestArrived(3, "a"), 2.1) if isinstance(c, Admit)]
+    # the autoscaler deleted: b is served again (a swap to it starts)
+    m.handle(RequestEnded(3), 2.2)
+    m.handle(MemberObserved(Obs("b", **STOPPED, replicas_by=OURS)), 3.0)
+    out = m.handle(RequestArrived(4, "b"), 3.1)
+    assert not [c for c in out if isinstance(c, Reject)] and m.swap is not None
+
+
+def test_an_autoscaled_default_is_never_warmed() -> None:
+    m = PoolMachine(PoolSpec(KEY, ("a", "b"), default="a", fairness_window=0), limits(), 0.0)
+    m.handle(StatusObserved(PoolStatus()), 0.0)
+    out = m.handle(MemberObserved(Obs("a", **STOPPED, autoscaled_by="ScaledObject/a")), 0.0)
+    out += m.handle(MemberObserved(Obs("b", **STOPPED)), 0.0)
+    assert not [c for c in out if isinstance(c, Scale)] and m.swap is None

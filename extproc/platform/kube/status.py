@@ -96,13 +96,19 @@ def _slot_allocated(view: PoolView) -> tuple[str, str, str, str]:
 
 
 def _members_valid(view: PoolView) -> tuple[str, str, str, str]:
-    """MembersValid: False, naming them, when member InferenceServices are missing."""
+    """MembersValid: False, naming them, when member InferenceServices are missing or an
+    autoscaler targets them (such a member is refused; the rest of the pool serves on)."""
     missing = list(view.missing_members)
     missing += [m.name for m in view.members if not m.exists and m.name not in missing]
     if missing:
         return ("MembersValid", "False", "MemberNotFound",
                 f"InferenceService not found in namespace {view.key.namespace}: "
                 + ", ".join(missing))
+    scaled = [f"{m.name} (by {m.autoscaled_by})" for m in view.members if m.autoscaled_by]
+    if scaled:
+        return ("MembersValid", "False", "MemberAutoscaled",
+                "members refused, an autoscaler scales them (delete it to serve them again): "
+                + ", ".join(scaled))
     return "MembersValid", "True", "MembersFound", "every member InferenceService exists"
 
 
