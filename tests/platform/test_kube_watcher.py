@@ -245,3 +245,29 @@ async def test_paced_release_reads_a_ready_members_slot_count_once(emulator: Any
         assert member.stats.by_path.get("/slots") == 1  # read once for this load
     finally:
         await member.stop()
+
+
+def _hpa(name: str, target: str, kind: str = "InferenceService") -> dict:
+    return {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"scaleTargetRef": {"apiVersion": "inference.llmkube.dev/v1alpha1",
+                                        "kind": kind, "name": target},
+                     "minReplicas": 1, "maxReplicas": 2}}
+
+
+async def test_an_autoscaler_aimed_at_a_member_is_in_its_observation(emulator: Any,
+                                                                     api: Any) -> None:
+    """HPAs are watched (KEDA's ScaledObjects too where installed: the emulator has no KEDA,
+    its 404 is an empty collection and the cache still syncs)."""
+    seed(emulator)
+    emulator.create("horizontalpodautoscalers", _hpa("other", "b", kind="Deployment"))
+    recorder = Recorder()
+    async with running(api, recorder) as watcher:
+        assert watcher.observation(KEY, "b").autoscaled_by == ""  # not aimed at the member
+        emulator.create("horizontalpodautoscalers", _hpa("b-hpa", "b"))
+        await eventually(lambda: watcher.observation(KEY, "b").autoscaled_by
+                         == "HorizontalPodAutoscaler/b-hpa", what="b autoscaled")
+        assert watcher.observation(KEY, "a").autoscaled_by == ""
+        emulator.delete("horizontalpodautoscalers", "b-hpa", NS)
+        await eventually(lambda: watcher.observation(KEY, "b").autoscaled_by == "",
+                         what="the autoscaler gone")

@@ -36,6 +36,8 @@ from typing import Any
 from extproc.logs import get_logger
 from extproc.platform.contract import PoolListener
 from extproc.platform.kube._calls import POOLS, SERVICES, counted, custom_path
+from extproc.platform.kube.autoscalers import (ABSENT_RETRY, KINDS, OPTIONAL, Autoscalers,
+                                               collection_path)
 from extproc.platform.kube.idle import IdleProbe
 from extproc.platform.kube.endpoints import PodEndpoints, ready_ip
 from extproc.platform.kube.idle.probes import SLOTS
@@ -52,6 +54,7 @@ from extproc.settings import Settings
 log = get_logger(__name__)
 
 PODS = "pods"
+WATCHED = (POOLS, SERVICES, PODS, *KINDS)  # the kinds listed before the first report
 
 
 @dataclass(slots=True)
@@ -91,6 +94,7 @@ class ClusterWatcher:
         self._capacities: dict[tuple[str, str], int] = {}  # pacing.py's annotation
         self._carried: dict[tuple[str, str], str] = {}  # carry.py's annotation: the model
         self._replicas_by: dict[tuple[str, str], str] = {}  # spec.replicas' field manager
+        self._autoscalers = Autoscalers()  # HPAs and ScaledObjects aimed at members
         # llama.cpp members' slot counts, read from /slots once per load (paced release)
         self._slot_counts = SlotCounts(self._slot_url, settings,
                                        lambda ns, member: self._refresh(ns, member))
@@ -180,10 +184,11 @@ class ClusterWatcher:
     def _start_loops(self) -> None:
         assert self._group is not None
         for scope in self._scopes:
-            for kind in (POOLS, SERVICES, PODS):
+            for kind in WATCHED:
                 watch = CollectionWatch(
                     self._api, kind, self._path(kind, scope), self._settings, scope=scope,
                     params={"labelSelector": self._pod_selector} if kind == PODS else None,
+                    absent_retry=ABSENT_RETRY if kind in OPTIONAL else 0.0,
                     on_list=lambda items, k=kind, s=scope: self._listed_all(k, s, items),
                     on_event=lambda event, obj, k=kind: self._apply(k, event, obj))
                 self._loops[(kind, scope)] = self._group.create_task(watch.run())
@@ -210,7 +215,7 @@ class ClusterWatcher:
         """The collection URL of ``kind`` in ``scope`` ("" = every namespace)."""
         if kind == PODS:
             return f"/api/v1/namespaces/{scope}/pods" if scope else "/api/v1/pods"
-        return custom_path(scope, kind)
+        return collection_path(kind, scope) if kind in KINDS else custom_path(scope, kind)
 
     # --- applying lists and events to the cache -----------------------------------------------
 
@@ -219,7 +224,7 @@ class ClusterWatcher:
         if self.synced.is_set():
             return
         self._listed.add((kind, scope))
-        if len(self._listed) < 3 * len(self._scopes):
+        if len(self._listed) < len(WATCHED) * len(self._scopes):
             return
         self.synced.set()
         log.info("cache synced", pools=len(self._pools), services=len(self._services),
@@ -232,6 +237,8 @@ class ClusterWatcher:
         fresh = {object_key(obj): obj for obj in items}
         if kind == POOLS:
             known = [(k.namespace, k.name) for k in self._pools]
+        elif kind in KINDS:
+            known = self._autoscalers.keys(kind, scope)
         else:
             known = list(self._services if kind == SERVICES else self._pods)
         for key in known:
@@ -246,6 +253,9 @@ class ClusterWatcher:
         deleted = event == "DELETED"
         if kind == POOLS:
             self._apply_pool(PoolKey(*key), None if deleted else obj)
+        elif kind in KINDS:
+            for member in self._autoscalers.apply(kind, *key, None if deleted else obj):
+                self._refresh(key[0], member)
         elif kind == SERVICES:
             if deleted:
                 self._services.pop(key, None)
@@ -385,7 +395,8 @@ class ClusterWatcher:
             member, exists=True, phase=phase, replicas=replicas, pods=pods,
             capacity=self._capacities.get((namespace, member), 0),
             carry=bool(self._carried.get((namespace, member))),
-            replicas_by=self._replicas_by.get((namespace, member), "")), namespace)
+            replicas_by=self._replicas_by.get((namespace, member), ""),
+            autoscaled_by=self._autoscalers.of(namespace, member)), namespace)
 
     def _with_slot_count(self, obs: MemberObservation, namespace: str) -> MemberObservation:
         """``obs`` with a llama.cpp member's slot count as its capacity (slotcounts.py)."""
