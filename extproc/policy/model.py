@@ -59,6 +59,11 @@ class PoolSpec:
     swap_policy: str = "sticky"
     # spec.reclaimAfter: idle seconds before a non-default resident gives the slot back
     reclaim_after: float = 300.0
+    # spec.swapDelay: a new resident keeps the slot this long before a swap away unloads it
+    # (own mode; fairness.py: the fairness window still bounds every wait; 0: no hold)
+    swap_delay: float = 0.0
+    # spec.schedulerName: accepted and shown, applied by LLMKube's reconciler ("" : none)
+    scheduler_name: str = ""
     # annotation modelpool.inference.llmkube.dev/max-held; None: the process's --max-held
     max_held: int | None = None
     # annotation modelpool.inference.llmkube.dev/resume: a new value ends a hands-off spell now

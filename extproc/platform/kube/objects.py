@@ -184,6 +184,12 @@ def pool_spec(pool: dict[str, Any], settings: Settings) -> tuple[PoolSpec, tuple
     swap_policy = _swap_policy(spec.get("swapPolicy"), problems)
     reclaim_after = _duration(spec.get("reclaimAfter"), DEFAULT_RECLAIM_AFTER,
                               "spec.reclaimAfter", problems, allow_zero=False)
+    swap_delay = _duration(spec.get("swapDelay"), 0.0, "spec.swapDelay", problems,
+                           allow_zero=True)
+    scheduler = spec.get("schedulerName")
+    if scheduler is not None and not isinstance(scheduler, str):
+        problems.append(f"spec.schedulerName {scheduler!r} is not a name; ignored")
+        scheduler = ""
 
     max_held = _count(annotations.get(MAX_HELD_ANNOTATION),
                       f"annotation {MAX_HELD_ANNOTATION}", problems)
@@ -194,7 +200,8 @@ def pool_spec(pool: dict[str, Any], settings: Settings) -> tuple[PoolSpec, tuple
     return PoolSpec(key=key, members=tuple(members), default=default, swap_budget=swap_budget,
                     fairness_window=fairness, generation=int(meta.get("generation") or 0),
                     aliases=aliases, swap_policy=swap_policy,
-                    reclaim_after=reclaim_after, max_held=max_held,
+                    reclaim_after=reclaim_after, swap_delay=swap_delay,
+                    scheduler_name=scheduler or "", max_held=max_held,
                     resume=str(annotations.get(RESUME_ANNOTATION) or ""),
                     activation=activation.activation(annotations, problems),
                     priorities=activation.priorities(annotations, problems),
