@@ -199,3 +199,17 @@ def test_field_owner_names_the_latest_manager_of_a_field() -> None:
     assert field_owner(obj, ("spec", "modelRef")) == "kubectl-client-side-apply"
     assert field_owner(obj, ("status", "phase")) == ""
     assert field_owner({"metadata": {"managedFields": "junk"}}, REPLICAS_FIELD) == ""
+
+
+def test_swap_delay_and_scheduler_name_are_read() -> None:
+    from extproc.platform.kube.objects import pool_spec  # noqa: PLC0415
+    from extproc.settings import Settings  # noqa: PLC0415
+    obj = {"metadata": {"name": "p", "namespace": "ns"},
+           "spec": {"members": [{"inferenceServiceRef": {"name": "a"}}], "swapDelay": "1m30s",
+                    "schedulerName": "gpu-binpack"}}
+    spec, problems = pool_spec(obj, Settings())
+    assert (spec.swap_delay, spec.scheduler_name, problems) == (90.0, "gpu-binpack", ())
+    obj["spec"].update(swapDelay="soon", schedulerName={"x": 1})
+    spec, problems = pool_spec(obj, Settings())
+    assert (spec.swap_delay, spec.scheduler_name) == (0.0, "")
+    assert len(problems) == 2 and "spec.swapDelay" in problems[0]
