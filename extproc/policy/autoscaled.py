@@ -40,10 +40,13 @@ def reject(m: PoolReader, rid: int, member: str, held_for: float) -> Reject:
 
 
 def noticed(m: PoolReader, before: MemberObservation | None, obs: MemberObservation,
-            out: list[Command]) -> bool:
-    """A Warning the first time ``obs`` shows an autoscaler; True when it just appeared (the
-    machine then rejects the requests held for the member)."""
+            out: list[Command]) -> None:
+    """The first time ``obs`` shows an autoscaler: a Warning, and the requests held for the
+    member are answered (``m.obs`` already holds ``obs``)."""
     if not obs.autoscaled_by or (before is not None and before.autoscaled_by == obs.autoscaled_by):
-        return False
+        return
     out.append(Notice("MemberAutoscaled", message(m, obs.name), source=obs.name))
-    return True
+    for rid, held in list(m.requests.held.items()):
+        if held.member == obs.name:
+            m.requests.unhold(rid)
+            out.append(reject(m, rid, obs.name, m.now - held.arrived))

@@ -279,11 +279,7 @@ class PoolMachine:
         if before is not None and before.replicas != obs.replicas:  # (hands-off: not ours)
             modes.foreign_write(self, self.hands)
         modes.note_writer(self, self.hands, before, obs, out)
-        if autoscaled.noticed(self, before, obs, out):
-            for rid, held in list(self.requests.held.items()):
-                if held.member == obs.name:
-                    self.requests.unhold(rid)
-                    out.append(autoscaled.reject(self, rid, obs.name, self.now - held.arrived))
+        autoscaled.noticed(self, before, obs, out)
         modes.note_scaled_up(self.hands, obs.name, obs.replicas, self.now)
         swap = self.swap
         if swap is not None and obs.replicas > 0:
