@@ -97,6 +97,7 @@ NEWER_VALID = {
     "reclaimAfter under sticky": pool(reclaimAfter="45s"),
     "reclaim without default": pool(swapPolicy="reclaim"),
     "swapDelay": pool(swapDelay="30s"),
+    "reclaim-down": pool(swapPolicy="reclaim-down", reclaimAfter="10m"),
     "swapDelay zero": pool(swapDelay="0s"),
     "schedulerName": pool(schedulerName="gpu-binpack"),
     "residentIdleSince": with_status({"phase": "Ready", "residentMember": "coder",
@@ -126,14 +127,16 @@ def newer_llmkube_schema(seed: dict[str, Any]) -> dict[str, Any]:
     in OpenAPI) defaulted to "300s"; ``status.residentIdleSince`` is a ``*metav1.Time`` (a
     date-time string). Nothing else changed in the schema up to 0.9.28.
 
-    Release 0.11.0 added ``spec.swapDelay`` and ``spec.schedulerName``; only its release lines
-    are readable, so their types here are our reading: a ``*metav1.Duration`` (a string, no
-    default) and a scheduler's name (a string).
+    Release 0.11.0 added ``spec.swapDelay``, ``spec.schedulerName`` and the swap policy
+    ``reclaim-down``; only its release lines are readable, so their types here are our
+    reading: a ``*metav1.Duration`` (a string, no default), a scheduler's name (a string), and
+    one more enum value.
     """
     schema = copy.deepcopy(seed)
     spec = schema["properties"]["spec"]["properties"]
     spec["swapPolicy"]["enum"] = ["sticky", "reclaim"]
     spec["reclaimAfter"] = {"type": "string", "default": "300s"}
+    spec["swapPolicy"]["enum"] = ["sticky", "reclaim", "reclaim-down"]
     spec["swapDelay"] = {"type": "string"}
     spec["schedulerName"] = {"type": "string", "maxLength": 253}
     status = schema["properties"]["status"]["properties"]
