@@ -55,12 +55,18 @@ from devstack.simulator_kube import GROUP, MERGE_PATCH, PLURAL, SERVICE_LABEL, T
     duration_arg, parse_controller_args, run_controller, wait_event, watch_forever
 from devstack.simulator_member import desired_replicas
 # The same llama.cpp /slots reading the service uses: one fail-closed reading, not two twins.
+from extproc.platform.kube.autoscalers import HPAS
+from extproc.platform.kube.autoscalers import target as autoscaled_target
 from extproc.platform.kube.idle import probe_idle
+
+# a kubebuilder operator's binary is "manager": the API server records LLMKube's writes so
+LLMKUBE_AGENT = "manager/v0.11.0 (linux/amd64) llmkube-devstack"
 
 log = logging.getLogger("devstack.reconciler")
 
 POOLS = "modelpools"
 MODELS = "models"
+HPA_GROUP, HPA_VERSION = "autoscaling", "v2"  # LLMKube refuses a member an HPA targets
 USER = "llmkube-controller"
 REQUEUE = 3.0  # LLMKube's requeue while a swap waits for pods it does not watch
 IDLE_TIMEOUT = 5.0
@@ -111,6 +117,7 @@ class ModelPoolReconciler:
         self.pools: dict[PoolKey, dict[str, Any]] = {}
         self.isvcs: dict[PoolKey, dict[str, Any]] = {}
         self.models: dict[PoolKey, dict[str, Any]] = {}
+        self.hpas: dict[PoolKey, dict[str, Any]] = {}  # HorizontalPodAutoscalers
         self.passes = 0  # reconcile passes run, all pools (tests wait on it)
         self._synced = False  # no pass before every cache has listed once
         self._wake: dict[PoolKey, asyncio.Event] = {}
@@ -122,18 +129,20 @@ class ModelPoolReconciler:
 
     async def start(self) -> None:
         """Connect, list pools, members and Models in every namespace, then reconcile on changes."""
-        self._api = await connect(self._api_arg)
+        self._api = await connect(self._api_arg, user_agent=LLMKUBE_AGENT)
         self._kube = kube = Kube(self._api)
         self._session = aiohttp.ClientSession(proxy=self.probe_proxy)
         listed: list[asyncio.Event] = []
         for ns in self.namespaces:
-            for plural, cache in ((POOLS, self.pools), (PLURAL, self.isvcs),
-                                  (MODELS, self.models)):
+            for group, plural, cache in ((GROUP, POOLS, self.pools), (GROUP, PLURAL, self.isvcs),
+                                         (GROUP, MODELS, self.models),
+                                         (HPA_GROUP, HPAS, self.hpas)):
                 done = asyncio.Event()
                 listed.append(done)
                 self._watchers.append(asyncio.create_task(watch_forever(
                     kube, kube.custom.list_namespaced_custom_object,
-                    (GROUP, VERSION, ns, plural), f"{ns}/{plural}",
+                    (group, HPA_VERSION if group == HPA_GROUP else VERSION, ns, plural),
+                    f"{ns}/{plural}",
                     lambda items, ns=ns, cache=cache, done=done:
                         self._on_list(ns, cache, items, done),
                     lambda kind, obj, ns=ns, cache=cache: self._on_event(ns, cache, kind, obj))))
@@ -179,6 +188,8 @@ class ModelPoolReconciler:
             return
         if cache is self.pools:
             self._wake_pool(key)
+        elif cache is self.hpas:
+            self._wake_namespace(ns)  # (its target may be any pool's member)
         else:
             for pool_key, pool in self.pools.items():
                 if pool_key[0] == ns and key[1] in member_names(pool):
@@ -221,10 +232,13 @@ class ModelPoolReconciler:
         """One pass over one pool; True when it should be looked at again after `requeue`."""
         assert self._kube is not None
         ns, name = key
-        members = {m: self.isvcs.get((ns, m)) for m in member_names(self.pools[key])}
+        autoscaled = {m: a for m in member_names(self.pools[key])
+                      if (a := self._autoscaler(ns, m))}
+        members = {m: self.isvcs.get((ns, m)) for m in member_names(self.pools[key])
+                   if m not in autoscaled}
         read = self.faults.decide_from(key, self.pools[key], members)
         models = {n: obj for (model_ns, n), obj in self.models.items() if model_ns == ns}
-        view = PoolView(read, members, await self._pod_counts(ns), models)
+        view = PoolView(read, members, await self._pod_counts(ns), models, autoscaled)
         owner = resolve_owner(view)
         scaled: dict[str, int] = {}
         owner_isvc = members.get(owner) if owner else None
@@ -252,6 +266,12 @@ class ModelPoolReconciler:
         self.faults.after_pass(key, read, decided.status)
         self.passes += 1
         return decided.requeue
+
+    def _autoscaler(self, ns: str, member: str) -> str:
+        """The HPA aimed at ``member`` ("HorizontalPodAutoscaler/name"; "" : none)."""
+        found = sorted(name for (hpa_ns, name), hpa in self.hpas.items()
+                       if hpa_ns == ns and autoscaled_target(hpa) == member)
+        return f"HorizontalPodAutoscaler/{found[0]}" if found else ""
 
     async def _probe(self, ns: str, isvc: dict[str, Any] | None) -> bool | None:
         """The member's /slots, where LLMKube dials it: its Service's cluster DNS name."""

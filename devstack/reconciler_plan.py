@@ -12,6 +12,10 @@ Theory of operation, one pass:
    (``MembersValid`` MissingMembers); a member whose ``spec.modelRef`` Model asks for a
    ``metal`` accelerator makes it Degraded too (``MetalSupported`` MetalMembersUnsupported; a
    Model that does not exist counts as not metal). Either way no replica is touched.
+   A member that an autoscaler targets is refused on its own (our reading of LLMKube 0.10.16's
+   "reject autoscaled ModelPool members"): the reconciler leaves it out of the pass (never the
+   owner, its replicas never touched: the autoscaler has them) and says so in ``MembersValid``
+   (AutoscaledMembers); the other members are reconciled as usual.
 2. Owner. A member asking for replicas (``spec.replicas >= 1``, absent counts as 1) that is
    not ``status.residentMember`` is a fresh activation and becomes the owner; among several,
    the recorded ``status.pendingMember`` if it is one of them, else the first in spec order,
@@ -55,6 +59,8 @@ class PoolView:
     members: dict[str, dict[str, Any] | None]  # in spec order
     pods: dict[str, int]  # pods present per member, terminating ones included
     models: dict[str, dict[str, Any]] = field(default_factory=dict)  # the namespace's, by name
+    # members left out of ``members`` because an autoscaler targets them: member -> autoscaler
+    autoscaled: dict[str, str] = field(default_factory=dict)
 
     @property
     def status(self) -> dict[str, Any]:
@@ -193,8 +199,13 @@ def _managed_status(view: PoolView, owner: str | None, swapping: bool, deferred:
     else:
         _set_condition(view, status, "SlotAllocated", False, "Swapping",
                        "No member resident yet", now)
-    _set_condition(view, status, "MembersValid", True, "AllResolved",
-                   "All member references resolve", now)
+    if view.autoscaled:
+        _set_condition(view, status, "MembersValid", False, "AutoscaledMembers",
+                       "Autoscaled members are refused: [" + " ".join(
+                           f"{m}({a})" for m, a in sorted(view.autoscaled.items())) + "]", now)
+    else:
+        _set_condition(view, status, "MembersValid", True, "AllResolved",
+                       "All member references resolve", now)
     _set_condition(view, status, "SwapDeferred", bool(deferred), deferred or "NotDeferred",
                    DEFERRED_MESSAGES.get(deferred, "No swap is being deferred"), now)
     _set_condition(view, status, "MetalSupported", True, "KubernetesGPU",

@@ -53,12 +53,16 @@ def duration_arg(text: str) -> float:
 ApiSource = client.ApiClient | str | os.PathLike[str]
 
 
-async def connect(source: ApiSource) -> client.ApiClient:
-    """The given ApiClient, or a new one from the kubeconfig file at `source`."""
+async def connect(source: ApiSource, user_agent: str = "") -> client.ApiClient:
+    """The given ApiClient, or a new one from the kubeconfig file at `source` (sending
+    ``user_agent``, whose first word the API server records as its writes' field manager)."""
     if isinstance(source, client.ApiClient):
         return source
-    return await config.new_client_from_config(config_file=os.fspath(source),
+    made = await config.new_client_from_config(config_file=os.fspath(source),
                                                persist_config=False)
+    if user_agent:
+        made.user_agent = user_agent
+    return made
 
 
 async def disconnect(api: client.ApiClient | None, source: ApiSource) -> None:

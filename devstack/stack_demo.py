@@ -23,8 +23,14 @@ from devstack.stack_swaps import LogTail, describe, swap_notices
 NAMESPACE = "demo"
 POOL = "shared-gpu"
 # One line per swap: its outcome. SwapStarted is left out (the outcome line names both ends).
-SHOWN = ("SwapCompleted", "SwapFailed", "SwapDeferred", "MemberLost")
+SHOWN = ("SwapCompleted", "SwapFailed", "SwapDeferred", "MemberLost", "ReplicasWritten",
+         "MemberAutoscaled", "ActuationChanged")
 STREAM = ', "stream": true'
+# an HPA aimed at the writer member, for the instructions (one line of JSON for a here-string)
+HPA_SAMPLE = ('{"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": '
+              '{"name": "writer"}, "spec": {"scaleTargetRef": {"apiVersion": '
+              '"inference.llmkube.dev/v1alpha1", "kind": "InferenceService", "name": "writer"}, '
+              '"maxReplicas": 2}}')
 SMOKE_TIMEOUT = 60.0  # per request: a cold load plus a swap, with room for a slow machine
 REPLICAS_ENV = "MODELPOOL_DEMO_REPLICAS"
 # A replica that exits is started again (same name, same ports) after this long, as its
@@ -97,6 +103,14 @@ def instructions(stack: LocalStack) -> str:
         f"  {k} annotate isvc writer -n {NAMESPACE} sim.llmkube.dev/fail-          # heal it",
         f"  {k} annotate isvc judge -n {NAMESPACE} sim.llmkube.dev/kill-pod=$(date +%s) "
         "--overwrite  # kill the pod",
+        "",
+        "Other writers and pool settings:",
+        f"  {k} scale isvc writer -n {NAMESPACE} --replicas=1   # reported, naming kubectl",
+        f"  {k} create -n {NAMESPACE} -f - <<< '{HPA_SAMPLE}'"
+        "   # writer refused while it exists",
+        f"  {k} delete hpa writer -n {NAMESPACE}",
+        f"  {k} patch mpool {POOL} -n {NAMESPACE} --type=merge -p "
+        "'{\"spec\": {\"swapDelay\": \"20s\"}}'   # a resident holds 20 s",
         "",
         *replicas_note(stack),
         f"Metrics: {stack.metrics_url}   Pool views: {stack.debug_url}",

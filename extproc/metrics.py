@@ -117,8 +117,9 @@ SWAP_BUDGET = Gauge(
     "be held", ["namespace", "pool"], registry=REGISTRY)
 CONFLICTS = Counter(
     "modelpool_extproc_conflicts_total", "Times another controller was seen scaling members "
-    "against us or writing the pool's status (own mode stops actuating the pool)",
-    ["namespace", "pool"], registry=REGISTRY)
+    "against us or writing the pool's status (own mode stops actuating the pool), by the kind "
+    "of field manager that wrote (a fixed set: kubectl, argocd, flux, helm, autoscaler, other, "
+    "unknown)", ["namespace", "pool", "manager"], registry=REGISTRY)
 SERVING = Gauge(
     "modelpool_extproc_serving", "1 once every pool is synced and the service takes traffic",
     registry=REGISTRY)
@@ -225,9 +226,10 @@ def requests_cut(namespace: str, pool: str, member: str, reason: str, count: int
     REQUESTS_CUT.labels(namespace, pool, member, reason).inc(count)
 
 
-def conflict(namespace: str, pool: str) -> None:
-    """Another controller fights over this pool (own mode stopped actuating it)."""
-    CONFLICTS.labels(namespace, pool).inc()
+def conflict(namespace: str, pool: str, manager: str) -> None:
+    """Another controller fights over this pool (own mode stopped actuating it); ``manager``
+    is the bounded kind of its field manager (``policy.writers.label``), never a raw name."""
+    CONFLICTS.labels(namespace, pool, manager).inc()
 
 
 def set_serving(serving: bool) -> None:

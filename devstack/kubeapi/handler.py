@@ -17,7 +17,7 @@ import attrs
 import kmock
 from aiohttp import web
 
-from devstack.kubeapi import discovery, errors, routes, selectors, tables
+from devstack.kubeapi import discovery, errors, managed, routes, selectors, tables
 from devstack.kubeapi.objects import ObjectApi, decode_body
 from devstack.kubeapi.resources import ResourceType
 from devstack.kubeapi.routes import RequestRecord, Target
@@ -191,12 +191,14 @@ class KubeHandler(kmock.KubernetesScaffold):
         namespace = target.namespace if rt.namespaced else None
         dry_run = bool(params.get("dryRun"))
         content_type = (request.headers.get("Content-Type") or "application/json").split(";")[0].strip()
+        manager = managed.manager_of(params.get("fieldManager"), request.headers.get("User-Agent"))
         table_include = (params.get("includeObject") or "PartialObjectMetadata") \
             if tables.wants_table(request.headers.get("Accept")) and sub is None else None
         if verb in ("list", "watch", "deletecollection"):
             return await self._serve_collection(request, rt, namespace, target.name, verb, table_include)
         if verb == "create" and target.name is None and sub is None:
-            created = api.create(rt, namespace, decode_body(raw, content_type), dry_run=dry_run)
+            created = api.create(rt, namespace, decode_body(raw, content_type), dry_run=dry_run,
+                                 manager=manager)
             return json_response(present(rt, created), 201)
         if target.name is None or verb not in ("get", "update", "patch", "delete"):
             raise errors.method_not_allowed(verb)
@@ -206,7 +208,7 @@ class KubeHandler(kmock.KubernetesScaffold):
                 return json_response(api.get_scale(rt, namespace, name))
             if verb in ("update", "patch"):
                 return json_response(api.write_scale(rt, namespace, name, content_type if verb == "patch" else None,
-                                                     raw, dry_run=dry_run))
+                                                     raw, dry_run=dry_run, manager=manager))
             raise errors.method_not_allowed(verb)
         if verb == "get":
             obj = present(rt, api.current(rt, namespace, name))
@@ -214,9 +216,11 @@ class KubeHandler(kmock.KubernetesScaffold):
                 return json_response(tables.table(rt, [obj], obj["metadata"]["resourceVersion"], table_include))
             return json_response(obj)
         if verb == "update":
-            obj = api.update(rt, namespace, name, decode_body(raw, content_type), subresource=sub, dry_run=dry_run)
+            obj = api.update(rt, namespace, name, decode_body(raw, content_type), subresource=sub,
+                             dry_run=dry_run, manager=manager)
         elif verb == "patch":
-            obj = api.patch(rt, namespace, name, content_type, raw, subresource=sub, dry_run=dry_run)
+            obj = api.patch(rt, namespace, name, content_type, raw, subresource=sub, dry_run=dry_run,
+                            manager=manager)
         elif sub is None:
             obj = api.delete(rt, namespace, name, decode_body(raw, content_type), dry_run=dry_run)
         else:

@@ -13,6 +13,8 @@ Choices worth knowing:
 - Deletion is immediate unless the object has finalizers: then deletionTimestamp is set and the
   object goes away when a later write empties metadata.finalizers. Pods get no grace period.
 - A write that changes nothing is answered with the stored object and no new version or event.
+- A write that names its field manager (``manager``: the handler takes it from the request as
+  the real server does) records it in metadata.managedFields (``managed.py``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from devstack.kubeapi import errors, patches
+from devstack.kubeapi import errors, managed, patches
 from devstack.kubeapi.resources import ResourceType, apply_defaults
 from devstack.kubeapi.store import Store
 
@@ -87,7 +89,8 @@ class ObjectApi:
         return obj
 
     def create(self, rt: ResourceType, namespace: str | None, body: Any, *,
-               dry_run: bool = False, keep_status: bool = False) -> dict[str, Any]:
+               dry_run: bool = False, keep_status: bool = False, manager: str = "",
+               operation: str = "Update") -> dict[str, Any]:
         """Create an object; 409 AlreadyExists if its name is taken."""
         if not isinstance(body, dict):
             raise errors.bad_request("the object must be a JSON object")
@@ -119,10 +122,13 @@ class ObjectApi:
         if rt.initial_status is not None and "status" not in obj:
             obj["status"] = copy.deepcopy(rt.initial_status)
         apply_defaults(rt.schema, obj)
+        if manager:
+            meta["managedFields"] = managed.record(None, obj, manager, operation, None, now())
         return obj if dry_run else self.store.put(rt, obj)
 
     def update(self, rt: ResourceType, namespace: str | None, name: str, body: Any, *,
-               subresource: str | None = None, dry_run: bool = False) -> dict[str, Any]:
+               subresource: str | None = None, dry_run: bool = False,
+               manager: str = "") -> dict[str, Any]:
         """PUT: replace the object (or its status); the body's resourceVersion must be current."""
         current = self.current(rt, namespace, name)
         if not isinstance(body, dict):
@@ -136,10 +142,10 @@ class ObjectApi:
             raise errors.invalid(rt.display, rt.kind, name,
                                  "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update")
         self._check_version(rt, current, meta.get("resourceVersion"))
-        return self._commit(rt, current, body, subresource, dry_run)
+        return self._commit(rt, current, body, subresource, dry_run, (manager, "Update", subresource))
 
     def patch(self, rt: ResourceType, namespace: str | None, name: str, content_type: str, raw: bytes, *,
-              subresource: str | None = None, dry_run: bool = False) -> dict[str, Any]:
+              subresource: str | None = None, dry_run: bool = False, manager: str = "") -> dict[str, Any]:
         """PATCH in any supported format; a resourceVersion carried by the patch must be current.
 
         Strategic merge patch is refused on custom resources (415, as a real server does) and
@@ -151,12 +157,13 @@ class ObjectApi:
             # sends strategic merge (the Python client's default for dict bodies) must fail here
             raise errors.unsupported_media(content_type)
         body = decode_body(raw, content_type)
+        operation = "Apply" if content_type == patches.APPLY else "Update"
         if content_type == patches.APPLY and self.store.get(rt, namespace if rt.namespaced else None, name) is None:
-            return self.create(rt, namespace, body, dry_run=dry_run)
+            return self.create(rt, namespace, body, dry_run=dry_run, manager=manager, operation=operation)
         current = self.current(rt, namespace, name)
         desired = self._patched(current, content_type, body)
         self._check_version(rt, current, _meta(desired).get("resourceVersion"))
-        return self._commit(rt, current, desired, subresource, dry_run)
+        return self._commit(rt, current, desired, subresource, dry_run, (manager, operation, subresource))
 
     @staticmethod
     def _patched(current: dict[str, Any], content_type: str, body: Any) -> Any:
@@ -207,7 +214,7 @@ class ObjectApi:
         }
 
     def write_scale(self, rt: ResourceType, namespace: str | None, name: str, content_type: str | None,
-                    raw: bytes, *, dry_run: bool = False) -> dict[str, Any]:
+                    raw: bytes, *, dry_run: bool = False, manager: str = "") -> dict[str, Any]:
         """PUT (content_type None) or PATCH the Scale; only spec.replicas reaches the object."""
         assert rt.scale is not None
         scale = self.get_scale(rt, namespace, name)
@@ -222,7 +229,7 @@ class ObjectApi:
         current = self.current(rt, namespace, name)
         scaled = copy.deepcopy(current)
         _path_set(scaled, rt.scale.spec_replicas_path, replicas)
-        self._commit(rt, current, scaled, None, dry_run)
+        self._commit(rt, current, scaled, None, dry_run, (manager, "Update", "scale"))
         return scale if dry_run else self.get_scale(rt, namespace, name)
 
     @staticmethod
@@ -231,7 +238,7 @@ class ObjectApi:
             raise errors.conflict(rt.display, rt.kind, current["metadata"]["name"])
 
     def _commit(self, rt: ResourceType, current: dict[str, Any], desired: Any, subresource: str | None,
-                dry_run: bool) -> dict[str, Any]:
+                dry_run: bool, writer: tuple[str, str, str | None] = ("", "", None)) -> dict[str, Any]:
         if not isinstance(desired, dict):
             raise errors.bad_request("the object must be a JSON object")
         if subresource == "status":
@@ -259,6 +266,9 @@ class ObjectApi:
             ignored = ("metadata", "status") if rt.status else ("metadata",)
             if _without(new, *ignored) != _without(current, *ignored):
                 new["metadata"]["generation"] = current["metadata"].get("generation", 0) + 1
+        manager, operation, tag = writer
+        if manager:
+            new["metadata"]["managedFields"] = managed.record(current, new, manager, operation, tag, now())
         if dry_run:
             return new
         meta = new["metadata"]

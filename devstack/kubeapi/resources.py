@@ -104,6 +104,11 @@ def builtin_types() -> list[ResourceType]:
                        Column("Object", "string", ".involvedObject.name"),
                        Column("Message", "string", ".message"))),
         ResourceType("events.k8s.io", "v1", "events", "Event", "event", short_names=("ev",)),
+        # an autoscaler aimed at a pool member is a second writer of its replicas (the pool
+        # refuses such a member); KEDA's ScaledObjects come only with KEDA's CRD
+        ResourceType("autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler",
+                     "horizontalpodautoscaler", short_names=("hpa",), categories=("all",),
+                     status=True),
         # kube-apiserver's own Lease printer: HOLDER is "" when nobody holds the Lease
         ResourceType("coordination.k8s.io", "v1", "leases", "Lease", "lease",
                      columns=(Column("Holder", "string", ".spec.holderIdentity", _HOLDER_DOC, missing=""),

@@ -241,7 +241,7 @@ class Notice:
     ActuationChanged, SwapCancelled, Reclaimed, UnsupportedSwapPolicy, SwapStalled,
     SwapResumed, ActivationLost, PromptCacheCarried, PromptCacheCarryFailed, StreamsCut,
     IdleProbeMisread (``released``: the requests in flight on this replica that the probe's
-    answer endangered).
+    answer endangered), ReplicasWritten (a member's replicas set by ``writer``), MemberAutoscaled.
     """
 
     kind: str
@@ -250,6 +250,7 @@ class Notice:
     target: str = ""
     duration: float = 0.0
     released: int = 0
+    writer: str = ""  # the other field manager it is about (writers.py; "": none)
 
 
 Command = (Admit | Hold | Reject | Divert | Dropped | Scale | Trigger | ProbeIdle | CarrySlots
@@ -257,7 +258,8 @@ Command = (Admit | Hold | Reject | Divert | Dropped | Scale | Trigger | ProbeIdl
 
 # Notice kinds that mean something is wrong for the pool's users: Warning Events and logs.
 WARNING_NOTICES = ("SwapFailed", "MemberLost", "SwapStalled", "UnsupportedSwapPolicy",
-                   "ActivationLost", "PromptCacheCarryFailed", "StreamsCut", "IdleProbeMisread")
+                   "ActivationLost", "PromptCacheCarryFailed", "StreamsCut", "IdleProbeMisread",
+                   "ReplicasWritten", "MemberAutoscaled")
 
 
 def is_warning(notice: Notice) -> bool:

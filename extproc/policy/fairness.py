@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+from .model import Actuation
 from .pool import PoolReader
 from .residency import linger
 from .state import Swap
@@ -33,10 +34,26 @@ def holds(m: PoolReader, member: str, now: float) -> bool:
 
 
 def calm_at(m: PoolReader) -> float:
-    """When the members giving up the slot will have been idle for their drain linger."""
+    """When the members giving up the slot will have been idle for their drain linger, and
+    the resident has held it for spec.swapDelay (``held_until``)."""
     swap = m.swap
     if swap is None or due(m, swap, m.now):
         return -math.inf
     book, cap = m.requests, m.limits.drain_linger
-    return max((book.idle_since(name) + linger(m, name, cap) for name in m.others()),
-               default=-math.inf)
+    lingered = max((book.idle_since(name) + linger(m, name, cap) for name in m.others()),
+                   default=-math.inf)
+    window = m.spec.fairness_window
+    # never past the fairness window: the swap stops waiting for them then (``due``)
+    return min(max(lingered, held_until(m)), swap.started + window if window > 0 else math.inf)
+
+
+def held_until(m: PoolReader) -> float:
+    """spec.swapDelay: until when the resident keeps the slot against a cross-model swap
+    (-inf: no hold). Own mode only: in llmkube mode LLMKube's reconciler honours the field,
+    and this service follows its status. The fairness window still bounds every wait:
+    ``calm_at`` stops counting once the swap has waited it."""
+    delay, resident = m.spec.swap_delay, m.resident
+    if not delay or m.actuation is not Actuation.OWN or not resident \
+            or m.swap is None or m.swap.target == resident:
+        return -math.inf
+    return m.resident_since + delay

@@ -40,8 +40,8 @@ import math
 from dataclasses import replace
 from operator import attrgetter
 
-from . import (admission, carry, deadlines, fairness, landing, modes, pacing, priority,
-               probecheck, replicas, snapshot, watchdog)
+from . import (admission, autoscaled, carry, deadlines, fairness, landing, modes, pacing,
+               priority, probecheck, replicas, snapshot, watchdog)
 from .events import (ActuationChanged, AdmissionLease, Admit, CarryAnswered, Close, Command,
                      DrainAnnounced, Dropped, Event, Hold, IdleProbed, LeadershipChanged,
                      MemberObserved, Notice, PeersObserved, Reject, RequestArrived,
@@ -112,6 +112,8 @@ class PoolMachine:
     peers = property(attrgetter("fleet.peers"), doc="The other replicas' membership Leases.")
     resident_since = property(attrgetter("policy_memory.resident_since"), doc="Resident since.")
     idle_shown = property(attrgetter("policy_memory.idle_shown"), doc="residentIdleSince.")
+    hands_off = property(lambda self: modes.shown_hands_off(self.hands),
+                         doc="Why own mode stopped actuating, for the status.")
 
     def handle(self, event: Event, now: float) -> list[Command]:
         """Apply one event at time ``now`` and return the commands it causes."""
@@ -139,7 +141,8 @@ class PoolMachine:
             case RequestArrived(rid, member) if member in self.spec.members \
                     and not self.requests.knows(rid):
                 self.now = now
-                if not self.routable(member) or not pacing.admits(self, member):
+                if not self.routable(member) or not pacing.admits(self, member) \
+                        or autoscaled.autoscaler(self, member):
                     return None
                 self.owner_picked = True
                 self.requests.arrived(member, now, self.limits.drain_linger)
@@ -214,6 +217,9 @@ class PoolMachine:
                 pass
             case _:
                 raise PolicyError(f"unknown event {event!r}")
+        if self.hands.fights.fight and modes.fought_by_controller(hands):
+            # a controller that writes again: no edge of ours may answer its write first
+            modes.settle_fight(self, hands, out)
         watchdog.watch(self, now, out)  # (first: a budget 503 at the stall's instant says so)
         self._expire(now, out)
         admission.shed(self, out)  # past the held bound, the lowest negative priority goes
@@ -236,6 +242,9 @@ class PoolMachine:
             raise PolicyError(f"{member!r} is not a member of pool {self.spec.key}")
         if self.requests.knows(rid):
             raise PolicyError(f"request {rid} arrived twice")
+        if autoscaled.autoscaler(self, member):
+            out.append(autoscaled.reject(self, rid, member, 0.0))  # never swapped in
+            return
         self.owner_picked = True
         # A return within the drain linger's cap is what makes an adaptive linger worth it.
         self.requests.arrived(member, now, self.limits.drain_linger)
@@ -269,6 +278,8 @@ class PoolMachine:
         self.obs[obs.name] = obs
         if before is not None and before.replicas != obs.replicas:  # (hands-off: not ours)
             modes.foreign_write(self, self.hands)
+        modes.note_writer(self, self.hands, before, obs, out)
+        autoscaled.noticed(self, before, obs, out)
         modes.note_scaled_up(self.hands, obs.name, obs.replicas, self.now)
         swap = self.swap
         if swap is not None and obs.replicas > 0:

@@ -59,6 +59,11 @@ class PoolSpec:
     swap_policy: str = "sticky"
     # spec.reclaimAfter: idle seconds before a non-default resident gives the slot back
     reclaim_after: float = 300.0
+    # spec.swapDelay: a new resident keeps the slot this long before a swap away unloads it
+    # (own mode; fairness.py: the fairness window still bounds every wait; 0: no hold)
+    swap_delay: float = 0.0
+    # spec.schedulerName: accepted and shown, applied by LLMKube's reconciler ("" : none)
+    scheduler_name: str = ""
     # annotation modelpool.inference.llmkube.dev/max-held; None: the process's --max-held
     max_held: int | None = None
     # annotation modelpool.inference.llmkube.dev/resume: a new value ends a hands-off spell now
@@ -123,6 +128,8 @@ class PoolStatus:
     deferred_message: str = ""
     foreign: bool = False
     llmkube: bool = False
+    # the field manager that last wrote the slot fields (metadata.managedFields; "": unknown)
+    written_by: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +157,10 @@ class MemberObservation:
     capacity: int = 0
     # its llama.cpp slots are saved before it unloads and restored when it loads (carry.py)
     carry: bool = False
+    # the field manager owning spec.replicas (metadata.managedFields; "": unknown; writers.py)
+    replicas_by: str = ""
+    # the autoscaler aimed at it, "Kind/name" ("": none; autoscaled.py refuses the member)
+    autoscaled_by: str = ""
 
     @property
     def ready(self) -> bool:
@@ -192,3 +203,4 @@ class PoolView:
     resident_idle_since: float | None = None
     unsupported_policy: str = ""  # spec.swapPolicy when this version runs it as sticky
     stalled: str = ""  # what a swap that stopped moving is missing ("" when none)
+    hands_off: str = ""  # why own mode stopped actuating, naming the other writer ("": it acts)

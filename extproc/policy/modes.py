@@ -13,8 +13,10 @@ Rules of this file
   graph to the other's. The machine does it between events, never inside an edge.
 
 Hands-off is a spell, not a verdict. Own mode stops actuating a pool that another writer
-fights over (its status rewritten, or a member scaled up again FIGHT_SCALE_DOWNS times), but
-an operator trying ``kubectl scale`` a few times is not a controller: once no foreign write
+fights over (its status rewritten, a member's replicas set by a controller that will set them
+again, ``writers.py``, or a member scaled up again FIGHT_SCALE_DOWNS times), but an operator
+trying ``kubectl scale`` a few times is not a controller (each write is reported, naming its
+field manager, and only repeated ones hand the pool off): once no foreign write
 has been seen for ``hands_off_quiet`` (doubling for each new spell within FIGHT_WINDOW of the
 last, up to 16x), the pool resumes, and a new value of the annotation RESUME_ANNOTATION ends
 the spell at once. Meanwhile every member the cluster shows Ready is routed to, and the rest
@@ -26,8 +28,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from . import writers
 from .events import Command, Notice, Reject, Trigger
-from .model import Actuation, PoolStatus
+from .model import Actuation, MemberObservation, PoolStatus
 from .pool import PoolReader, PoolWriter
 from .state import Stage
 
@@ -51,6 +54,8 @@ class HandsOff:
     quiet_since: float = -math.inf  # the last foreign write seen during the spell
     ended: float = -math.inf  # when the last spell ended
     token: str = ""  # the resume annotation's value when the spell began
+    reason: str = ""  # what the spell's notice said (the other writer, the remedy)
+    over_status: bool = False  # the fight is over the pool's status: we stop writing it too
 
 
 @dataclass(slots=True)
@@ -60,6 +65,7 @@ class FightMemory:
     asked_down: dict[str, bool] = field(default_factory=dict)  # member -> seen at 0 since
     undone: dict[str, list[float]] = field(default_factory=dict)  # member -> when, recently
     fight: str = ""  # why we think someone scales against us ("" if not)
+    writer: str = ""  # the field manager of the last foreign replica write ("" : not known)
 
     def asked(self, member: str, replicas: int) -> None:
         """We ask for ``member`` at ``replicas``: a scale-down is watched for an undo."""
@@ -72,7 +78,7 @@ class FightMemory:
         """A new start: nothing asked down, nothing undone, no fight."""
         self.asked_down.clear()
         self.undone.clear()
-        self.fight = ""
+        self.fight = self.writer = ""
 
 
 @dataclass(slots=True)
@@ -84,6 +90,14 @@ class Hands:
     auto_said: bool = False  # (auto mode names its choice once per pool)
     fights: FightMemory = field(default_factory=FightMemory)
     spell: HandsOff = field(default_factory=HandsOff)
+
+
+def shown_hands_off(hands: Hands) -> str:
+    """Why own mode stopped actuating, for the status's Actuating condition ("" : it did
+    not, or the fight is over the status itself, which we then leave to the other writer)."""
+    if hands.actuation is not Actuation.HANDS_OFF or hands.spell.over_status:
+        return ""
+    return hands.spell.reason
 
 
 def quiet_needed(m: PoolReader, hands: Hands) -> float:
@@ -143,8 +157,10 @@ def observe_status(m: PoolWriter, hands: Hands, before: PoolStatus, out: Out) ->
         if status != before:  # (a re-list repeats what we saw: not a new write)
             foreign_write(m, hands)
     elif hands.actuation is Actuation.OWN and status.foreign:
-        switch(m, hands, Actuation.HANDS_OFF, "another controller rewrites this pool's status; "
-               "run with --actuation llmkube (or auto) beside LLMKube", out)
+        hands.spell.over_status = True
+        who = writers.named(status.written_by) if status.written_by else "another controller"
+        switch(m, hands, Actuation.HANDS_OFF, f"{who} rewrites this pool's status; run with "
+               "--actuation llmkube (or auto) beside LLMKube", out, writer=status.written_by)
     elif hands.auto and not hands.auto_said:
         out.append(Notice("ActuationChanged", f"actuation auto: {hands.actuation.value} (no "
                           "other controller writes this pool's status)", source="auto",
@@ -176,8 +192,10 @@ def lead(m: PoolWriter, hands: Hands, first: bool, leading: bool, out: Out) -> N
                "another replica holds the pool's leader Lease", [] if first else out)
 
 
-def switch(m: PoolWriter, hands: Hands, actuation: Actuation, reason: str, out: Out) -> None:
-    """Hand the pool to ``actuation``; the swap under way continues in the new mode's terms."""
+def switch(m: PoolWriter, hands: Hands, actuation: Actuation, reason: str, out: Out, *,
+           writer: str = "") -> None:
+    """Hand the pool to ``actuation``; the swap under way continues in the new mode's terms.
+    ``writer``: the other field manager that made us hand it over, named in the Notice."""
     if actuation is hands.actuation:
         return
     before, hands.actuation = hands.actuation, actuation
@@ -186,9 +204,9 @@ def switch(m: PoolWriter, hands: Hands, actuation: Actuation, reason: str, out: 
         spell = hands.spell
         spell.spells = spell.spells + 1 if m.now - spell.ended < FIGHT_WINDOW else 1
         spell.quiet_since, spell.token = m.now, m.spec.resume
-        reason = f"{reason}; {resume_hint(m, hands)}"
+        reason = spell.reason = f"{reason}; {resume_hint(m, hands)}"
     out.append(Notice("ActuationChanged", f"actuation {before.value} -> {actuation.value}: "
-                      f"{reason}", source=before.value, target=actuation.value))
+                      f"{reason}", source=before.value, target=actuation.value, writer=writer))
     swap = m.swap
     status_resident = m.status.resident if m.status.resident in m.spec.members else ""
     if actuation is Actuation.HANDS_OFF:
@@ -237,6 +255,27 @@ def conflict_reject(m: PoolReader, hands: Hands, rid: int, held_for: float) -> R
                   min(wait, m.limits.retry_after_max) or m.limits.retry_after_default, held_for)
 
 
+def note_writer(m: PoolReader, hands: Hands, before: MemberObservation | None,
+                obs: MemberObservation, out: Out) -> None:
+    """Own mode: a member's replicas changed, and a field manager other than ours owns them.
+
+    Reported at once, naming the manager and the remedy. A controller that will write them
+    again (``writers.Writer.controller``: Argo CD, Flux, Helm, an autoscaler) is a fight at
+    once: undoing it would only flap the member. A person's ``kubectl scale`` (or a client we
+    do not know) is undone as the pool needs, and counted by ``note_scaled_up``.
+    """
+    manager = obs.replicas_by
+    if hands.actuation is not Actuation.OWN or before is None \
+            or before.replicas == obs.replicas or not writers.foreign(manager):
+        return
+    hands.fights.writer = manager
+    message = writers.replicas_written(obs.name, obs.replicas, manager)
+    if writers.classify(manager).controller:
+        hands.fights.fight = hands.fights.fight or message  # (the hands-off notice says it)
+        return
+    out.append(Notice("ReplicasWritten", message, source=obs.name, writer=manager))
+
+
 def note_scaled_up(hands: Hands, member: str, replicas: int, now: float) -> None:
     """Own mode: a member we asked down, and saw at 0, shows replicas again: someone undid us.
 
@@ -258,14 +297,24 @@ def note_scaled_up(hands: Hands, member: str, replicas: int, now: float) -> None
     fights.undone[member] = times
     if len(times) >= FIGHT_SCALE_DOWNS and hands.actuation is Actuation.OWN \
             and not fights.fight:
+        by = f", last by {writers.named(fights.writer)}" if fights.writer else ""
         fights.fight = (f"{member} was scaled up again {len(times)} times after we scaled it "
-                        f"down, within {FIGHT_WINDOW:g}s")
+                        f"down, within {FIGHT_WINDOW:g}s{by}")
+
+
+def fought_by_controller(hands: Hands) -> bool:
+    """Whether the fight noted is with a controller that writes again (``note_writer``)."""
+    return bool(hands.fights.writer) and writers.classify(hands.fights.writer).controller
 
 
 def settle_fight(m: PoolWriter, hands: Hands, out: Out) -> bool:
     """Hand a fought-over pool to LLMKube (auto) or to no one (own); True if it changed."""
     if not hands.fights.fight or hands.actuation is not Actuation.OWN:
         return False
-    switch(m, hands, Actuation.LLMKUBE if hands.auto else Actuation.HANDS_OFF,
-           hands.fights.fight, out)
+    writer = hands.fights.writer
+    # auto mode takes an unnamed fighter for LLMKube's reconciler; a named one is not
+    llmkube = hands.auto and writers.label(writer) in ("other", "unknown")
+    hands.spell.over_status = False
+    switch(m, hands, Actuation.LLMKUBE if llmkube else Actuation.HANDS_OFF,
+           hands.fights.fight, out, writer=writer)
     return True

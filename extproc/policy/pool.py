@@ -83,6 +83,7 @@ class PoolReader(Protocol):
     # Read back from ``reclaim.PolicyMemory``.
     resident_since: float  # when the resident took the slot
     idle_shown: float | None  # the status's residentIdleSince (None: not shown)
+    hands_off: str  # why own mode stopped actuating, while the status is ours to say so
 
     def routable(self, member: str) -> bool:
         """May requests for ``member`` pass now?"""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .autoscaled import autoscaler
 from .events import Command, Notice
 from .model import Actuation
 from .pool import PoolReader
@@ -75,7 +76,8 @@ def reclaim_at(m: PoolReader) -> float:
     spec = m.spec
     if spec.swap_policy != RECLAIM or m.actuation is not Actuation.OWN or not spec.default \
             or m.resident == spec.default \
-            or spec.default in m.failed_until:  # a default failing to load waits its backoff
+            or spec.default in m.failed_until \
+            or autoscaler(m, spec.default):  # (a default failing to load waits its backoff)
         return math.inf
     since = resident_idle_since(m)
     return math.inf if since is None else since + spec.reclaim_after

@@ -35,4 +35,5 @@ def view(m: PoolReader) -> PoolView:
         failed_member=failed, failed_message=m.failed_message if failed else "",
         held=len(m.requests.held), in_flight=len(m.requests.in_flight),
         max_held=held_bound(m), resident_idle_since=m.idle_shown,
-        unsupported_policy=unsupported(m), stalled=m.swap.stalled if m.swap else "")
+        unsupported_policy=unsupported(m), stalled=m.swap.stalled if m.swap else "",
+        hands_off=m.hands_off)

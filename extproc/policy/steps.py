@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable
 
 from . import fairness, pacing, replicas
+from .autoscaled import autoscaler
 from .events import Command, Notice, ProbeIdle, Reject
 from .model import PHASE_FAILED, Actuation
 from .pool import PoolReader, PoolWriter
@@ -358,14 +359,16 @@ def fail_swap(m: PoolWriter, reason: str, now: float, out: Out) -> None:
 # ---- any stage ----------------------------------------------------------------------------
 
 def target_left(m: PoolReader, now: float) -> bool:
-    return swap_of(m).target not in m.spec.members
+    """The target left the spec, or an autoscaler took it (autoscaled.py: never loaded)."""
+    target = swap_of(m).target
+    return target not in m.spec.members or bool(autoscaler(m, target))
 
 
 def cancel(m: PoolWriter, now: float, out: Out) -> None:
     target = swap_of(m).target
-    m.end_swap()  # nothing left to load; its held requests were rejected with the spec
+    m.end_swap()  # nothing left to load; its held requests were rejected (spec, autoscaler)
     if m.actuation is Actuation.OWN and m.landing.standing(target) and not m.missing() \
-            and not m.requests.busy(target):
+            and not m.requests.busy(target) and not autoscaler(m, target):
         m.scale(target, 0, out)  # withdraw our wish: it would bring a removed member up
 
 

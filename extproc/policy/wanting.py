@@ -7,7 +7,7 @@ reclaim up on it; ``steps_llmkube`` asks it whether LLMKube keeps the pool block
 
 from __future__ import annotations
 
-from . import priority, replicas
+from . import autoscaled, priority, replicas
 from .model import PHASE_FAILED, Actuation
 from .pool import PoolReader
 
@@ -24,8 +24,9 @@ def llmkube_blocked(m: PoolReader) -> str:
 
 
 def wanted(m: PoolReader) -> str:
-    """The member the slot should go to next, or "" to stay put."""
-    return asked_for(m) or _tidy(m)
+    """The member the slot should go to next, or "" to stay put (never an autoscaled one)."""
+    choice = asked_for(m) or _tidy(m)
+    return "" if autoscaled.autoscaler(m, choice) else choice
 
 
 def asked_for(m: PoolReader) -> str:
@@ -35,7 +36,7 @@ def asked_for(m: PoolReader) -> str:
     if llmkube_blocked(m):
         return ""  # LLMKube keeps a failed member pending: no trigger would move the pool
     hint = m.hints.pending
-    if hint in m.spec.members and not m.routable(hint):
+    if hint in m.spec.members and not m.routable(hint) and not autoscaled.autoscaler(m, hint):
         return hint  # resume the swap a previous process (or leader) started
     for held in priority.precedence(m):  # highest priority first (aged: oldest), then oldest
         if not m.routable(held.member):
@@ -44,7 +45,7 @@ def asked_for(m: PoolReader) -> str:
         if not m.routable(member):
             return member
     for member in replicas.peer_demand(m):  # other replicas hold requests for it
-        if not m.routable(member):
+        if not m.routable(member) and not autoscaled.autoscaler(m, member):
             return member
     return ""
 

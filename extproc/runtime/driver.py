@@ -334,8 +334,8 @@ class PoolDriver:
     def _publish(self, view: PoolView) -> None:
         metrics.pool_published(view, self._machine.spec.swap_budget, self._gauged_members)
         self._gauged_members = {m.name for m in view.members}
-        if self._machine.actuation is not Actuation.OWN:
-            return  # in the other modes the status is someone else's
+        if self._machine.actuation is not Actuation.OWN and not view.hands_off:
+            return  # in the other modes the status is someone else's (hands-off: it says so)
         if view.resident_idle_since is not None:
             # The machine's clock is monotonic; the status wants a wall-clock time.
             idle_for = self._clock() - view.resident_idle_since

@@ -135,7 +135,8 @@ class Hub:
             driver.observe_peers(self._peer_states(spec.key))
             log.info("pool added", namespace=spec.key.namespace, pool=spec.key.name,
                      members=list(spec.members), default=spec.default,
-                     actuation="auto" if self._auto else self._actuation.value)
+                     actuation="auto" if self._auto else self._actuation.value,
+                     swap_delay=spec.swap_delay, scheduler=spec.scheduler_name)
         elif driver.spec != spec:
             driver.respec(spec)
         self._reindex()

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from .. import metrics
 from ..logs import get_logger
 from ..policy.events import WARNING_NOTICES, Notice
+from ..policy import writers
 from ..policy.model import Actuation, PoolKey
 
 # the pool driver's logger: notices kept its name when they moved here (log fields are an
@@ -33,7 +34,7 @@ def report(notice: Notice, key: PoolKey, actuation: Actuation, resident: str) ->
     elif notice.kind == "SwapDeferred":
         metrics.swap_deferred(ns, pool, notice.source, resident)
     elif notice.kind == "ActuationChanged" and notice.target == Actuation.HANDS_OFF.value:
-        metrics.conflict(ns, pool)
+        metrics.conflict(ns, pool, writers.label(notice.writer))
     elif notice.kind == "Reclaimed":
         metrics.reclaimed(ns, pool, notice.source, notice.target)
     elif notice.kind in ("StreamsCut", "IdleProbeMisread"):
@@ -46,5 +47,6 @@ def report(notice: Notice, key: PoolKey, actuation: Actuation, resident: str) ->
         level = log.info
     level(notice.message, event=notice.kind, namespace=ns, pool=pool,
           member=notice.target or notice.source, source=notice.source, target=notice.target,
-          duration_s=round(notice.duration, 3), released=notice.released)
+          duration_s=round(notice.duration, 3), released=notice.released,
+          writer=notice.writer)
     return True

@@ -96,6 +96,10 @@ NEWER_VALID = {
                                   reclaimAfter="1h30m"),
     "reclaimAfter under sticky": pool(reclaimAfter="45s"),
     "reclaim without default": pool(swapPolicy="reclaim"),
+    "swapDelay": pool(swapDelay="30s"),
+    "reclaim-down": pool(swapPolicy="reclaim-down", reclaimAfter="10m"),
+    "swapDelay zero": pool(swapDelay="0s"),
+    "schedulerName": pool(schedulerName="gpu-binpack"),
     "residentIdleSince": with_status({"phase": "Ready", "residentMember": "coder",
                                       "residentIdleSince": _IDLE_SINCE}),
     "residentIdleSince with offset": with_status({
@@ -110,6 +114,8 @@ NEWER_INVALID = {
     "residentIdleSince not a time": with_status({"residentIdleSince": "yesterday"}),
     "residentIdleSince as number": with_status({"residentIdleSince": 1767225600}),
     "residentIdleSince date only": with_status({"residentIdleSince": "2026-03-01"}),
+    "swapDelay as number": pool(swapDelay=30),
+    "schedulerName as object": pool(schedulerName={"name": "gpu-binpack"}),
 }
 
 
@@ -119,12 +125,20 @@ def newer_llmkube_schema(seed: dict[str, Any]) -> dict[str, Any]:
     From LLMKube's api/v1alpha1 ModelPool types (facts, read with the search tool): the swap
     policy enum is ``sticky;reclaim``; ``spec.reclaimAfter`` is a ``*metav1.Duration`` (a string
     in OpenAPI) defaulted to "300s"; ``status.residentIdleSince`` is a ``*metav1.Time`` (a
-    date-time string). Nothing else changed in the schema.
+    date-time string). Nothing else changed in the schema up to 0.9.28.
+
+    Release 0.11.0 added ``spec.swapDelay``, ``spec.schedulerName`` and the swap policy
+    ``reclaim-down``; only its release lines are readable, so their types here are our
+    reading: a ``*metav1.Duration`` (a string, no default), a scheduler's name (a string), and
+    one more enum value.
     """
     schema = copy.deepcopy(seed)
     spec = schema["properties"]["spec"]["properties"]
     spec["swapPolicy"]["enum"] = ["sticky", "reclaim"]
     spec["reclaimAfter"] = {"type": "string", "default": "300s"}
+    spec["swapPolicy"]["enum"] = ["sticky", "reclaim", "reclaim-down"]
+    spec["swapDelay"] = {"type": "string"}
+    spec["schedulerName"] = {"type": "string", "maxLength": 253}
     status = schema["properties"]["status"]["properties"]
     status["residentIdleSince"] = {"type": "string", "format": "date-time"}
     return schema

@@ -203,7 +203,7 @@ def test_reference_parser_reads_the_page() -> None:
 
 # Fields LLMKube's newer API rewrote since the reference page: matched by path, and the page's
 # constraints extended by exactly these values (see modelpool_samples.newer_llmkube_schema).
-NEWER_API_CHANGES = {".spec.swapPolicy": {"enum": "sticky, reclaim"}}
+NEWER_API_CHANGES = {".spec.swapPolicy": {"enum": "sticky, reclaim, reclaim-down"}}
 
 
 def test_every_reference_field_is_in_our_crd() -> None:

@@ -96,6 +96,10 @@ POOL_CALLS = [
     ("patch", "inference.llmkube.dev", "inferenceservices", "", "llm", "judge"),
     ("list", "", "pods", "", "llm", ""),
     ("watch", "", "pods", "", "llm", ""),
+    ("list", "autoscaling", "horizontalpodautoscalers", "", "llm", ""),
+    ("watch", "autoscaling", "horizontalpodautoscalers", "", "llm", ""),
+    ("list", "keda.sh", "scaledobjects", "", "llm", ""),
+    ("watch", "keda.sh", "scaledobjects", "", "llm", ""),
     ("create", "", "events", "", "llm", ""),
 ]
 # The Lease client's calls (extproc/platform/kube/leases.py), all in the service's own

@@ -55,7 +55,37 @@ async def test_a_cold_pool_says_swapping_to_its_default_and_never_degraded(clust
     mine = cluster.emu.requests_of(USER)
     assert not [r for r in mine if r.resource == "events"]
     assert not [r for r in mine if r.resource == "pods" and r.verb == "watch"]
-    assert {r.resource for r in mine if r.verb == "watch"} == {POOLS, PLURAL, "models"}
+    assert {r.resource for r in mine if r.verb == "watch"} == {POOLS, PLURAL, "models",
+                                                              "horizontalpodautoscalers"}
+
+
+async def test_an_autoscaled_member_is_refused_and_the_rest_serves_on(cluster: Cluster,
+                                                                      llmkube) -> None:
+    stack = await warm(cluster, llmkube)
+    hpa = {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+           "metadata": {"name": "coder-hpa"},
+           "spec": {"scaleTargetRef": {"apiVersion": f"{GROUP}/{VERSION}",
+                                       "kind": "InferenceService", "name": "coder"},
+                    "minReplicas": 1, "maxReplicas": 2}}
+    await cluster.custom.create_namespaced_custom_object("autoscaling", "v2", NS,
+                                                         "horizontalpodautoscalers", hpa)
+    refused = await eventually(lambda: _members_valid_is(cluster, "AutoscaledMembers"),
+                               SWAP_TIMEOUT, "coder refused")
+    assert "coder(HorizontalPodAutoscaler/coder-hpa)" in message(refused, "MembersValid")
+    await cluster.scale("coder", 1)  # a trigger (or the HPA) for the refused member
+    await passes_after(stack.reconciler, 2)
+    status = await pool_status(cluster)
+    assert status["residentMember"] == "judge" and status["phase"] == "Ready"
+    assert await replicas(cluster, "coder") == 1  # left alone: the autoscaler's
+    await cluster.custom.delete_namespaced_custom_object("autoscaling", "v2", NS,
+                                                         "horizontalpodautoscalers", "coder-hpa")
+    await eventually(lambda: resident_is(cluster, "coder"), SWAP_TIMEOUT, "coder served again")
+
+
+async def _members_valid_is(cluster: Cluster, reason: str) -> dict | None:
+    status = await pool_status(cluster)
+    found = condition(status, "MembersValid")
+    return status if found is not None and found[1] == reason else None
 
 
 async def test_an_activator_trigger_swaps_through_pending_member(cluster: Cluster, llmkube):

@@ -181,11 +181,14 @@ class ControlPlane:
 
     def request(self, method: str, url_or_path: str, body: Any = None, *,
                 token: str | None = "", content_type: str = "application/json",
-                accept: str = "application/json") -> Any:
+                accept: str = "application/json", user_agent: str = "") -> Any:
         """One HTTP call to the API server (as the admin unless ``token`` is given; None sends
-        no credentials) or to etcd (never any); parsed JSON, or text."""
+        no credentials) or to etcd (never any); parsed JSON, or text. ``user_agent``: the
+        client to pose as (the server takes a write's default field manager from it)."""
         url = url_or_path if "://" in url_or_path else self.url + url_or_path
         headers = {"Content-Type": content_type, "Accept": accept}
+        if user_agent:
+            headers["User-Agent"] = user_agent
         if token is not None and not url.startswith(self.etcd_url):
             headers["Authorization"] = f"Bearer {token or self.token_of(ADMIN)}"
         data = None if body is None else json.dumps(body).encode()

@@ -98,7 +98,9 @@ async def test_watch_reports_members_and_pods(client: Any, service: Any,
     async with watching(service, namespace, reports, watch_timeout=5):
         key = PoolKey(namespace, "slot")
         assert reports.specs[key].members == ("a", "b")
-        assert reports.observed["a"] == MemberObservation("a", phase="Ready", replicas=1)
+        # created by the python client: its User-Agent names the field manager of replicas
+        assert reports.observed["a"] == MemberObservation("a", phase="Ready", replicas=1,
+                                                          replicas_by="OpenAPI-Generator")
         await CoreV1Api(client).create_namespaced_pod(namespace, _pod("a-0", "a"))
         await until(lambda: reports.observed["a"].pods == 1, what="pod a-0 counted")
         # no nodeName: nothing runs it, so the real server deletes it at once (no grace)

@@ -20,6 +20,7 @@ import pytest
 
 from control_plane import ControlPlane
 from devstack import envoyproc
+from devstack.stack import DEVSTACK_CRDS
 from devstack.stack_manifests import dump, pool_with_members
 from platform_entry import until
 from rbac import rbac_covers, rbac_excess
@@ -48,6 +49,9 @@ def stack(control_plane: ControlPlane,
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
     control_plane.ensure_namespace(NAMESPACE)
+    # the local stack's ScaledObject CRD: the Role's list and watch of them are then used
+    control_plane.apply_file(DEVSTACK_CRDS / "keda.sh_scaledobjects.yaml")
+    control_plane.wait_established("scaledobjects.keda.sh")
     control_plane.kubectl("apply", "--server-side", "-f", "-",
                           stdin=dump(deploy_base_rbac(control_plane)))
     token = service_account_token(control_plane, NAMESPACE, EXTPROC_USER)

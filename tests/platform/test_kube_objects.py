@@ -201,3 +201,34 @@ def test_member_names_must_be_object_names_and_aliases_plain_names() -> None:
         in refused[0]
     assert sorted(p.split("'")[1] for p in problems if "not a plain model name" in p) == [
         "../x", "a..b", "two words"]
+
+
+def test_field_owner_names_the_latest_manager_of_a_field() -> None:
+    from extproc.platform.kube.objects import REPLICAS_FIELD, field_owner  # noqa: PLC0415
+    replicas = {"f:spec": {"f:replicas": {}}}
+    obj = {"metadata": {"managedFields": [
+        {"manager": "kubectl-client-side-apply", "operation": "Update",
+         "time": "2026-12-01T10:00:00Z", "fieldsType": "FieldsV1",
+         "fieldsV1": {"f:spec": {"f:modelRef": {}}}},
+        {"manager": "argocd-controller", "operation": "Apply", "time": "2026-12-01T10:00:05Z",
+         "fieldsType": "FieldsV1", "fieldsV1": replicas},
+        {"manager": "modelpool-extproc", "operation": "Apply", "time": "2026-12-01T10:00:01Z",
+         "fieldsType": "FieldsV1", "fieldsV1": replicas}]}}
+    assert field_owner(obj, REPLICAS_FIELD) == "argocd-controller"  # shared: the latest
+    assert field_owner(obj, ("spec", "modelRef")) == "kubectl-client-side-apply"
+    assert field_owner(obj, ("status", "phase")) == ""
+    assert field_owner({"metadata": {"managedFields": "junk"}}, REPLICAS_FIELD) == ""
+
+
+def test_swap_delay_and_scheduler_name_are_read() -> None:
+    from extproc.platform.kube.objects import pool_spec  # noqa: PLC0415
+    from extproc.settings import Settings  # noqa: PLC0415
+    obj = {"metadata": {"name": "p", "namespace": "ns"},
+           "spec": {"members": [{"inferenceServiceRef": {"name": "a"}}], "swapDelay": "1m30s",
+                    "schedulerName": "gpu-binpack"}}
+    spec, problems = pool_spec(obj, Settings())
+    assert (spec.swap_delay, spec.scheduler_name, problems) == (90.0, "gpu-binpack", ())
+    obj["spec"].update(swapDelay="soon", schedulerName={"x": 1})
+    spec, problems = pool_spec(obj, Settings())
+    assert (spec.swap_delay, spec.scheduler_name) == (0.0, "")
+    assert len(problems) == 2 and "spec.swapDelay" in problems[0]

@@ -40,7 +40,7 @@ def test_cold_pool_is_pending_with_no_resident() -> None:
                                  {"name": "b", "phase": "Stopped", "resident": False}]
     conds = conditions(status)
     assert set(conds) == {"SlotAllocated", "MembersValid", "SwapDeferred", "SpecValid",
-                          "SwapStalled"}
+                          "SwapStalled", "Actuating"}
     # None: the merge patch deletes a time left from an earlier idle spell
     assert status["residentIdleSince"] is None
     assert conds["SlotAllocated"]["status"] == "False"
@@ -225,3 +225,12 @@ def test_spec_invalid_news_only_when_it_turns_false_or_says_something_new() -> N
     assert spec_invalid_news(status("False", "x"), status("False", "x; y")) == "x; y"
     assert spec_invalid_news(status("False", "x"), status("True")) is None
     assert spec_invalid_news({}, {}) is None
+
+
+def test_actuating_names_the_other_writer_while_own_mode_stands_back() -> None:
+    said = ("actuation own -> hands-off: b's spec.replicas was set to 1 by field manager "
+            "'argocd-controller' (Argo CD syncing the member from Git): add ignoreDifferences")
+    cond = conditions(desired_status(view(hands_off=said), {}, T0))["Actuating"]
+    assert (cond["status"], cond["reason"], cond["message"]) == ("False", "HandsOff", said)
+    cond = conditions(desired_status(view(), {}, T0))["Actuating"]
+    assert (cond["status"], cond["reason"]) == ("True", "Actuating")

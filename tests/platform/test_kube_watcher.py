@@ -304,3 +304,29 @@ async def test_a_name_two_pools_claim_is_reported_on_the_later_and_passes_on(
         await eventually(lambda: any(c[0] == "pool_changed" and c[1].key == second
                                      and c[1].unrouted == () for c in recorder.calls))
         assert watcher.spec_problems(second) == ()
+
+
+def _hpa(name: str, target: str, kind: str = "InferenceService") -> dict:
+    return {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"scaleTargetRef": {"apiVersion": "inference.llmkube.dev/v1alpha1",
+                                        "kind": kind, "name": target},
+                     "minReplicas": 1, "maxReplicas": 2}}
+
+
+async def test_an_autoscaler_aimed_at_a_member_is_in_its_observation(emulator: Any,
+                                                                     api: Any) -> None:
+    """HPAs are watched (KEDA's ScaledObjects too where installed: the emulator has no KEDA,
+    its 404 is an empty collection and the cache still syncs)."""
+    seed(emulator)
+    emulator.create("horizontalpodautoscalers", _hpa("other", "b", kind="Deployment"))
+    recorder = Recorder()
+    async with running(api, recorder) as watcher:
+        assert watcher.observation(KEY, "b").autoscaled_by == ""  # not aimed at the member
+        emulator.create("horizontalpodautoscalers", _hpa("b-hpa", "b"))
+        await eventually(lambda: watcher.observation(KEY, "b").autoscaled_by
+                         == "HorizontalPodAutoscaler/b-hpa", what="b autoscaled")
+        assert watcher.observation(KEY, "a").autoscaled_by == ""
+        emulator.delete("horizontalpodautoscalers", "b-hpa", NS)
+        await eventually(lambda: watcher.observation(KEY, "b").autoscaled_by == "",
+                         what="the autoscaler gone")

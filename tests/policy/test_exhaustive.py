@@ -145,6 +145,11 @@ SCENARIOS = {
     # swapPolicy reclaim: b, not the default, gives the slot back once idle for 10 s, and a
     # request for b cancels that while it drains or probes; the start-up hint a previous
     # process left names b, which is already resident: it is dropped
+    # spec.swapDelay: the resident (a, since 0) keeps the slot 20 s before a swap away
+    # unloads it, bounded by the fairness window (30 s); llmkube mode leaves it to LLMKube
+    "own-warm-delay": (lambda: root(Actuation.OWN, "a", spec_kw={"swap_delay": 20.0}), 5),
+    "llmkube-warm-delay": (lambda: root(Actuation.LLMKUBE, "a", spec_kw={"swap_delay": 20.0}),
+                           4),
     "own-reclaim": (lambda: root(Actuation.OWN, "b", {"idle_gate": True},
                                  {"swap_policy": "reclaim", "reclaim_after": 10.0},
                                  pending="b"), 5),

@@ -10,6 +10,7 @@ from typing import Any
 
 from extproc.platform.kube import activation
 from extproc.platform.kube.idle import IdleProbe, choose_probe
+from extproc.policy import writers
 from extproc.policy.model import PoolKey, PoolSpec, PoolStatus
 from extproc.policy.modes import RESUME_ANNOTATION  # a new value ends a hands-off spell
 from extproc.policy.carry import CARRY_ANNOTATION
@@ -70,7 +71,7 @@ def pod_member(pod: dict[str, Any]) -> str:
 
 # The condition types this service writes; every other type belongs to someone else.
 OWN_CONDITIONS = frozenset({"SlotAllocated", "MembersValid", "SwapDeferred", "SpecValid",
-                            "SwapStalled"})
+                            "SwapStalled", "Actuating"})
 
 
 # Condition types only LLMKube's ModelPoolReconciler writes: where they are, it manages the pool.
@@ -83,15 +84,49 @@ def llmkube_manages(status: dict[str, Any]) -> bool:
                for c in status.get("conditions") or [])
 
 
-def pool_status(status: dict[str, Any], foreign: bool) -> PoolStatus:
-    """What routing needs of a ModelPool's ``.status``."""
+def pool_status(status: dict[str, Any], foreign: bool, written_by: str = "") -> PoolStatus:
+    """What routing needs of a ModelPool's ``.status``; ``written_by``: who set its slot
+    fields last (``field_owner``), named only when the change is foreign."""
     deferred = next((c for c in status.get("conditions") or [] if isinstance(c, dict)
                      and c.get("type") == "SwapDeferred" and c.get("status") == "True"), {})
     return PoolStatus(resident=str(status.get("residentMember") or ""),
                       pending=str(status.get("pendingMember") or ""),
                       deferred_reason=str(deferred.get("reason") or ""),
                       deferred_message=str(deferred.get("message") or ""), foreign=foreign,
-                      llmkube=llmkube_manages(status))
+                      llmkube=llmkube_manages(status),
+                      written_by=written_by if foreign and writers.foreign(written_by) else "")
+
+
+def field_owner(obj: dict[str, Any], *paths: tuple[str, ...]) -> str:
+    """The field manager that last set any of ``paths`` (e.g. ``("spec", "replicas")``) of
+    ``obj``, from its ``metadata.managedFields`` ("" when none is recorded).
+
+    An Update takes a field from every other manager; an Apply of the same value shares it.
+    Among several owners the latest write (``time``, then list order) is the one named: the
+    other writer a swap met is the one that wrote last, not the one that created the object.
+    """
+    owners: list[tuple[str, int, str]] = []
+    entries = (obj.get("metadata") or {}).get("managedFields") or []
+    for index, entry in enumerate(entries if isinstance(entries, list) else []):
+        if not isinstance(entry, dict) or entry.get("fieldsType", "FieldsV1") != "FieldsV1":
+            continue
+        if any(_owns(entry.get("fieldsV1"), path) for path in paths):
+            owners.append((str(entry.get("time") or ""), index, str(entry.get("manager") or "")))
+    return max(owners)[2] if owners else ""
+
+
+def _owns(fields: Any, path: tuple[str, ...]) -> bool:
+    """Whether a FieldsV1 set holds ``path`` (or something under it)."""
+    for part in path:
+        if not isinstance(fields, dict) or f"f:{part}" not in fields:
+            return False
+        fields = fields[f"f:{part}"]
+    return True
+
+
+REPLICAS_FIELD = ("spec", "replicas")
+# the status fields that say who owns the slot: whoever writes them, actuates the pool
+SLOT_FIELDS = (("status", "phase"), ("status", "residentMember"), ("status", "pendingMember"))
 
 
 def service_state(isvc: dict[str, Any]) -> tuple[str, int]:
@@ -171,6 +206,12 @@ def pool_spec(pool: dict[str, Any], settings: Settings) -> tuple[PoolSpec, tuple
     swap_policy = _swap_policy(spec.get("swapPolicy"), problems)
     reclaim_after = _duration(spec.get("reclaimAfter"), DEFAULT_RECLAIM_AFTER,
                               "spec.reclaimAfter", problems, allow_zero=False)
+    swap_delay = _duration(spec.get("swapDelay"), 0.0, "spec.swapDelay", problems,
+                           allow_zero=True)
+    scheduler = spec.get("schedulerName")
+    if scheduler is not None and not isinstance(scheduler, str):
+        problems.append(f"spec.schedulerName {scheduler!r} is not a name; ignored")
+        scheduler = ""
 
     max_held = _count(annotations.get(MAX_HELD_ANNOTATION),
                       f"annotation {MAX_HELD_ANNOTATION}", problems)
@@ -181,7 +222,8 @@ def pool_spec(pool: dict[str, Any], settings: Settings) -> tuple[PoolSpec, tuple
     return PoolSpec(key=key, members=tuple(members), default=default, swap_budget=swap_budget,
                     fairness_window=fairness, generation=int(meta.get("generation") or 0),
                     aliases=aliases, swap_policy=swap_policy,
-                    reclaim_after=reclaim_after, max_held=max_held,
+                    reclaim_after=reclaim_after, swap_delay=swap_delay,
+                    scheduler_name=scheduler or "", max_held=max_held,
                     resume=str(annotations.get(RESUME_ANNOTATION) or ""),
                     activation=activation.activation(annotations, problems),
                     priorities=activation.priorities(annotations, problems),

@@ -17,14 +17,30 @@ from __future__ import annotations
 
 import asyncio
 import json
+from importlib import metadata
 from typing import Any
 
 import aiohttp
 from yarl import URL
 
 from extproc.platform.kube.credentials import Credentials
+from extproc.policy.writers import OUR_MANAGER
 
 MERGE_PATCH = "application/merge-patch+json"
+# Every write names this service as its field manager (metadata.managedFields), so the API
+# server, kubectl and our own watch can tell our writes from others' (policy/writers.py).
+WRITE_METHODS = frozenset({"PATCH", "POST", "PUT"})
+
+
+def _version() -> str:
+    """This package's version for the User-Agent ("dev" when not installed)."""
+    try:
+        return metadata.version("modelpool-extproc")
+    except metadata.PackageNotFoundError:
+        return "dev"
+
+
+USER_AGENT = f"{OUR_MANAGER}/{_version()}"
 
 
 class ApiError(Exception):
@@ -69,17 +85,19 @@ class KubeClient:
         A request with ``watch`` set goes over the watches' connections, any other over the
         requests'. Redirects are not followed: the API server sends none to these paths.
         An expired exec credential is renewed first; a 401 renews it (when it can be) and
-        sends the request once more.
+        sends the request once more. A write names this service as its field manager.
         """
         data = None if body is None else json.dumps(body).encode()
         query = {k: _query_value(v) for k, v in (params or {}).items() if v is not None}
+        if method in WRITE_METHODS:
+            query.setdefault("fieldManager", OUR_MANAGER)
         url = URL(self.credentials.server.rstrip("/") + path, encoded=True)
         session = self._http(query.get("watch") == "true")
         retried = False
         while True:
             await self.credentials.refresh()
             sent = self.credentials.headers()
-            headers = {"Accept": "application/json", **sent}
+            headers = {"Accept": "application/json", "User-Agent": USER_AGENT, **sent}
             if data is not None:
                 headers["Content-Type"] = content_type
             resp = await session.request(

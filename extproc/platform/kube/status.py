@@ -49,7 +49,8 @@ def desired_status(view: PoolView, current_status: dict, now: datetime, *,
     conditions = [_condition(kind, status, reason, message, gen, old.get(kind), stamp)
                   for kind, status, reason, message in (
                       _slot_allocated(view), _members_valid(view), _swap_deferred(view),
-                      _spec_valid(view, spec_problems), _swap_stalled(view))]
+                      _spec_valid(view, spec_problems), _swap_stalled(view),
+                      _actuating(view))]
     # Conditions of other writers (LLMKube's MetalSupported, ...) are theirs: kept as they are.
     conditions += [c for kind, c in old.items() if kind not in OWN_CONDITIONS]
     status: dict[str, Any] = {
@@ -109,13 +110,19 @@ def _slot_allocated(view: PoolView) -> tuple[str, str, str, str]:
 
 
 def _members_valid(view: PoolView) -> tuple[str, str, str, str]:
-    """MembersValid: False, naming them, when member InferenceServices are missing."""
+    """MembersValid: False, naming them, when member InferenceServices are missing or an
+    autoscaler targets them (such a member is refused; the rest of the pool serves on)."""
     missing = list(view.missing_members)
     missing += [m.name for m in view.members if not m.exists and m.name not in missing]
     if missing:
         return ("MembersValid", "False", "MemberNotFound",
                 f"InferenceService not found in namespace {view.key.namespace}: "
                 + ", ".join(missing))
+    scaled = [f"{m.name} (by {m.autoscaled_by})" for m in view.members if m.autoscaled_by]
+    if scaled:
+        return ("MembersValid", "False", "MemberAutoscaled",
+                "members refused, an autoscaler scales them (delete it to serve them again): "
+                + ", ".join(scaled))
     return "MembersValid", "True", "MembersFound", "every member InferenceService exists"
 
 
@@ -155,6 +162,13 @@ def spec_invalid_news(before: dict, after: dict) -> str | None:
     if old.get("status") == "False" and old.get("message") == new.get("message"):
         return None
     return str(new.get("message") or "")
+
+
+def _actuating(view: PoolView) -> tuple[str, str, str, str]:
+    """Actuating: False, naming the other writer and the remedy, while own mode stands back."""
+    if view.hands_off:
+        return "Actuating", "False", "HandsOff", view.hands_off
+    return "Actuating", "True", "Actuating", ""
 
 
 _WHO_FIELDS = ("phase", "residentMember", "pendingMember")

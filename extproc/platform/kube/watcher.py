@@ -37,12 +37,15 @@ from typing import Any
 from extproc.logs import get_logger
 from extproc.platform.contract import PoolListener
 from extproc.platform.kube._calls import POOLS, SERVICES, counted, custom_path, segment
+from extproc.platform.kube.autoscalers import (ABSENT_RETRY, KINDS, OPTIONAL, Autoscalers,
+                                               collection_path)
 from extproc.platform.kube.claims import NameClaims, claimed
 from extproc.platform.kube.idle import IdleProbe
 from extproc.platform.kube.endpoints import PodEndpoints, ready_ip
 from extproc.platform.kube.idle.probes import SLOTS
 from extproc.platform.kube.slotcounts import SlotCounts
-from extproc.platform.kube.objects import (object_key, pod_member, pool_spec, pool_status,
+from extproc.platform.kube.objects import (REPLICAS_FIELD, SLOT_FIELDS, field_owner,
+                                            object_key, pod_member, pool_spec, pool_status,
                                             service_capacity, service_carry, service_probe,
                                             service_state)
 from extproc.platform.kube.rest import KubeClient
@@ -53,6 +56,7 @@ from extproc.settings import Settings
 log = get_logger(__name__)
 
 PODS = "pods"
+WATCHED = (POOLS, SERVICES, PODS, *KINDS)  # the kinds listed before the first report
 
 
 @dataclass(slots=True)
@@ -67,6 +71,7 @@ class _Pool:
     resource_version: str
     declared: PoolSpec
     declared_problems: tuple[str, ...]
+    written_by: str = ""  # the field manager that last set the status's slot fields
 
 
 class ClusterWatcher:
@@ -94,6 +99,8 @@ class ClusterWatcher:
         self._services: dict[tuple[str, str], tuple[str, int]] = {}
         self._capacities: dict[tuple[str, str], int] = {}  # pacing.py's annotation
         self._carried: dict[tuple[str, str], str] = {}  # carry.py's annotation: the model
+        self._replicas_by: dict[tuple[str, str], str] = {}  # spec.replicas' field manager
+        self._autoscalers = Autoscalers()  # HPAs and ScaledObjects aimed at members
         # llama.cpp members' slot counts, read from /slots once per load (paced release)
         self._slot_counts = SlotCounts(self._slot_url, settings,
                                        lambda ns, member: self._refresh(ns, member))
@@ -183,10 +190,11 @@ class ClusterWatcher:
     def _start_loops(self) -> None:
         assert self._group is not None
         for scope in self._scopes:
-            for kind in (POOLS, SERVICES, PODS):
+            for kind in WATCHED:
                 watch = CollectionWatch(
                     self._api, kind, self._path(kind, scope), self._settings, scope=scope,
                     params={"labelSelector": self._pod_selector} if kind == PODS else None,
+                    absent_retry=ABSENT_RETRY if kind in OPTIONAL else 0.0,
                     on_list=functools.partial(self._listed_all, kind, scope),
                     on_event=functools.partial(self._apply, kind))
                 self._loops[(kind, scope)] = self._group.create_task(watch.run())
@@ -213,7 +221,7 @@ class ClusterWatcher:
         """The collection URL of ``kind`` in ``scope`` ("" = every namespace)."""
         if kind == PODS:
             return f"/api/v1/namespaces/{segment(scope)}/pods" if scope else "/api/v1/pods"
-        return custom_path(scope, kind)
+        return collection_path(kind, scope) if kind in KINDS else custom_path(scope, kind)
 
     # --- applying lists and events to the cache -----------------------------------------------
 
@@ -222,7 +230,7 @@ class ClusterWatcher:
         if self.synced.is_set():
             return
         self._listed.add((kind, scope))
-        if len(self._listed) < 3 * len(self._scopes):
+        if len(self._listed) < len(WATCHED) * len(self._scopes):
             return
         self.synced.set()
         log.info("cache synced", pools=len(self._pools), services=len(self._services),
@@ -235,6 +243,8 @@ class ClusterWatcher:
         fresh = {object_key(obj): obj for obj in items}
         if kind == POOLS:
             known = [(k.namespace, k.name) for k in self._pools]
+        elif kind in KINDS:
+            known = self._autoscalers.keys(kind, scope)
         else:
             known = list(self._services if kind == SERVICES else self._pods)
         for key in known:
@@ -249,11 +259,15 @@ class ClusterWatcher:
         deleted = event == "DELETED"
         if kind == POOLS:
             self._apply_pool(PoolKey(*key), None if deleted else obj)
+        elif kind in KINDS:
+            for member in self._autoscalers.apply(kind, *key, None if deleted else obj):
+                self._refresh(key[0], member)
         elif kind == SERVICES:
             if deleted:
                 self._services.pop(key, None)
                 self._capacities.pop(key, None)
                 self._carried.pop(key, None)
+                self._replicas_by.pop(key, None)
                 self._service_versions.pop(key, None)
                 self._probes.pop(key, None)
             else:
@@ -264,6 +278,7 @@ class ClusterWatcher:
                                 problem=problem)
                 self._capacities[key] = capacity
                 self._carried[key] = service_carry(obj)
+                self._replicas_by[key] = field_owner(obj, REPLICAS_FIELD)
                 self._service_versions[key] = (obj.get("metadata") or {}).get(
                     "resourceVersion") or ""
                 self._probes[key] = service_probe(obj)
@@ -309,7 +324,8 @@ class ClusterWatcher:
                                      (*declared.members, *declared.aliases))
         spec, problems = claimed(self._claims, declared, declared_problems)
         pool = _Pool(spec, problems, obj.get("status") or {}, uid,
-                     meta.get("resourceVersion") or "", declared, declared_problems)
+                     meta.get("resourceVersion") or "", declared, declared_problems,
+                     field_owner(obj, *SLOT_FIELDS))
         self._pools[key] = pool
         self._reclaim(touched)
         # A status-only update (our own write, mostly) is reported as a status change only.
@@ -374,7 +390,8 @@ class ClusterWatcher:
         if not self.synced.is_set():
             return
         key = pool.spec.key
-        status = pool_status(pool.status, changed and not self._ours(key, pool.status))
+        status = pool_status(pool.status, changed and not self._ours(key, pool.status),
+                             pool.written_by)
         if self._statuses.get(key) != status:
             self._statuses[key] = status
             self._call("status_changed", key, status)
@@ -400,7 +417,9 @@ class ClusterWatcher:
         return self._with_slot_count(MemberObservation(
             member, exists=True, phase=phase, replicas=replicas, pods=pods,
             capacity=self._capacities.get((namespace, member), 0),
-            carry=bool(self._carried.get((namespace, member)))), namespace)
+            carry=bool(self._carried.get((namespace, member))),
+            replicas_by=self._replicas_by.get((namespace, member), ""),
+            autoscaled_by=self._autoscalers.of(namespace, member)), namespace)
 
     def _with_slot_count(self, obs: MemberObservation, namespace: str) -> MemberObservation:
         """``obs`` with a llama.cpp member's slot count as its capacity (slotcounts.py)."""

@@ -42,7 +42,8 @@ class CollectionWatch:
     def __init__(self, api: KubeClient, resource: str, path: str, settings: Settings, *,
                  on_list: Callable[[list[dict]], None],
                  on_event: Callable[[str, dict], None],
-                 params: dict[str, Any] | None = None, scope: str = "") -> None:
+                 params: dict[str, Any] | None = None, scope: str = "",
+                 absent_retry: float = 0.0) -> None:
         self._api = api
         self.resource = resource
         self._path = path
@@ -52,6 +53,9 @@ class CollectionWatch:
         self._scope = scope or "*"
         self._settings = settings
         self._timeout = max(1, round(settings.watch_timeout))
+        # > 0: a 404 means the kind is not installed (an optional CRD): an empty collection,
+        # asked again after this long, not a failure
+        self._absent_retry = absent_retry
 
     async def run(self) -> None:
         """List then watch forever, re-listing after 410 Gone; never returns."""
@@ -82,7 +86,10 @@ class CollectionWatch:
                 log.warning("watch event too long, re-listing", resource=self.resource,
                             namespace=self._scope, error=str(exc))
             except ApiError as exc:
-                if exc.status == 410:
+                if exc.status == 404 and self._absent_retry and not version:
+                    self._on_list([])  # not installed: nothing of it targets anything
+                    reason, delay = "absent", self._absent_retry
+                elif exc.status == 410:
                     # The version we hold was compacted: only a fresh list can tell what
                     # happened meanwhile. The first re-list is immediate, repeats back off.
                     reason, version, gone_streak = "gone", "", gone_streak + 1
