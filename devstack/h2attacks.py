@@ -13,6 +13,7 @@ The tests (tests/transport/test_attacks.py) assert that no probe is lost; ``make
 
 from __future__ import annotations
 
+import os
 import selectors
 import socket
 import struct
@@ -43,8 +44,14 @@ SETTINGS_ACK = frame(4, 1, 0)
 OPENING = PREFACE + frame(4, 0, 0) + SETTINGS_ACK
 
 
+# The attacker's own loopback address (the ATTACK_SOURCE environment variable, "" = the
+# kernel's choice): a real attacker is another peer than the Envoy it tries to lock out.
+SOURCE = os.environ.get("ATTACK_SOURCE", "")
+
+
 def _connect(host: str, port: int) -> socket.socket:
-    sock = socket.create_connection((host, port), timeout=5)
+    sock = socket.create_connection((host, port), timeout=5,
+                                    source_address=(SOURCE, 0) if SOURCE else None)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
 
@@ -367,10 +374,16 @@ ATTACKS: dict[str, Callable[[str, int, float], None]] = {
 }
 
 
+# Connections each busy with a stream are not the cap's to close: what keeps room for a healthy
+# peer there is the per-peer share, so these attacks come from another loopback address.
+OTHER_PEER = {"silent-streams": "127.0.0.2"}
+
+
 def launch(name: str, host: str, port: int, seconds: float) -> subprocess.Popen:
     """Start one attack in a process of its own."""
     return subprocess.Popen([sys.executable, "-m", "devstack.h2attacks", name, host,
                              str(port), str(seconds)],
+                            env={**os.environ, "ATTACK_SOURCE": OTHER_PEER.get(name, "")},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
