@@ -18,9 +18,9 @@ STACK_OPTIONS = {"endpoint_picker": True, "replicas": 2}
 
 
 def leader(stack: LocalStack) -> str:
-    """The replica holding the pool's leader Lease ("" if none)."""
+    """The replica holding the replica set's leader Lease ("" if none)."""
     lease = stack.get(f"/apis/coordination.k8s.io/v1/namespaces/{stack.lease_namespace}/leases/"
-                      f"modelpool-extproc-leader.{NAMESPACE}.pr")
+                      "modelpool-extproc-leader")
     return (lease.get("spec") or {}).get("holderIdentity") or ""
 
 
