@@ -180,8 +180,8 @@ class Replicas:
     # ---- reports -----------------------------------------------------------------------------
 
     def _lead(self, key: PoolKey, leading: bool) -> None:
-        log.info("pool leadership " + ("taken" if leading else "lost"), namespace=key.namespace,
-                 pool=key.name, replica=self.identity)
+        log.debug("pool leadership " + ("taken" if leading else "lost"), namespace=key.namespace,
+                  pool=key.name, replica=self.identity)
         if leading:
             self._lead_since[key] = self._clock()
         else:
