@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from kube_helpers import NS, eventually
+from extproc.platform.kube.leader import LeaderLease
 from extproc.platform.kube.replicas import Replicas
 from extproc.policy.model import PoolKey, PoolSpec, StartHints
 from extproc.settings import Settings
@@ -145,3 +146,34 @@ async def test_a_dead_leaders_pools_are_all_led_again_within_the_lease_duration(
             # its first write ends it unless its machine wants it (here: it does not)
             await eventually(lambda: seen_a.announced.get(POOLS[5], (0, "b"))[1] == "", 10,
                              "ended")
+
+
+async def test_a_renew_that_lands_after_the_lead_ran_out_is_a_new_term(
+        emulator: Any, api: Any) -> None:
+    """While a slow renew was in flight the lead ran out by our clock and writes were refused;
+    when it lands the machines hear the lead lost and taken again (so they write again)."""
+    now = [1000.0]
+    lead = LeaderLease(api, NS, "replica-a", Settings(**QUICK), clock=lambda: now[0])
+    renew, calls = lead.leases.renew, []
+
+    async def slow_second_renew(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        answered = await renew(*args, **kwargs)
+        if len(calls) == 1:
+            now[0] += 1.0  # the next renew is sent 1 s after this one
+        elif len(calls) == 2:
+            # answered 1.6 s after the first one was sent: past its renew deadline (1.5 s),
+            # though within this one's, so after it the lead looks unbroken
+            now[0] += 0.6
+        return answered
+
+    lead.leases.renew = slow_second_renew  # type: ignore[method-assign]
+    changes: list[bool] = []
+    task = asyncio.create_task(lead.run(on_change=changes.append))
+    try:
+        await eventually(lambda: len(calls) >= 3, 10, "three renews")
+        assert changes[:3] == [True, False, True], changes
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

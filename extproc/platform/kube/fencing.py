@@ -41,6 +41,9 @@ from extproc.policy.model import PoolKey
 log = get_logger(__name__)
 
 MAX_CHAIN = 32  # writes the watch may lag behind; past it the oldest are forgotten (a 409 then)
+# Pools stamped at once: a lead over a thousand pools is thousands of stamps, and unbounded
+# they would take every connection of the API client, so Lease renewals waited behind them.
+STAMPING_POOLS = 8
 
 
 class HeldVersions:
@@ -121,6 +124,7 @@ class TakeoverFences:
         self._stamper, self._members, self._versions = stamper, members, versions
         self._identity = identity
         self._terms: dict[PoolKey, asyncio.Task[None]] = {}
+        self._stamping = asyncio.Semaphore(STAMPING_POOLS)
 
     def lead_changed(self, key: PoolKey, leading: bool) -> None:
         """Start stamping the pool's members when the lead is gained; stop when it is lost."""
@@ -163,6 +167,10 @@ class TakeoverFences:
         return task
 
     async def _stamp_all(self, key: PoolKey, value: str) -> None:
+        async with self._stamping:
+            await self._stamp_pool(key, value)
+
+    async def _stamp_pool(self, key: PoolKey, value: str) -> None:
         # The pool's version is not held here: the status publisher holds its own (what it
         # wrote); should its first write after the stamp name the version before it, that
         # costs one 409 and a re-read, once per lead.

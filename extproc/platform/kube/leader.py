@@ -103,6 +103,7 @@ class LeaderLease:
         self._told: dict[str, tuple[int, str]] = {}  # announcements last reported at rest
         self.seen: Announcements | None = None  # ours, as our watch last showed it
         self._wake = asyncio.Event()
+        self.lapsed = False  # the last landed write came after our lead had run out
 
     def is_leader(self) -> bool:
         """Whether we may act as leader now (renewed within the renew deadline)."""
@@ -158,6 +159,10 @@ class LeaderLease:
             return False
 
     def _landed(self, lease: Lease, sent: float) -> bool:
+        # Landed after our lead had run out by our clock (a slow answer): writes were refused
+        # meanwhile, so the term is reported as lost and taken again (``run``).
+        self.lapsed = self._renewed_sent > -math.inf and \
+            self._clock() >= self._renewed_sent + self.renew_deadline
         self._failed = False
         self._own = [*self._own[-_OWN_WRITES:], lease.resource_version]
         self._take(lease, sent)
@@ -259,6 +264,9 @@ class LeaderLease:
                     renewed = await self.try_acquire_or_renew()
             except TimeoutError:
                 log.info("leader lease attempt timed out", lease=self.name)
+            if leading and self.lapsed:  # lost for a while by our clock: a new term
+                leading = False
+                on_change(False)
             if self.is_leader() != leading:
                 leading = not leading
                 on_change(leading)
