@@ -8,11 +8,14 @@ at zero), then the replicas started at once in own mode. Measured:
 
 - start to synced: from the replicas' start until every replica's metrics name a resident
   member for every pool;
-- at rest, over a quiet window after a settling pause (nothing requested): the replicas' API
+- settled: from the start until the replicas have sent nothing but Lease calls for 10 s (the
+  lead's fences and first status writes are over);
+- at rest, over a quiet window after that (nothing requested): the replicas' API
   requests per second and, of them, writes per second, counted from the audit log (each
   request once, by the time it was received); CPU (cores) and RSS of each replica;
-- with ``--kill``: the leader SIGKILLed, then the time until another replica holds the leader
-  Lease (it then leads every pool) and the writes it sends in the window after (its fences).
+- the leader SIGKILLed (at the largest N, several replicas): the time until another replica
+  holds the leader Lease (it then leads every pool), until it is at rest again, and the writes
+  other than Leases it sent meanwhile (its fences).
 
 Every run is bounded: each wait has a timeout, and every process is stopped by its own pid.
 """
@@ -47,7 +50,8 @@ NAMESPACE = "fleet"
 USER = "modelpool-extproc"
 WRITES = ("create", "update", "patch", "delete", "deletecollection")
 LEASE = "modelpool-extproc-leader"
-SETTLE = 15.0  # after synced: the takeover's fences and first renews behind us
+SETTLE = 10.0  # at rest: this long without a write other than the Leases' renews
+SETTLE_LIMIT = 420.0  # ... waited for at most this long (the lead's fences at 1,000 pools)
 QUIET = 20.0  # the window at rest
 
 
@@ -129,6 +133,21 @@ def requests_between(plane: ControlPlane, start: float, end: float) -> list[dict
     return list(seen.values())
 
 
+def settle(plane: ControlPlane, since: float) -> float:
+    """Seconds from ``since`` (monotonic) until the replicas sent nothing but Lease calls for
+    SETTLE seconds (the lead's fences and status writes done); -1 past SETTLE_LIMIT."""
+    def quiet() -> bool:
+        now = time.time()
+        return not [c for c in requests_between(plane, now - SETTLE, now)
+                    if c["verb"] in WRITES and c["objectRef"].get("resource") != "leases"]
+    time.sleep(SETTLE)
+    try:
+        wait_for(quiet, SETTLE_LIMIT, "at rest", every=5.0)
+    except TimeoutError:
+        return -1.0
+    return time.monotonic() - since - SETTLE
+
+
 def wait_for(check: Any, timeout: float, what: str, every: float = 0.2) -> float:
     """Seconds until ``check()`` is truthy; TimeoutError past ``timeout``."""
     started = time.monotonic()
@@ -162,7 +181,7 @@ def run_one(work: Path, pools: int, replicas: int, kill: bool) -> dict[str, Any]
                  600, "every pool synced")
         result["synced_s"] = round(time.monotonic() - started, 1)
         wait_for(lambda: holder(plane), 60, "a leader")
-        time.sleep(SETTLE)
+        result["settled_s"] = round(settle(plane, started), 1)
         cpu0 = [cpu_seconds(p.pid) for p in procs]
         t0 = time.time()
         time.sleep(QUIET)
@@ -186,7 +205,7 @@ def run_one(work: Path, pools: int, replicas: int, kill: bool) -> dict[str, Any]
             killed_at = time.time()
             os.kill(victim.pid, signal.SIGKILL)
             took = wait_for(lambda: holder(plane) not in ("", boss), 120, "a new leader", 0.1)
-            time.sleep(SETTLE)
+            result["settled_after_kill_s"] = round(settle(plane, time.monotonic() - took), 1)
             after = [c for c in requests_between(plane, killed_at, time.time())
                      if c["verb"] in WRITES and c["objectRef"].get("resource") != "leases"]
             result.update({"leader_killed_led_again_s": round(took, 1),
