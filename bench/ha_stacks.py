@@ -49,8 +49,9 @@ LOST_REPLICA_WAIT = "60s"
 
 
 def leader_lease(namespace: str) -> str:
-    """The name of the pool's leader Lease (the service's default template)."""
-    return f"modelpool-extproc-leader.{namespace}.{POOL}"
+    """The name of the replica set's leader Lease (the service's default; one for every pool,
+    whatever ``namespace``)."""
+    return "modelpool-extproc-leader"
 
 
 class HaStack:

@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from . import (ablation, attacks, ha, handoffs, held, hotpath, machine, overhead, peer, report, swap,
-               tools, warm)
+from . import (ablation, attacks, fleet, ha, handoffs, held, hotpath, machine, overhead, peer,
+               report, swap, tools, warm)
 
 # Part 1: seconds per wrk run, after a warm-up of its own.
 WRK_SECONDS, WRK_WARMUP = 10, 3
@@ -86,6 +86,8 @@ def _alone(work: Path, peer_binary: str | None) -> dict[str, tuple[str, Part]]:
                     lambda: swap.run(work / "swap-llmkube", SWAPS, HELD_PER_SWAP, LOAD_DELAY,
                                      UNLOAD_DELAY, SWAP_BUDGET, actuation="llmkube")),
         "ha": ("5/5 several replicas, 3 beside 1", lambda: ha.run(work / "ha")),
+        "fleet": ("fleet: 1, 100 and 1,000 pools at rest on a real kube-apiserver",
+                  lambda: fleet.run(work / "fleet")),
     }
 
 
@@ -111,7 +113,8 @@ def main(argv: list[str] | None = None) -> None:
                         "warm: part 7, prompt-cache carry-over and paced release, about 2 "
                         "minutes, not in the full run; attacks: part 8, a healthy client "
                         "beside each attack on the gRPC port, about 2 minutes, not in the full "
-                        "run; "
+                        "run; fleet: N pools x replicas at rest on a real kube-apiserver "
+                        "(make kube-tools), about 10 minutes, not in the full run; "
                         f"peer: part 1b, about 5 minutes, needs ${peer.PEER_ENV})")
     only = parser.parse_args(argv).only
     peer_binary = os.environ.get(peer.PEER_ENV)
@@ -157,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
         # parts 6 and 7 run only alone, part 1b only with the peer binary: a run without them
         # keeps their last figures (each stamped with its own date and commit)
         last = json.loads(report.RESULTS.read_text(encoding="utf-8"))
-        for part in ("handoffs", "ablation", "warm", "peer", "attacks", "llama"):
+        for part in ("handoffs", "ablation", "warm", "peer", "attacks", "llama", "fleet"):
             if part not in results and last.get(part) is not None:
                 results[part] = last[part]
     _finish(results, work)

@@ -30,7 +30,7 @@ from devstack import testkit
 from devstack.envoyproc import EnvoyProcess
 from devstack.procs import LOCALHOST, PROJECT_ROOT
 from devstack.stack import LocalStack
-from e2e_support import NAMESPACE, eventually, pools, wait_resident
+from e2e_support import eventually, pools, wait_resident
 
 OVERLAY = PROJECT_ROOT / "deploy" / "overlays" / "standalone-envoy" / "envoy.yaml"
 EXTPROC = "modelpool-extproc"  # the overlay's ext_proc cluster
@@ -149,7 +149,7 @@ async def test_the_overlay_balances_over_replicas_and_steers_around_not_serving(
     assert all(counts[p] > 0 for p in ports), counts  # per stream, over both replicas
     assert sum(counts.values()) >= REQUESTS
 
-    lease = f"modelpool-extproc-leader.{NAMESPACE}.ov"
+    lease = "modelpool-extproc-leader"
     leases = stack.get(f"/apis/coordination.k8s.io/v1/namespaces/{stack.lease_namespace}"
                        f"/leases/{lease}")
     leader = leases["spec"]["holderIdentity"]

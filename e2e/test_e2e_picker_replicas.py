@@ -11,16 +11,16 @@ import asyncio
 import aiohttp
 
 from devstack.stack import LocalStack
-from e2e_support import NAMESPACE, chat, eventually, pools, wait_resident
+from e2e_support import chat, eventually, pools, wait_resident
 
 STACK_DOCS = pools(("pr", ["pr-a", "pr-b"], {"default": "pr-a"}))
 STACK_OPTIONS = {"endpoint_picker": True, "replicas": 2}
 
 
 def leader(stack: LocalStack) -> str:
-    """The replica holding the pool's leader Lease ("" if none)."""
+    """The replica holding the replica set's leader Lease ("" if none)."""
     lease = stack.get(f"/apis/coordination.k8s.io/v1/namespaces/{stack.lease_namespace}/leases/"
-                      f"modelpool-extproc-leader.{NAMESPACE}.pr")
+                      "modelpool-extproc-leader")
     return (lease.get("spec") or {}).get("holderIdentity") or ""
 
 

@@ -39,8 +39,9 @@ def leases(stack: LocalStack) -> dict[str, dict]:
 
 
 def leader(stack: LocalStack, pool: str = "ha") -> str:
-    """The replica holding the pool's leader Lease ("" if none)."""
-    lease = leases(stack).get(f"modelpool-extproc-leader.{NAMESPACE}.{pool}") or {}
+    """The replica leading ``pool``: the holder of the replica set's one leader Lease ("" if
+    none)."""
+    lease = leases(stack).get("modelpool-extproc-leader") or {}
     return (lease.get("spec") or {}).get("holderIdentity") or ""
 
 

@@ -37,7 +37,7 @@ async def test_any_replica_triggers_and_nobody_leads(stack: LocalStack,
     assert pods_together == []
     listing = stack.get(f"/apis/coordination.k8s.io/v1/namespaces/{stack.lease_namespace}/leases")
     names = [item["metadata"]["name"] for item in listing["items"]]
-    assert not [n for n in names if n.startswith("modelpool-extproc-leader.")], names
+    assert not [n for n in names if n.startswith("modelpool-extproc-leader")], names
     assert len([n for n in names if n.startswith("modelpool-extproc-replica-")]) == 3
     writes = [c for c in extproc_calls(stack) if c["verb"] in ("patch", "update", "create")
               and c["resource"] in ("inferenceservices", "modelpools")]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -323,21 +324,23 @@ class Settings:
                                             "renews (held 0 -> >0, a drained member) are "
                                             "coalesced to at most one per this long",
                                             group=_REPLICAS, metavar="DURATION")
-    leader_lease_duration: float = _opt(15.0, "leaseDurationSeconds of a pool's leader Lease; "
+    leader_lease_duration: float = _opt(15.0, "leaseDurationSeconds of the leader Lease; "
                                         "client-go's LeaseDuration", group=_REPLICAS,
                                         metavar="DURATION")
     leader_renew_deadline: float = _opt(10.0, "a leader that has not renewed for this long "
                                         "stops acting as leader; client-go's RenewDeadline",
                                         group=_REPLICAS, metavar="DURATION")
-    leader_retry: float = _opt(2.0, "leader candidates try to acquire, and the leader renews, "
-                               "this often; client-go's RetryPeriod", group=_REPLICAS,
+    leader_retry: float = _opt(2.0, "the leader renews its Lease this often (client-go's "
+                               "RetryPeriod); candidates watch it and try once it has been "
+                               "silent a full duration", group=_REPLICAS,
                                metavar="DURATION")
     membership_lease_name: str = _opt("modelpool-extproc-{replica}", "name of a replica's "
                                       "membership Lease; placeholder {replica}",
                                       group=_REPLICAS, metavar="TEMPLATE")
-    leader_lease_name: str = _opt("modelpool-extproc-leader.{namespace}.{pool}", "name of a "
-                                  "pool's leader Lease; placeholders {namespace}, {pool}",
-                                  group=_REPLICAS, metavar="TEMPLATE")
+    leader_lease_name: str = _opt("modelpool-extproc-leader", "name of the one leader Lease "
+                                  "of the replica set (its holder leads every pool; replicas "
+                                  "sharing it must serve the same namespaces)",
+                                  group=_REPLICAS, metavar="NAME")
 
     # --- observability -------------------------------------------------------------------------
     log_level: str = _opt("info", "debug, info, warning or error", group="observability",
@@ -364,7 +367,7 @@ class Settings:
 
 def validate(settings: Settings) -> str:
     """The first thing wrong with ``settings`` that would only show up per request, or ""."""
-    for name in ("route_template", "idle_probe_url", "leader_lease_name"):
+    for name in ("route_template", "idle_probe_url"):
         try:
             getattr(settings, name).format(member="m", pool="p", namespace="ns")
         except (KeyError, IndexError, ValueError) as exc:
@@ -407,6 +410,9 @@ def validate(settings: Settings) -> str:
     return _lease_problem(settings)
 
 
+_DNS_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
 def _lease_problem(settings: Settings) -> str:
     """What is wrong with the Lease timings, or ""."""
     for name in ("membership_lease_duration", "leader_lease_duration"):
@@ -415,6 +421,9 @@ def _lease_problem(settings: Settings) -> str:
             return f"--{name.replace('_', '-')} must be whole seconds, at least 1s"
     if not 0 < settings.membership_renew < settings.membership_lease_duration - settings.lease_margin:
         return "--membership-renew must be above 0 and below the membership duration - margin"
+    if not _DNS_NAME.fullmatch(settings.leader_lease_name):
+        return (f"bad leader_lease_name {settings.leader_lease_name!r}: one Lease name for the "
+                "replica set (lower-case letters, digits, '-' and '.'), no placeholders")
     if not 0 < settings.leader_retry < settings.leader_renew_deadline < settings.leader_lease_duration:
         return "need 0 < --leader-retry < --leader-renew-deadline < --leader-lease-duration"
     return ""

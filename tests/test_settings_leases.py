@@ -22,7 +22,7 @@ def test_defaults_match_client_go_and_ha_md():
     # a replica fails closed before its peers may count it lost: duration - margin < duration + margin
     assert settings.lease_margin > 0
     assert settings.membership_lease_name.format(replica="pod-1") == "modelpool-extproc-pod-1"
-    assert settings.leader_lease_name.format(namespace="ml", pool="gpu") == "modelpool-extproc-leader.ml.gpu"
+    assert settings.leader_lease_name == "modelpool-extproc-leader"  # one for the replica set
 
 
 def test_flags_and_environment_set_the_timings():
@@ -39,6 +39,8 @@ def test_flags_and_environment_set_the_timings():
     ({"MODELPOOL_MEMBERSHIP_RENEW": "8s"}, "below the membership duration - margin"),
     ({"MODELPOOL_LEADER_RENEW_DEADLINE": "15s"}, "--leader-renew-deadline < --leader-lease-duration"),
     ({"MODELPOOL_LEADER_RETRY": "0s"}, "0 < --leader-retry"),
+    ({"MODELPOOL_LEADER_LEASE_NAME": "modelpool-extproc-leader.{namespace}.{pool}"},
+     "one Lease name for the replica set"),
 ])
 def test_unworkable_timings_are_refused(environ, says):
     with pytest.raises(ConfigError) as refused:

@@ -106,7 +106,7 @@ POOL_CALLS = [
 # namespace: GET one, LIST + WATCH the membership Leases by label, POST, PUT with the
 # resourceVersion read (renew, takeover, release), DELETE with a precondition (a clean leave).
 MEMBER_LEASE = "modelpool-extproc-modelpool-extproc-7d9f8b6c5d-x2k4p"
-LEADER_LEASE = "modelpool-extproc-leader.llm.shared-gpu"
+LEADER_LEASE = "modelpool-extproc-leader"  # one for the replica set
 LEASE_CALLS = [
     ("get", "coordination.k8s.io", "leases", "", "llm", LEADER_LEASE),
     ("list", "coordination.k8s.io", "leases", "", "llm", ""),

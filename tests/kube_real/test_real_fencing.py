@@ -117,7 +117,7 @@ async def test_a_deposed_leaders_late_writes_are_refused(control_plane: ControlP
     key = PoolKey(namespace, "slot")
     credentials = await from_kubeconfig(str(control_plane.kubeconfig))
     old_client = HeldClient(credentials)
-    old = KubePlatform(old_client, _settings(namespace, "r1"))
+    old = KubePlatform(old_client, _settings(namespace, "r1"), lease_client=old_client)
     new = KubePlatform(KubeClient(credentials), _settings(namespace, "r2"))
     tasks = [asyncio.get_running_loop().create_task(old.run(LatestReports()))]
     try:

@@ -23,6 +23,8 @@ import pytest
 from control_plane import ControlPlane
 from devstack.stack_manifests import dump
 from lease_scenarios import (
+    a_candidate_that_missed_a_renew_is_refused,
+    announcements_continue_across_leaders,
     leader_moves_after_a_full_duration,
     memberships_see_each_other,
     stale_renew_conflicts,
@@ -72,6 +74,8 @@ async def test_lease_role_admits_the_lease_machinery(control_plane: ControlPlane
         await stale_renew_conflicts(api, namespace)
         await memberships_see_each_other(api, namespace)
         await leader_moves_after_a_full_duration(api, namespace)
+        await a_candidate_that_missed_a_renew_is_refused(api, namespace)
+        await announcements_continue_across_leaders(api, namespace)
     calls = audit_requests(control_plane, f"system:serviceaccount:{namespace}:{EXTPROC_USER}")
     refused = [c for c in calls if c["code"] in (401, 403)]
     assert refused == [], refused

@@ -13,10 +13,10 @@ import pytest
 
 from devstack.testkit import eventually
 from extproc.platform.kube.leader import LeaderLease
+from extproc.platform.kube._calls import KUBE_REQUESTS
 from extproc.platform.kube.leases import LeaseClient, LeaseConflict
 from extproc.platform.contract import PoolLoad
 from extproc.platform.kube.membership import MEMBER_ROLE, ROLE_LABEL, Load, Membership
-from extproc.policy.model import PoolKey
 from extproc.settings import Settings
 
 # short Leases so the loops turn quickly; the ratios are the defaults' (renew << duration - margin)
@@ -122,26 +122,98 @@ async def silent_peer_is_lost_with_unknown_counts(api: Any, namespace: str) -> N
     assert await leases.get(silent.name) is not None  # only a clean leave deletes a Lease
 
 
+def _calls() -> float:
+    return sum(s.value for m in KUBE_REQUESTS.collect() for s in m.samples
+               if s.name.endswith("_total"))
+
+
 async def leader_moves_after_a_full_duration(api: Any, namespace: str) -> None:
-    """B takes the pool's leader Lease only once A's renews stopped for a whole duration on B's clock."""
-    clock = ManualClock()
-    a = LeaderLease(api, namespace, PoolKey(namespace, "shared-gpu"), "replica-a", Settings(), clock=clock)
-    b = LeaderLease(api, namespace, PoolKey(namespace, "shared-gpu"), "replica-b", Settings(), clock=clock)
-    assert a.name == f"modelpool-extproc-leader.{namespace}.shared-gpu"
+    """B takes the replica set's leader Lease only once A's renews stopped for a whole duration
+    on B's clock, as B's Lease watch showed them; while A renews, B sends nothing."""
+    clock, leases = ManualClock(), LeaseClient(api, namespace)
+    a = LeaderLease(api, namespace, "replica-a", Settings(), clock=clock)
+    b = LeaderLease(api, namespace, "replica-b", Settings(), clock=clock)
+    assert a.name == b.name == "modelpool-extproc-leader"  # one for every pool
     assert await a.try_acquire_or_renew() and a.is_leader() and a.epoch == 0
-    assert not await b.try_acquire_or_renew() and not b.is_leader()
-    clock.now += 5
-    assert await a.try_acquire_or_renew()  # a renew: B sees the Lease change and restarts its wait
-    assert not await b.try_acquire_or_renew()
+    assert not await b.try_acquire_or_renew() and not b.is_leader()  # (B read it once)
+    for _ in range(3):
+        clock.now += 2
+        before = _calls()
+        assert await a.try_acquire_or_renew()  # a renew is one write, no read first
+        assert _calls() - before == 1
+        b.observe(await leases.get(a.name))  # B's Lease watch shows it: B restarts its wait
+        before = _calls()
+        assert not await b.try_acquire_or_renew()
+        assert _calls() == before  # a candidate sends nothing while the holder renews
     clock.now += a.renew_deadline  # A stops renewing: past its renew deadline it is no leader
     assert not a.is_leader()
     clock.now += a.duration - a.renew_deadline - 0.001  # a hair short of a full duration
     assert not await b.try_acquire_or_renew()
     clock.now += 0.001
     assert await b.try_acquire_or_renew() and b.is_leader() and b.epoch == 1
-    assert not await a.try_acquire_or_renew()  # A, back, finds B holding a fresh Lease
+    assert not await a.try_acquire_or_renew()  # A, back, writes from a stale version: refused
+    assert not await a.try_acquire_or_renew() and not a.is_leader()  # re-read: B holds it
     await b.release()
     assert not b.is_leader()
+    a.observe(await leases.get(a.name))
     assert await a.try_acquire_or_renew() and a.epoch == 2  # released: taken at once
-    lease = await LeaseClient(api, namespace).get(a.name)
+    lease = await leases.get(a.name)
     assert lease is not None and (lease.holder, lease.transitions) == ("replica-a", 2)
+
+
+async def a_candidate_that_missed_a_renew_is_refused(api: Any, namespace: str) -> None:
+    """B's watch missed A's renews: at what B takes for a full duration of silence, its write
+    carries the version it saw, the API refuses it, and B reads the Lease and waits again."""
+    clock = ManualClock()
+    a = LeaderLease(api, namespace, "replica-a", Settings(), clock=clock)
+    b = LeaderLease(api, namespace, "replica-b", Settings(), clock=clock)
+    assert await a.try_acquire_or_renew()
+    assert not await b.try_acquire_or_renew()
+    clock.now += a.duration - 1
+    assert await a.try_acquire_or_renew()  # B never hears of it
+    clock.now += 1.001
+    assert not await b.try_acquire_or_renew() and not b.is_leader()
+    assert a.is_leader() and (await LeaseClient(api, namespace).get(a.name)).holder == "replica-a"
+    assert not await b.try_acquire_or_renew()  # read again: A's renew is news, B waits anew
+    clock.now += a.duration - 0.5
+    assert await a.try_acquire_or_renew() and a.is_leader()
+
+
+async def announcements_continue_across_leaders(api: Any, namespace: str) -> None:
+    """Each change of a pool's drain announcement takes the next value of one counter, kept
+    in the Lease: a pool's epochs only grow, across leaders too; a pool with no target has no
+    entry and reads as (counter, "")."""
+    clock, leases = ManualClock(), LeaseClient(api, namespace)
+    a = LeaderLease(api, namespace, "replica-a", Settings(), clock=clock)
+    b = LeaderLease(api, namespace, "replica-b", Settings(), clock=clock)
+    for lead in (a, b):
+        lead.add_pool("ml/p1")
+        lead.add_pool("ml/p2")
+
+    async def drains() -> dict[str, list[object]]:
+        lease = await leases.get(a.name)
+        assert lease is not None
+        return lease.payload["drains"]
+
+    async def counter() -> int:
+        lease = await leases.get(a.name)
+        assert lease is not None
+        return lease.payload["counter"]
+
+    a.announce("ml/p1", "x")
+    assert await a.try_acquire_or_renew() and await drains() == {"ml/p1": [1, "x"]}
+    a.announce("ml/p2", "y")
+    assert await a.try_acquire_or_renew()
+    assert await drains() == {"ml/p1": [1, "x"], "ml/p2": [2, "y"]}
+    a.announce("ml/p1", "")  # ended: the entry goes, p1 now reads (3, "")
+    assert await a.try_acquire_or_renew() and await drains() == {"ml/p2": [2, "y"]}
+    assert await counter() == 3 and a.announced.of("ml/p1") == (3, "")
+    await a.release()
+    assert await drains() == {"ml/p2": [2, "y"]}  # a release keeps them for the next leader
+    b.announce("ml/p2", "y")  # the new leader's machine resumes the swap it found
+    b.announce("ml/p1", "x")
+    assert await b.try_acquire_or_renew() and b.is_leader()
+    assert await drains() == {"ml/p1": [4, "x"], "ml/p2": [2, "y"]}
+    b.remove_pool("ml/p2")
+    assert await b.try_acquire_or_renew() and await drains() == {"ml/p1": [4, "x"]}
+    assert await counter() == 5

@@ -228,18 +228,19 @@ async def test_the_scale_workers_back_off(emulator: Any, api: Any, fault: Fault,
 
 
 async def test_the_leader_lease_backs_off(emulator: Any, api: Any, fault: Fault) -> None:
-    leader = LeaderLease(api, NS, KEY, "replica-a", RETRY)
+    leader = LeaderLease(api, NS, "replica-a", RETRY)
+    leader.add_pool(str(KEY))
     targets = itertools.cycle(["a", "b"])
     async with background(leader.run()):
         await eventually(leader.is_leader, 5)
         # A new announcement each 50 ms, while a leader that is not at rest would retry at once
-        calls = await calls_during(fault, lambda: leader.announce(next(targets)))
+        calls = await calls_during(fault, lambda: leader.announce(str(KEY), next(targets)))
         # (get + write per attempt, one more attempt per announcement's wake-up at most)
         assert_backed_off(calls, 2 * 2, RETRY.api_retry_initial, RETRY.leader_retry)
-        leader.announce("b")
-        await eventually(lambda: leader.is_leader() and leader.at_rest(), 10)
+        leader.announce(str(KEY), "b")
+        await eventually(lambda: leader.is_leader() and leader.at_rest(str(KEY)), 10)
         lease = await LeaseClient(api, NS).get(leader.name)
-        assert lease is not None and lease.payload["target"] == "b"
+        assert lease is not None and lease.payload["drains"][str(KEY)][1] == "b"
 
 
 async def test_the_membership_start_backs_off(emulator: Any, api: Any, fault: Fault) -> None:

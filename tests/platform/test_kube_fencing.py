@@ -14,7 +14,7 @@ from kube_helpers import NS, Recorder, eventually, isvc, modelpool, running
 from extproc.metrics import KUBE_REQUESTS
 from extproc.platform.kube.actuator import Actuator
 from extproc.platform.kube.fencing import (LEADER_ANNOTATION, FenceLost, HeldVersions,
-                                           TakeoverFences)
+                                           STAMPING_POOLS, TakeoverFences)
 from extproc.platform.kube.platform import KubePlatform
 from extproc.platform.kube.rest import ApiError
 from extproc.platform.kube.status import StatusPublisher, StatusWriter
@@ -272,4 +272,36 @@ async def test_a_lead_lost_while_fencing_fails_the_write_without_cancelling_its_
     with pytest.raises(FenceLost):
         await asyncio.wait_for(waiting, 5)
     await fences.ready(KEY)  # not leading: nothing to wait for (the leadership check refuses)
+    fences.close()
+
+
+class _SlowStamper:
+    """Each stamp takes a while; records which pools were stamped, in order."""
+
+    def __init__(self) -> None:
+        self.pools: list[str] = []
+
+    async def stamp(self, namespace: str, member: str, annotation: str, value: str) -> str:
+        """After a pause, a new version."""
+        await asyncio.sleep(0.05)
+        return "v"
+
+    async def stamp_pool(self, namespace: str, pool: str, annotation: str, value: str) -> str:
+        """After a pause, a new version."""
+        self.pools.append(pool)
+        return await self.stamp(namespace, pool, annotation, value)
+
+
+async def test_a_lead_over_many_pools_stamps_a_few_at_a_time_and_a_waiting_scale_first() -> None:
+    stamper = _SlowStamper()
+    fences = TakeoverFences(stamper, _Members(), HeldVersions(), "r1")
+    keys = [PoolKey("ml", f"p{i}") for i in range(40)]
+    for key in keys:
+        fences.lead_changed(key, True)  # one lead taken over every pool
+    await asyncio.sleep(0.01)
+    assert len(stamper.pools) <= STAMPING_POOLS
+    await asyncio.wait_for(fences.ready(keys[-1]), 5)  # the last in line, asked for: next
+    assert "p39" in stamper.pools and len(stamper.pools) < len(keys)
+    await asyncio.wait_for(asyncio.gather(*(fences.ready(key) for key in keys)), 30)
+    assert sorted(stamper.pools) == sorted(k.name for k in keys)  # each once
     fences.close()

@@ -12,6 +12,8 @@ from kube_helpers import NS, eventually
 from lease_scenarios import (
     QUICK,
     Counts,
+    a_candidate_that_missed_a_renew_is_refused,
+    announcements_continue_across_leaders,
     leader_moves_after_a_full_duration,
     member,
     memberships_see_each_other,
@@ -31,6 +33,14 @@ async def test_memberships_see_each_other(emulator: Any, api: Any) -> None:
 
 async def test_leader_moves_after_a_full_duration(emulator: Any, api: Any) -> None:
     await leader_moves_after_a_full_duration(api, NS)
+
+
+async def test_a_candidate_that_missed_a_renew_is_refused(emulator: Any, api: Any) -> None:
+    await a_candidate_that_missed_a_renew_is_refused(api, NS)
+
+
+async def test_announcements_continue_across_leaders(emulator: Any, api: Any) -> None:
+    await announcements_continue_across_leaders(api, NS)
 
 
 async def test_unrenewable_replica_reports_itself_invalid(emulator: Any, api: Any) -> None:

@@ -53,7 +53,8 @@ class Cluster:
         self.replicas = {m: 1 if m == "a" else 0 for m in MEMBERS}  # spec.replicas
         self.ready = {m: m == "a" for m in MEMBERS}
         self.pods = {m: 1 if m == "a" else 0 for m in MEMBERS}
-        self.lease = (0, "")  # the leader Lease's announcement
+        self.lease = (0, "")  # the leader Lease's announcement for this pool
+        self.counter = 0  # the Lease's one counter (other pools' announcements move it too)
         self.seen_own = (0, "")  # ... as the leader's own Lease watch last showed it
         self.writing = False
         self.loads: dict[str, PoolLoad] = {}  # membership Leases as landed
@@ -161,11 +162,27 @@ class Cluster:
 
     def lease_written(self) -> None:
         want = replicas.announcement(self.machines["leader"])
-        self.lease = (self.lease[0] + 1, want)
+        # the counter's next value (other pools' announcements may have taken some); an
+        # ended announcement has no entry and reads as (counter, "")
+        self.counter += self.rng.choice((1, 1, 2, 5))
+        self.lease = (self.counter, want)
         self.writing = False
+        self.lease_shown()
+        self.leader_wants(replicas.announcement(self.machines["leader"]))
+
+    def lease_shown(self) -> None:
         for name in NAMES:  # the Lease watch brings it to every replica, the leader too
             self.watch(name, lambda n=name, a=self.lease: self.announcement_seen(n, a))
-        self.leader_wants(replicas.announcement(self.machines["leader"]))
+
+    def other_pool_announces(self) -> None:
+        """Another pool's announcement moves the counter: this pool, with no entry, reads a
+        newer epoch with no target."""
+        if not self.writing and not self.lease[1] and \
+                not replicas.announcement(self.machines["leader"]):
+            self.counter += 1
+            self.lease = (self.counter, "")
+            self.lease_shown()
+        self.later(self.other_pool_announces, 0.05, 0.6)
 
     def announcement_seen(self, name: str, announced: tuple[int, str]) -> None:
         if name != "leader":
@@ -227,6 +244,8 @@ class Cluster:
 @pytest.mark.parametrize("seed", range(40))
 def test_no_replica_streams_from_or_admits_to_a_member_the_leader_asked_down(seed: int) -> None:
     cluster = Cluster(seed)
+    if seed % 2:  # the Lease is shared by every pool: others' announcements move its counter
+        cluster.later(cluster.other_pool_announces, 0.05, 0.6)
     for step in range(400):
         cluster.run(cluster.now + cluster.rng.uniform(0.0, 0.05))
         cluster.arrive()

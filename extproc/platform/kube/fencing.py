@@ -41,6 +41,10 @@ from extproc.policy.model import PoolKey
 log = get_logger(__name__)
 
 MAX_CHAIN = 32  # writes the watch may lag behind; past it the oldest are forgotten (a 409 then)
+# Pools stamped at once on a gain: a lead over a thousand pools is thousands of stamps, and
+# unbounded they took every connection of the API client; a pool whose scale waits for its
+# stamps skips the queue (``ready``).
+STAMPING_POOLS = 8
 
 
 class HeldVersions:
@@ -114,6 +118,8 @@ class TakeoverFences:
     every scale of the term waits for them (``ready``). A status write need not wait: it moves
     the pool's version itself, and a late patch that lands in the round trip before the stamp
     falls in the new leader's grace (``Replicas.judges``), so it is not read as a fight.
+    A few pools are stamped at a time (a lead is taken over every pool at once); a pool whose
+    scale waits goes first.
     """
 
     def __init__(self, stamper: _Stamper, members: _Members, versions: HeldVersions,
@@ -121,6 +127,8 @@ class TakeoverFences:
         self._stamper, self._members, self._versions = stamper, members, versions
         self._identity = identity
         self._terms: dict[PoolKey, asyncio.Task[None]] = {}
+        self._stamping = asyncio.Semaphore(STAMPING_POOLS)
+        self._queued: set[PoolKey] = set()  # pools whose stamps wait for their turn
 
     def lead_changed(self, key: PoolKey, leading: bool) -> None:
         """Start stamping the pool's members when the lead is gained; stop when it is lost."""
@@ -136,7 +144,10 @@ class TakeoverFences:
         if task is None:
             return  # not leading: the caller's own leadership check refuses the write
         if task.done() and (task.cancelled() or task.exception() is not None):
-            task = self._start(key)  # a failed stamp is tried again with the next write
+            task = self._start(key, urgent=True)  # a failed stamp is tried again now
+        elif key in self._queued:  # a scale waits for it: its turn is now
+            task.cancel()
+            task = self._start(key, urgent=True)
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -153,16 +164,30 @@ class TakeoverFences:
             task.cancel()
         self._terms.clear()
 
-    def _start(self, key: PoolKey) -> asyncio.Task[None]:
+    def _start(self, key: PoolKey, urgent: bool = False) -> asyncio.Task[None]:
         # A fresh value per term, so the stamp always changes the object (a merge patch
         # that changes nothing keeps the resourceVersion, and would fence nothing).
         value = f"{self._identity} {secrets.token_hex(6)}"
+        if urgent:
+            self._queued.discard(key)
+        else:
+            self._queued.add(key)
         task = self._terms[key] = asyncio.get_running_loop().create_task(
-            self._stamp_all(key, value), name=f"fence {key}")
+            self._stamp_pool(key, value) if urgent else self._stamp_in_turn(key, value),
+            name=f"fence {key}")
         task.add_done_callback(_retrieve)
         return task
 
-    async def _stamp_all(self, key: PoolKey, value: str) -> None:
+    async def _stamp_in_turn(self, key: PoolKey, value: str) -> None:
+        try:
+            async with self._stamping:
+                self._queued.discard(key)
+                await self._stamp_pool(key, value)
+        finally:
+            if self._terms.get(key) is asyncio.current_task():
+                self._queued.discard(key)
+
+    async def _stamp_pool(self, key: PoolKey, value: str) -> None:
         # The pool's version is not held here: the status publisher holds its own (what it
         # wrote); should its first write after the stamp name the version before it, that
         # costs one 409 and a re-read, once per lead.

@@ -44,14 +44,20 @@ class ScaleRefused(ApiError, WriteRefused):
 class KubePlatform:
     """Watches the cluster for the runtime and carries out its scale, status and event calls."""
 
-    def __init__(self, api_client: KubeClient, settings: Settings) -> None:
+    def __init__(self, api_client: KubeClient, settings: Settings,
+                 lease_client: KubeClient | None = None) -> None:
         self._api_client = api_client
         self._settings = settings
         self._writer = StatusWriter(api_client)
         self.watcher = ClusterWatcher(api_client, settings, ours=self._ours)
         self._actuator = Actuator(api_client)
         self._versions = HeldVersions()  # the members' versions across our own writes
-        self.replicas = Replicas(api_client, settings, self.watcher.relist,
+        # The Leases get connections of their own: a burst of pool writes (a lead taken over
+        # a thousand pools writes each status, stamps each member) must never make a renew
+        # wait for a connection past its deadline.
+        self._lease_client = lease_client or KubeClient(api_client.credentials,
+                                                        api_client.request_timeout)
+        self.replicas = Replicas(self._lease_client, settings, self.watcher.relist,
                                  on_lead=lambda key, leading: self._fences.lead_changed(
                                      key, leading))
         self._fences = TakeoverFences(self._actuator, self.watcher, self._versions,
@@ -113,6 +119,8 @@ class KubePlatform:
         await self.replicas.stop(clean)
         if self._session is not None:
             await self._session.close()
+        if self._lease_client is not self._api_client:
+            await self._lease_client.close()
         await self._api_client.close()
 
     async def scale(self, key: PoolKey, member: str, replicas: int) -> None:

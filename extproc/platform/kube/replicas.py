@@ -6,15 +6,16 @@ Theory of operation:
 - Every landed renew moves the admission Lease (``admission_changed``): past it the pools
   admit nothing. A replica whose renews lapsed had a blind cache: once a renew lands again,
   every watch re-lists first, and only then is admission reported again.
-- In own and auto mode each pool gets a ``LeaderLease``; its holder's machine leads, the
-  others follow (``leadership_changed``). The leader's drain announcement rides in that
-  Lease; it is told to the leader's own machine once written and in force, and to followers
-  through one watch on every Lease of the service (member and leader roles), which also
-  brings the peers' counts within a round trip instead of a renew period.
+- In own and auto mode one ``LeaderLease`` for the whole replica set: its holder's machines
+  lead every pool, the others follow (``leadership_changed``). The leader's drain
+  announcements ride in that Lease, one entry per pool draining; each is told to the leader's
+  own machine once written and in force, and to followers through one watch on every Lease of
+  the service (member and leader roles), which also brings the peers' counts within a round
+  trip instead of a renew period. Nothing here is per pool at rest: one renew, one watch.
 - Writes for a pool are fenced (``leads``): a replica that is not the pool's leader, by its
   own clock, sends no scale and no status patch; what it sent before that carries a
   resourceVersion precondition, and the next leader's stamps refuse it (``fencing.py``).
-- ``leave()`` on SIGTERM releases the leader Leases at once; ``stop()`` deletes the
+- ``leave()`` on SIGTERM releases the leader Lease at once; ``stop()`` deletes the
   membership Lease after the streams have ended, so peers stop waiting for it.
 """
 
@@ -32,7 +33,7 @@ from pathlib import Path
 
 from extproc.logs import get_logger
 from extproc.platform.contract import PoolListener
-from extproc.platform.kube.leader import LEADER_ROLE, LeaderLease, announcement_of
+from extproc.platform.kube.leader import LEADER_ROLE, LeaderLease, announcements_of
 from extproc.platform.kube.leases import Lease, LeaseClient
 from extproc.platform.contract import Peer
 from extproc.platform.kube.membership import MEMBER_ROLE, ROLE_LABEL, Load, Membership
@@ -64,7 +65,7 @@ def lease_namespace(settings: Settings, environ: Mapping[str, str] | None = None
 
 
 class Replicas:
-    """This replica's membership, its leader Leases, and the Lease watch, for one listener."""
+    """This replica's membership, its leader candidacy, and the Lease watch, for one listener."""
 
     def __init__(self, client: KubeClient, settings: Settings,
                  relist: Callable[[], asyncio.Event], *,
@@ -78,16 +79,18 @@ class Replicas:
                                      settings, clock=clock, on_renew=self._renewed,
                                      lists_peers=False)  # the Lease watch brings them
         self._elects = settings.actuation != "llmkube"  # llmkube mode: any replica triggers
-        self._leaders: dict[PoolKey, LeaderLease] = {}
+        self.leader = LeaderLease(client, self.namespace, self.identity, settings, clock=clock,
+                                  floor=self._highest_ack)
+        self._pools: dict[str, PoolKey] = {}  # the pools seen, by "<namespace>/<pool>"
         self._lead_since: dict[PoolKey, float] = {}
-        self._tasks: dict[PoolKey, asyncio.Task[None]] = {}
+        self._leading = False  # as last told to the machines
+        self._task: asyncio.Task[None] | None = None
         self._listener: PoolListener | None = None
         self._until = -math.inf  # the admission Lease last reported
         self._recovering = False
         self._peers_told: tuple[Peer, ...] | None = None
         self.listed = asyncio.Event()  # the Lease watch's first list is in
-        self._releases: set[asyncio.Task[None]] = set()  # leader Leases of removed pools
-        self._leader_leases: dict[str, PoolKey] = {}  # leader Lease name -> pool, as listed
+        self._told: dict[str, tuple[int, str]] = {}  # announcements told to the machines
 
     async def start(self) -> None:
         """Write the membership Lease (retrying until it lands); call before any watch."""
@@ -115,11 +118,13 @@ class Replicas:
         async with asyncio.TaskGroup() as group:
             group.create_task(watch.run())
             group.create_task(self._age_peers())
+            if self._elects:
+                self._task = group.create_task(self.leader.run(
+                    on_change=self._lead_all, on_rest=self._tell_pool))
 
     def leads(self, key: PoolKey) -> bool:
         """Whether this replica may write for ``key`` now (always in llmkube mode)."""
-        leader = self._leaders.get(key)
-        return not self._elects or (leader is not None and leader.is_leader())
+        return not self._elects or (str(key) in self._pools and self.leader.is_leader())
 
     def judges(self, key: PoolKey) -> bool:
         """Whether a foreign status write is ours to notice: we lead, and long enough that a
@@ -132,25 +137,22 @@ class Replicas:
 
     def announce(self, key: PoolKey, target: str) -> None:
         """The pool's machine wants ``target`` announced (leader only; others ignore it)."""
-        leader = self._leaders.get(key)
-        if leader is not None:
-            leader.announce(target)
+        if self._elects and str(key) in self._pools:
+            self.leader.announce(str(key), target)
 
     def load_changed(self, urgent: bool) -> None:
         """Publish the counts soon (coalesced by the membership unless ``urgent``)."""
         self.membership.request_write(urgent)
 
     async def leave(self) -> None:
-        """SIGTERM: our machines follow from now on, then every leader Lease is given up."""
-        for task in self._tasks.values():
-            task.cancel()
-        if self._tasks:  # bounded: a shutdown must go on even if one did not end in time
-            await asyncio.wait(self._tasks.values(), timeout=self._settings.leader_retry)
-        self._tasks.clear()
-        for key, leader in self._leaders.items():
-            if leader.is_leader():
-                self._lead(key, False)  # before the release: a new leader may act at once
-        await asyncio.gather(*(leader.release() for leader in self._leaders.values()))
+        """SIGTERM: our machines follow from now on, then the leader Lease is given up."""
+        if self._task is not None:
+            self._task.cancel()  # bounded: a shutdown must go on even if it did not end in time
+            await asyncio.wait([self._task], timeout=self._settings.leader_retry)
+            self._task = None
+        if self._leading:
+            self._lead_all(False)  # before the release: a new leader may act at once
+        await self.leader.release()
 
     async def stop(self, clean: bool = True) -> None:
         """After the streams ended: release what is still held, delete the membership Lease
@@ -161,31 +163,27 @@ class Replicas:
     # ---- pools (through _Electing) ---------------------------------------------------------
 
     def pool_seen(self, key: PoolKey) -> None:
-        """Run the pool's election (own and auto mode)."""
-        if not self._elects or key in self._leaders:
+        """A pool to lead while we hold the leader Lease (own and auto mode)."""
+        if not self._elects or str(key) in self._pools:
             return
-        leader = self._leaders[key] = LeaderLease(self._client, self.namespace, key,
-                                                  self.identity, self._settings,
-                                                  clock=self._clock)
-        self._tasks[key] = asyncio.get_running_loop().create_task(
-            leader.run(on_change=lambda leading: self._lead(key, leading),
-                       on_rest=lambda epoch, target: self._tell(key, epoch, target)))
+        self._pools[str(key)] = key
+        self.leader.add_pool(str(key))
+        if self._leading:
+            self._lead(key, True)
 
     def pool_gone(self, key: PoolKey) -> None:
-        """Stop the pool's election and give its Lease up."""
-        task, leader = self._tasks.pop(key, None), self._leaders.pop(key, None)
-        if task is not None:
-            task.cancel()
-        if leader is not None:
-            release = asyncio.get_running_loop().create_task(leader.release())
-            self._releases.add(release)
-            release.add_done_callback(self._releases.discard)
+        """A pool went away: its announcement ends with the leader's next write."""
+        if self._pools.pop(str(key), None) is None:
+            return
+        self.leader.remove_pool(str(key))
+        self._lead_since.pop(key, None)
+        self._told.pop(str(key), None)
 
     # ---- reports -----------------------------------------------------------------------------
 
     def _lead(self, key: PoolKey, leading: bool) -> None:
-        log.info("pool leadership " + ("taken" if leading else "lost"), namespace=key.namespace,
-                 pool=key.name, replica=self.identity)
+        log.debug("pool leadership " + ("taken" if leading else "lost"), namespace=key.namespace,
+                  pool=key.name, replica=self.identity)
         if leading:
             self._lead_since[key] = self._clock()
         else:
@@ -194,11 +192,30 @@ class Replicas:
         if self._listener is not None:
             self._listener.leadership_changed(key, leading)
 
+    def _lead_all(self, leading: bool) -> None:
+        self._leading = leading
+        log.info("leadership " + ("taken" if leading else "lost"), replica=self.identity,
+                 pools=len(self._pools))
+        for key in list(self._pools.values()):
+            self._lead(key, leading)
+
+    def _tell_pool(self, pool: str, epoch: int, target: str) -> None:
+        key = self._pools.get(pool)
+        if key is not None:
+            self._tell(key, epoch, target)
+
     def _tell(self, key: PoolKey, epoch: int, target: str) -> None:
+        self._told[str(key)] = (epoch, target)
         if self._listener is not None:
             log.debug("drain announcement in force", namespace=key.namespace, pool=key.name,
                       epoch=epoch, target=target)
             self._listener.drain_announced(key, epoch, target)
+
+    def _highest_ack(self) -> int:
+        """The highest epoch a peer acknowledged: a recreated Lease's counter starts above it,
+        so no stale acknowledgement can match a new announcement."""
+        return max((load.acked for peer in self.membership.peers() if peer.pools
+                    for load in peer.pools.values()), default=0)
 
     def _load(self) -> Load:
         return Load(self._listener.replica_load() if self._listener is not None else {})
@@ -230,11 +247,9 @@ class Replicas:
 
     def _listed(self, items: list[dict]) -> None:
         leases = [Lease.from_object(item) for item in items]
-        names = {lease.name for lease in leases}
-        self.membership.keep_only(names)
-        for name in [n for n in self._leader_leases if n not in names]:
-            # deleted while we were not watching: its epochs start again
-            self._tell(self._leader_leases.pop(name), 0, "")
+        self.membership.keep_only({lease.name for lease in leases})
+        if self._elects and not any(lease.name == self.leader.name for lease in leases):
+            self._leader_seen(None)  # none, or deleted while we were not watching
         for lease in leases:
             self._apply(lease, deleted=False)
         self._report_peers()
@@ -250,26 +265,25 @@ class Replicas:
         role = lease.labels.get(ROLE_LABEL)
         if role == MEMBER_ROLE:
             self.membership.observe(lease, deleted)
+        elif role == LEADER_ROLE and lease.name == self.leader.name and self._elects:
+            self._leader_seen(None if deleted else lease)
+
+    def _leader_seen(self, lease: Lease | None) -> None:
+        """The leader Lease changed: the candidacy hears it; the machines hear each pool's
+        announcement that changed (ours once in force, another holder's at once)."""
+        self.leader.observe(lease)
+        if self._listener is None:
             return
-        if role != LEADER_ROLE or self._listener is None:
+        if lease is not None and lease.holder == self.identity:
+            for news in self.leader.news():  # our own write came through the watch
+                self._tell_pool(*news)
             return
-        pool = (lease.payload or {}).get("pool") if isinstance(lease.payload, dict) else None
-        namespace, _, name = str(pool or "").partition("/")
-        key = PoolKey(namespace, name)
-        if deleted:
-            self._leader_leases.pop(lease.name, None)
-        elif name:
-            self._leader_leases[lease.name] = key
-        if lease.holder == self.identity and not deleted:
-            ours = self._leaders.get(key)
-            if ours is not None:  # our own write came through the watch: in force, maybe
-                ours.seen = announcement_of(lease)
-                if (news := ours.news()) is not None:
-                    self._tell(key, *news)
-            return
-        if name:
-            epoch, target = (0, "") if deleted else announcement_of(lease)
-            self._listener.drain_announced(key, epoch, target)
+        announced = announcements_of(lease)
+        for pool in sorted(set(announced.drains) | set(self._told) | set(self._pools)):
+            now = announced.of(pool)
+            if self._told.get(pool, (0, "")) != now:
+                namespace, _, name = pool.partition("/")
+                self._tell(self._pools.get(pool) or PoolKey(namespace, name), *now)
 
     async def _age_peers(self) -> None:
         while True:  # a silent peer turns lost without any event: look twice a renew period
@@ -284,18 +298,18 @@ class Replicas:
 
 
 class _Electing:
-    """Forwards the watcher's reports, starting and stopping each pool's election."""
+    """Forwards the watcher's reports, adding and removing each pool from the lead."""
 
     def __init__(self, inner: PoolListener, replicas: Replicas) -> None:
         self._inner, self._replicas = inner, replicas
 
     def pool_changed(self, spec: PoolSpec, hints: StartHints) -> None:
-        """A pool appeared or changed: elect its leader too."""
+        """A pool appeared or changed: led by the leader Lease's holder too."""
         self._inner.pool_changed(spec, hints)
         self._replicas.pool_seen(spec.key)
 
     def pool_removed(self, key: PoolKey) -> None:
-        """A pool went away: so does its election."""
+        """A pool went away: so does its lead."""
         self._replicas.pool_gone(key)
         self._inner.pool_removed(key)
 
