@@ -22,8 +22,8 @@ BASELINE = "bench.edp_service"
 
 
 def start_upstream(workdir: Path, name: str, port: int) -> ManagedProcess:
-    """A fake OpenAI member (devstack.upstream) on ``port``, once it answers /health."""
-    proc = ManagedProcess([sys.executable, "-m", "devstack.upstream", "--name", name,
+    """A fake OpenAI member (devstack.fakemember) on ``port``, once it answers /health."""
+    proc = ManagedProcess([sys.executable, "-m", "devstack.fakemember", "--name", name,
                            "--port", str(port)], workdir / f"upstream-{name}.log",
                           cwd=PROJECT_ROOT).start()
     wait_for_http(f"http://{LOCALHOST}:{port}/health", timeout=20, expect_status=200)

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 from devstack import tinymodel
 from devstack.llamacpp import ANN_MODEL_FILE, ANN_PARALLEL
 from devstack.stack import LLAMA_MODELS
-from devstack.upstream_slots import PREFILL_ENV, SLOTS_ENV
+from devstack.fakemember_slots import PREFILL_ENV, SLOTS_ENV
 from extproc.policy.carry import CARRY_ANNOTATION
 from extproc.policy.pacing import CAPACITY_ANNOTATION
 

@@ -5,7 +5,7 @@ In a cluster the service asks a member's llama.cpp ``/slots`` at
 every simulated member listens on a port of its own and no such name resolves, so a probe from
 the local stack can never answer and a lost replica's requests would only be settled by
 ``--lost-replica-wait``. This process answers ``GET /{namespace}/{member}/slots`` by asking that
-member's own server (``devstack.upstream``, which serves llama.cpp's ``/slots``) and passing
+member's own server (``devstack.fakemember``, which serves llama.cpp's ``/slots``) and passing
 its answer through unchanged; a member it cannot reach is answered 502 (the probe then says
 "cannot tell" and the swap waits, as on a cluster). ``GET /asked`` counts the probes per
 member. ``POST /{namespace}/{member}/slots/{id}?action=save|restore|erase`` passes llama.cpp's

@@ -289,7 +289,7 @@ def kill_member_server(pid: int) -> None:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return  # gone already
-    if b"devstack.upstream" not in cmdline:
+    if b"devstack.fakemember" not in cmdline:
         return  # the id now belongs to some other process
     try:
         os.killpg(pid, signal.SIGKILL)  # the server leads its own process group

@@ -10,7 +10,7 @@ Lifecycle of one member (phases written through the ``/status`` subresource, mer
 - ``spec.replicas`` ≥ 1 (absent counts as 1), no pod: create Pod ``<member>-<5 chars>``
   (labels ``app=<member>``, ``inference.llmkube.dev/service=<member>``), phase ``Creating``
   (replicas 1, readyReplicas 0). With the pod, the member's server ``python -m
-  devstack.upstream --name <member> --port <port>`` binds and answers 503 while it "loads"
+  devstack.fakemember --name <member> --port <port>`` binds and answers 503 while it "loads"
   (as llama-server does); once the load delay has passed since the pod's creation it is told
   the load is over, and when its ``/health`` answers 200 the pod's phase becomes ``Running``,
   then the member's ``Ready`` (replicas 1, readyReplicas 1, ``endpoint:
@@ -229,7 +229,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rollout-delay", type=duration_arg, default=0.0,
                         help="from spec.replicas 1 to the pod object (default 0: at once)")
     parser.add_argument("--runtime", choices=RUNTIMES, default="fake",
-                        help="members' servers: fake (devstack/upstream.py) or llama.cpp (the "
+                        help="members' servers: fake (devstack/fakemember.py) or llama.cpp (the "
                         "real llama-server on a generated model; `make llama-server`)")
     parser.add_argument("--models", help="llama.cpp: the models' directory (default: "
                         "<log-dir>/models, the tiny model written there)")

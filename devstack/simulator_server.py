@@ -1,4 +1,4 @@
-"""The fake upstream process a simulated member serves from (``python -m devstack.upstream``).
+"""The fake upstream process a simulated member serves from (``python -m devstack.fakemember``).
 
 Starting a Python process costs ~0.4 s here (mostly imports), which a benchmark's swap would
 count as orchestration. So each member keeps one *standby* process started ahead
@@ -21,15 +21,15 @@ from pathlib import Path
 import aiohttp
 
 from devstack.procs import LOCALHOST, PROJECT_ROOT, ManagedProcess, port_is_free
-from devstack.upstream import STANDBY_LOAD, STANDBY_LOADED, STANDBY_SERVE
-from devstack.upstream_slots import SLOT_SAVE_PATH_ENV
+from devstack.fakemember import STANDBY_LOAD, STANDBY_LOADED, STANDBY_SERVE
+from devstack.fakemember_slots import SLOT_SAVE_PATH_ENV
 
 START_TIMEOUT = 15.0
 STOP_GRACE = 2.0
 
 
 def _command(member: str, port: int, standby: bool, host: str) -> list[str]:
-    return [sys.executable, "-m", "devstack.upstream", "--name", member, "--host", host,
+    return [sys.executable, "-m", "devstack.fakemember", "--name", member, "--host", host,
             "--port", str(port), *(["--standby"] if standby else [])]
 
 
@@ -115,7 +115,7 @@ class Loading:
 
 
 class UpstreamServer(MemberServer):
-    """One member's OpenAI-compatible fake server process (devstack/upstream.py)."""
+    """One member's OpenAI-compatible fake server process (devstack/fakemember.py)."""
 
     def __init__(self, member: str, port: int, log_dir: Path,
                  standby: ManagedProcess | None = None, host: str = LOCALHOST) -> None:

@@ -89,7 +89,7 @@ class LocalStack(StackApi):
         self.kubeapi_url = f"http://{LOCALHOST}:{ports.kubeapi}"  # the API emulator
         self.probe_port = ports.probe or free_port()  # devstack.proberouter: the idle probe
         self.load_delay, self.unload_delay = load_delay, unload_delay
-        # the members' servers: devstack/upstream.py's fake, or the real llama-server
+        # the members' servers: devstack/fakemember.py's fake, or the real llama-server
         # (devstack/llamacpp.py), whose own load is the load (the simulated delay on top)
         self.runtime = runtime
         self.extproc_args = list(extproc_args)

@@ -39,7 +39,7 @@ STREAM = {"stream": True, "tokens": 20, "token_delay_ms": 100}  # ~2 s on its me
 def fallback(tmp_path_factory: pytest.TempPathFactory) -> Iterator[procs.ManagedProcess]:
     """The fallback backend: a real OpenAI-compatible upstream that names itself."""
     log = Path(tmp_path_factory.mktemp("fallback")) / "upstream.log"
-    proc = procs.ManagedProcess([sys.executable, "-m", "devstack.upstream", "--name", FALLBACK,
+    proc = procs.ManagedProcess([sys.executable, "-m", "devstack.fakemember", "--name", FALLBACK,
                                  "--port", str(FALLBACK_PORT)], log, cwd=procs.PROJECT_ROOT)
     proc.start()
     try:

@@ -19,7 +19,7 @@ import pytest
 
 from devstack.stack import LocalStack
 from devstack.stack_swaps import read_log
-from devstack.upstream_slots import BLIND_SLOTS_ENV
+from devstack.fakemember_slots import BLIND_SLOTS_ENV
 from e2e_support import NAMESPACE, chat, eventually, pools, wait_resident
 
 STACK_DOCS = pools(("cut", ["cut-a", "cut-b"], {"default": "cut-a"}))

@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 
 from devstack.stack_swaps import read_log
-from devstack.upstream_slots import PREFILL_ENV, SLOT_SAVE_PATH_ENV, SLOTS_ENV
+from devstack.fakemember_slots import PREFILL_ENV, SLOT_SAVE_PATH_ENV, SLOTS_ENV
 from e2e_support import chat, eventually, pools, start_stack, wait_resident
 from extproc.policy.carry import CARRY_ANNOTATION
 from extproc.policy.pacing import CAPACITY_ANNOTATION

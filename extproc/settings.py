@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ENV_PREFIX = "MODELPOOL_"
-# Several replicas coordinate through Leases (platform/kube/replicas.py; docs/operations.md).
+# Several replicas coordinate through Leases (platform/kube/coordination.py; docs/operations.md).
 _REPLICAS = "replicas (identity, Lease names and timings; Kubernetes only)"
 
 

@@ -15,7 +15,7 @@ import yaml
 from devstack import envoyconf, envoyproc, procs
 from devstack.picker_envoy import picker_config
 from devstack.testkit import DEMO_POOLS, stop_front_to_back
-from devstack.upstream import SERVED_BY, UpstreamHandle, start_upstream
+from devstack.fakemember import SERVED_BY, UpstreamHandle, start_upstream
 from extproc.app import Service
 from extproc.platform.hostport import join
 from extproc.settings import Settings

@@ -17,7 +17,7 @@ from grpc_health.v1.health import aio as health_aio
 
 from devstack import envoyproc
 from devstack.testkit import finish_within, seed_from_env
-from devstack.upstream import UpstreamHandle, start_upstream
+from devstack.fakemember import UpstreamHandle, start_upstream
 from extproc.protocol import answers
 from extproc.protocol.service import SERVICE
 

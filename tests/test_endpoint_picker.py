@@ -27,7 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from devstack import envoyproc, procs
 from devstack.picker_envoy import SERVED_HEADER, picker_config
 from devstack.testkit import stop_front_to_back
-from devstack.upstream import SERVED_BY, UpstreamHandle, start_upstream
+from devstack.fakemember import SERVED_BY, UpstreamHandle, start_upstream
 from extproc import metrics
 from extproc.app import Service
 from extproc.platform.hostport import join

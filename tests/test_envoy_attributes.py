@@ -28,7 +28,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from google.protobuf import json_format
 
 from devstack import envoyconf
-from devstack.upstream import UpstreamHandle
+from devstack.fakemember import UpstreamHandle
 from extproc.protocol import answers
 from extproc.protocol.request import ATTRIBUTES, ATTRIBUTES_KEY
 

@@ -10,7 +10,7 @@ import pytest
 
 from devstack import envoyconf, procs
 from devstack.testkit import posted
-from devstack.upstream import UpstreamHandle
+from devstack.fakemember import UpstreamHandle
 
 pytestmark = pytest.mark.envoy
 

@@ -10,7 +10,7 @@ import pytest
 from devstack import envoyconf, envoyproc
 from devstack.procs import free_port
 from devstack.testkit import eventually, posted
-from devstack.upstream import UpstreamHandle
+from devstack.fakemember import UpstreamHandle
 from extproc.protocol.service import SERVICE
 from test_envoy_config import validate
 

@@ -19,13 +19,13 @@ from typing import Callable
 
 from . import frames as f
 from .calm import Calm
-from .events import Closed, ConnectionError_, Data, Event, Request, Reset
+from .h2events import Closed, ConnectionError_, Data, Event, Request, Reset
 from .headerblocks import DecodingError, HeaderBlocks, TooManyFields
 from .control import (DECODED_BYTES_PER_FRAME, DECODED_FIELD_FRAMES, DRAIN_PING,
                       NEW_STREAM_FRAMES, U32, Control)
 from .limits import (CLOSED_KEPT, DECODED_SLACK, FIELDS_DECODED, MAX_CONTINUATIONS,
                      MAX_HEADER_FIELDS, MAX_HEADER_LIST, UNACKED_STREAMS)
-from .requests import content_length, malformed
+from .headercheck import content_length, malformed
 from .sending import StreamState
 
 __all__ = ["MAX_CONTINUATIONS", "MAX_HEADER_FIELDS", "MAX_HEADER_LIST", "FIELDS_DECODED",

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Callable
 
 from . import frames as f
 from .calm import Calm
-from .events import ConnectionError_, Event, Reset
+from .h2events import ConnectionError_, Event, Reset
 from .sending import Sending
 
 _PAIR = struct.Struct(">HI")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 
-from .events import ConnectionError_
+from .h2events import ConnectionError_
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 HEADER = struct.Struct(">I B I")  # 24-bit length packed with the type byte, flags, stream id

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, Sequence
 
 import grpc
 
-from .admission import Admission
+from .connection_cap import ConnectionCap
 from .server import _Protocol
 from .trim import LOOK_EVERY, Trimmer, give_back, libc_trim
 
@@ -34,7 +34,7 @@ class Server:
         self.loop = asyncio.get_running_loop()
         self.max_message = max_message
         self.max_concurrent_streams = max_concurrent_streams
-        self.admission = Admission(max_connections, max_connections_per_peer)
+        self.admission = ConnectionCap(max_connections, max_connections_per_peer)
         self.idle_timeout = idle_timeout  # seconds without a stream before a drain (0: never)
         self.connections: set[_Protocol] = set()
         self.stopping = False  # stop() has begun: a connection made now is closed at once

@@ -25,10 +25,10 @@ import grpc
 
 from ..logs import Throttled, get_logger
 from . import frames as f
-from .admission import Admission
+from .connection_cap import ConnectionCap
 from .call import EOF, GRPC_CONTENT_TYPE, Aborted, Call, deadline_of
 from .connection import ServerConnection
-from .events import Closed, Data, Request, Reset
+from .h2events import Closed, Data, Request, Reset
 
 log = get_logger(__name__)
 _peer_errors = Throttled(log, "HTTP/2 connection error from the peer")
@@ -53,7 +53,7 @@ class Host(Protocol):
     stopping: bool
     max_message: int
     max_concurrent_streams: int
-    admission: Admission
+    admission: ConnectionCap
     idle_timeout: float
     live_calls: int  # handlers running, over every connection (lost ones' still unwinding)
 

@@ -16,7 +16,7 @@ import pytest
 
 from devstack.reconciler import POOLS, USER
 from devstack.simulator_kube import GROUP, MERGE_PATCH, PLURAL, VERSION
-from devstack.upstream import TOKEN_DELAY_ENV
+from devstack.fakemember import TOKEN_DELAY_ENV
 from devstack_cluster import NS, Cluster, eventually
 from reconciler_kit import POOL, SWAP_TIMEOUT, calls, condition, deferred_by, make_pod, \
     message, passes_after, pending_is, phase_is, pod_history, poke, pool_history, \

@@ -16,7 +16,7 @@ import pytest
 
 from devstack import envoyproc
 from devstack.testkit import stop_front_to_back
-from devstack.upstream import UpstreamHandle, start_upstream
+from devstack.fakemember import UpstreamHandle, start_upstream
 from extproc.app import Service
 from extproc.settings import Settings
 from tests.deploy.conftest import render_path

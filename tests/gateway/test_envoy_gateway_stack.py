@@ -20,7 +20,7 @@ import yaml
 from devstack import testkit
 from devstack.stack import LocalStack
 from devstack.stack_manifests import member
-from devstack.upstream import UpstreamHandle, start_upstream
+from devstack.fakemember import UpstreamHandle, start_upstream
 from e2e.e2e_support import SWAP_BOUND, notices, start_stack, timeline
 from tests.gateway.conftest import GatewayRun, run_translated
 from tests.gateway.egctl import EXAMPLE_POOL, ExamplePool

@@ -18,7 +18,7 @@ from extproc.metrics import WATCH_RESTARTS
 from extproc.platform.kube.actuator import Actuator
 from extproc.platform.kube.client import make_api_client
 from extproc.platform.kube.credentials import from_kubeconfig
-from extproc.platform.kube.events import EventRecorder
+from extproc.platform.kube.recorder import EventRecorder
 from extproc.platform.kube.fencing import LEADER_ANNOTATION
 from extproc.platform.kube.platform import KubePlatform
 from extproc.platform.kube.rest import ApiError, KubeClient
@@ -96,13 +96,13 @@ async def until(check: Callable[[], Any], what: str = "") -> Any:
 
 
 # Lease names, status and watch limits (test_real_limits.py)
-from extproc.platform.kube.leader import LeaderLease  # noqa: E402
 from extproc.platform.kube.leases import LeaseClient, lease_name  # noqa: E402
+from extproc.platform.kube.membership import Load, Membership  # noqa: E402
 from extproc.platform.kube.status import MESSAGE_LIMIT, TRUNCATED  # noqa: E402
 
 # Credentials renewed on a 401 (test_real_credentials.py)
 from extproc.platform.kube import credentials as credentials_module  # noqa: E402
 from extproc.platform.kube.credentials import Credentials  # noqa: E402
 
-__all__ += ["Credentials", "LeaderLease", "LeaseClient", "MESSAGE_LIMIT", "TRUNCATED",
+__all__ += ["Credentials", "LeaseClient", "Load", "Membership", "MESSAGE_LIMIT", "TRUNCATED",
             "credentials_module", "lease_name"]

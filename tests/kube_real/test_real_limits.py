@@ -1,5 +1,5 @@
-"""Names and texts at the API server's limits: a pool name long enough that the leader Lease's
-templated name passes 253 characters, a condition message longer than the CRD allows, and an
+"""Names and texts at the API server's limits: a replica identity long enough that its
+membership Lease's templated name passes 253 characters, a condition message longer than the CRD allows, and an
 InferenceService big enough that its watch event outgrows an HTTP client's line buffer. The
 real server's validation and encoding are the judge."""
 
@@ -15,10 +15,11 @@ from control_plane import ControlPlane
 from platform_entry import (
     MESSAGE_LIMIT,
     TRUNCATED,
-    LeaderLease,
     LatestReports,
     LeaseClient,
+    Load,
     MemberObservation,
+    Membership,
     PoolKey,
     PoolPhase,
     PoolView,
@@ -43,20 +44,18 @@ async def service(control_plane: ControlPlane) -> Any:
         yield api
 
 
-async def test_leader_lease_of_a_pool_with_a_long_name(service: Any, namespace: str) -> None:
-    assert len(LONG_POOL) == 253
-    key = PoolKey(namespace, LONG_POOL)
-    a = LeaderLease(service, namespace, key, "replica-a", Settings())
-    b = LeaderLease(service, namespace, key, "replica-b", Settings())
-    assert a.name == b.name and len(a.name) <= 253
-    assert await a.try_acquire_or_renew() and a.is_leader()
-    assert not await b.try_acquire_or_renew()  # the same Lease, held
-    lease = await LeaseClient(service, namespace).get(a.name)
-    assert lease is not None and lease.holder == "replica-a"
-    # a pool whose name differs only past the cut has a Lease of its own
-    other = LeaderLease(service, namespace, PoolKey(namespace, LONG_POOL[:-1] + "y"),
-                        "replica-b", Settings())
-    assert other.name != a.name and await other.try_acquire_or_renew()
+async def test_the_membership_lease_of_a_long_identity_is_written(service: Any,
+                                                                  namespace: str) -> None:
+    identity = LONG_POOL  # a pod name may be as long as this
+    member = Membership(service, namespace, identity, Load, Settings())
+    assert len(member.name) <= 253
+    await member.start()
+    try:
+        lease = await LeaseClient(service, namespace).get(member.name)
+        assert lease is not None and lease.holder == identity
+    finally:
+        await member.stop()
+    assert await LeaseClient(service, namespace).get(member.name) is None  # a clean leave
 
 
 async def test_a_condition_message_over_the_crd_limit_is_cut_not_refused(

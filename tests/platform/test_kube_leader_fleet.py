@@ -11,7 +11,7 @@ from typing import Any
 
 from kube_helpers import NS, eventually
 from extproc.platform.kube.leader import LeaderLease
-from extproc.platform.kube.replicas import Replicas
+from extproc.platform.kube.coordination import Replicas
 from extproc.policy.model import PoolKey, PoolSpec, StartHints
 from extproc.settings import Settings
 

@@ -14,7 +14,7 @@ from kube_helpers import CRDS, NS, pod, started_emulator
 from devstack import upstream_crds
 from extproc.inference_pool import POOL_LABEL, inference_pool
 from extproc.platform.kube.client import make_api_client
-from extproc.platform.kube.events import EventRecorder
+from extproc.platform.kube.recorder import EventRecorder
 from extproc.platform.kube.poolcheck import FOREIGN, UNSELECTED
 from extproc.platform.kube.routecheck import RouteChecker
 from extproc.policy.model import PoolKey, PoolSpec

@@ -14,7 +14,7 @@ from kube_helpers import CRDS, NS, Recorder, eventually, isvc, modelpool, starte
 
 from devstack import upstream_crds
 from extproc.platform.kube.client import make_api_client
-from extproc.platform.kube.events import EventRecorder
+from extproc.platform.kube.recorder import EventRecorder
 from extproc.platform.kube.routecheck import REASON, RouteChecker
 from extproc.platform.kube.platform import KubePlatform
 from extproc.policy.model import PoolKey, PoolSpec

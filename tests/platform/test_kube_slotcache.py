@@ -1,5 +1,5 @@
 """The llama.cpp slot client (extproc/platform/kube/idle/slotcache.py) against the simulated
-member's slot API (devstack/upstream_slots.py), through the probe router as in the local stack."""
+member's slot API (devstack/fakemember_slots.py), through the probe router as in the local stack."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 
 from devstack import procs
 from devstack.proberouter import ProbeRouter
-from devstack.upstream import start_upstream
-from devstack.upstream_slots import RESTORE_EFFECT_ENV, SLOT_SAVE_PATH_ENV
+from devstack.fakemember import start_upstream
+from devstack.fakemember_slots import RESTORE_EFFECT_ENV, SLOT_SAVE_PATH_ENV
 from extproc.platform.kube.idle.slotcache import carry, slot_file
 
 PROMPT = " ".join(f"w{i}" for i in range(120))

@@ -226,7 +226,7 @@ async def test_members_resolve_in_the_pool_namespace(emulator: Any, api: Any,
 
 async def test_paced_release_reads_a_ready_members_slot_count_once(emulator: Any,
                                                                    api: Any) -> None:
-    from devstack.upstream import start_upstream
+    from devstack.fakemember import start_upstream
 
     member = await start_upstream("a", token_delay_ms=0, slots=3)
     try:

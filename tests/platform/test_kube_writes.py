@@ -15,7 +15,7 @@ from extproc.platform.kube.rest import ApiError
 
 from extproc.metrics import KUBE_REQUESTS
 from extproc.platform.kube.actuator import Actuator, MemberMissing
-from extproc.platform.kube.events import EventRecorder
+from extproc.platform.kube.recorder import EventRecorder
 from extproc.platform.kube.fencing import LEADER_ANNOTATION
 from extproc.platform.kube.platform import KubePlatform
 from extproc.platform.kube.status import StatusPublisher, StatusWriter

@@ -1,6 +1,7 @@
-"""Lease names made from the name templates are always names the API server accepts (a DNS-1123
-subdomain of at most 253 characters), the same for every replica, and unchanged when the
-template's result was valid already (so replicas of two releases share their Leases)."""
+"""Lease names made from the membership template are always names the API server accepts (a
+DNS-1123 subdomain of at most 253 characters), the same for every replica, and unchanged when
+the template's result was valid already (so replicas of two releases share their Leases). The
+one leader Lease's name is a setting, refused at start when it is no valid name."""
 
 from __future__ import annotations
 
@@ -8,10 +9,8 @@ import re
 
 from hypothesis import given, settings, strategies as st
 
-from extproc.platform.kube.leader import LeaderLease
 from extproc.platform.kube.leases import lease_name
 from extproc.platform.kube.membership import Membership
-from extproc.policy.model import PoolKey
 from extproc.settings import Settings
 
 SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -23,9 +22,7 @@ def valid(name: str) -> bool:
     return len(name) <= 253 and SUBDOMAIN.fullmatch(name) is not None
 
 
-def test_leader_and_membership_leases_of_long_names_are_valid() -> None:
-    leader = LeaderLease(None, "ml", PoolKey("n" * 63, LONG_POOL), "r", Settings())  # type: ignore[arg-type]
-    assert valid(leader.name) and leader.name.startswith("modelpool-extproc-leader.")
+def test_the_membership_lease_of_a_long_identity_is_valid() -> None:
     member = Membership(None, "ml", "r" * 253, lambda: None, Settings())  # type: ignore[arg-type]
     assert valid(member.name) and member.name.startswith("modelpool-extproc-rrr")
 

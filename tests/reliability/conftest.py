@@ -13,7 +13,7 @@ from relstack import POOLS, Stack, serving, settings_for
 
 from devstack import envoyproc
 from devstack.testkit import finish_within
-from devstack.upstream import start_upstream
+from devstack.fakemember import start_upstream
 from extproc.app import Service
 
 

@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from devstack import envoyproc
 from devstack.testkit import DEMO_POOLS
-from devstack.upstream import UpstreamHandle
+from devstack.fakemember import UpstreamHandle
 from extproc import metrics
 from extproc.app import Service
 from extproc.settings import Settings

@@ -26,7 +26,7 @@ from conftest import Installed
 from devstack import procs
 from devstack import stack_manifests as manifests
 from devstack.testkit import eventually
-from devstack.upstream import UpstreamHandle
+from devstack.fakemember import UpstreamHandle
 
 # The first test here also pays for the session fixture: a wheel built in an isolated build
 # environment, a new virtualenv, the product's dependencies installed into it. On a busy

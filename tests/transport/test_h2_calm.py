@@ -14,7 +14,7 @@ from extproc.transport import calm
 from extproc.transport import frames as f
 from extproc.transport.connection import MAX_HEADER_LIST, ServerConnection
 from extproc.transport.control import DECODED_FIELD_FRAMES, DRAIN_PING, NEW_STREAM_FRAMES
-from extproc.transport.events import Closed, Data, Request, Reset
+from extproc.transport.h2events import Closed, Data, Request, Reset
 
 
 class Clock:

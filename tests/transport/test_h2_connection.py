@@ -16,7 +16,7 @@ import pytest
 
 from extproc.transport import frames as f
 from extproc.transport.connection import ServerConnection
-from extproc.transport.events import Closed, Data, Request, Reset
+from extproc.transport.h2events import Closed, Data, Request, Reset
 
 S = h2.settings.SettingCodes
 REQUEST = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/pkg.Svc/Call"),

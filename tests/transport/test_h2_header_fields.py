@@ -10,7 +10,7 @@ from test_h2_connection import REQUEST
 
 from extproc.transport import frames as f
 from extproc.transport.connection import FIELDS_DECODED, MAX_HEADER_FIELDS
-from extproc.transport.events import Closed
+from extproc.transport.h2events import Closed
 from extproc.transport.headerblocks import count_fields
 
 COOKIE = b"\xa0"  # static table entry 32, "cookie" with no value: 1 byte, 38 decoded

@@ -11,7 +11,7 @@ from extproc.settings import Settings
 from extproc.transport import frames as f
 from extproc.transport import listener
 from extproc.transport.connection import UNACKED_STREAMS, ServerConnection
-from extproc.transport.events import Request
+from extproc.transport.h2events import Request
 from extproc.transport.trim import Trimmer
 
 __all__ = ["serve"]  # the fixture, shared with test_h2_server

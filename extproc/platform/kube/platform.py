@@ -16,10 +16,10 @@ from extproc.logs import get_logger
 from extproc.platform.kube._calls import POOLS, SERVICES, TRANSPORT_ERRORS
 from extproc.platform.kube.actuator import Actuator
 from extproc.platform.kube.client import make_api_client
-from extproc.platform.kube.events import EventRecorder
+from extproc.platform.kube.recorder import EventRecorder
 from extproc.platform.kube.idle import run_probe
 from extproc.platform.kube.idle.slotcache import carry, slot_file
-from extproc.platform.kube.replicas import Replicas
+from extproc.platform.kube.coordination import Replicas
 from extproc.platform.kube.fencing import HeldVersions, TakeoverFences
 from extproc.platform.kube.rest import ApiError, KubeClient
 from extproc.platform.kube.routecheck import RouteChecker

@@ -18,7 +18,7 @@ from typing import Any
 from extproc.logs import get_logger
 from extproc.platform.kube._calls import counted, describe, segment
 from extproc.platform.kube import poolcheck
-from extproc.platform.kube.events import EventRecorder
+from extproc.platform.kube.recorder import EventRecorder
 from extproc.platform.kube.rest import KubeClient
 from extproc.policy.model import PoolKey, PoolSpec
 from extproc.settings import Settings

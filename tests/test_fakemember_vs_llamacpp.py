@@ -1,4 +1,4 @@
-"""The fake member (devstack/upstream.py, devstack/upstream_slots.py) against llama.cpp's own
+"""The fake member (devstack/fakemember.py, devstack/fakemember_slots.py) against llama.cpp's own
 llama-server (``make llama-server``, on the generated models of devstack/tinymodel.py).
 
 Each test plays one scenario on both servers and asserts that they agree on what the service
@@ -39,8 +39,8 @@ import pytest
 from devstack import llamacpp, tinymodel
 from devstack.procs import LOCALHOST, PROJECT_ROOT, ManagedProcess, free_port
 from devstack.testkit import finish_within
-from devstack.upstream import UpstreamHandle, start_upstream
-from devstack.upstream_slots import CACHE_RAM_ENV, SLOT_SAVE_PATH_ENV
+from devstack.fakemember import UpstreamHandle, start_upstream
+from devstack.fakemember_slots import CACHE_RAM_ENV, SLOT_SAVE_PATH_ENV
 from extproc.platform.kube.idle.probes import METRIC, IdleProbe, run_probe
 from extproc.platform.kube.idle.prometheus import metric_sum
 from extproc.platform.kube.idle.slotcache import carry

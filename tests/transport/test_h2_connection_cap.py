@@ -1,4 +1,4 @@
-"""Who gets in at the connection cap (extproc/transport/admission.py, server.py): connections
+"""Who gets in at the connection cap (extproc/transport/connection_cap.py, server.py): connections
 without a preface, then idle ones, oldest first, make room (with a GOAWAY) for a new one; a
 peer address holds only its share. On loopback, each peer its own 127.0.0.x address; counts
 and closed sockets are asserted, never times."""
@@ -11,7 +11,7 @@ from test_h2_connection import frames_of
 from test_h2_server import WAIT, Factory, Frames, method, serve, settle
 
 from extproc.transport import frames as f
-from extproc.transport.admission import Admission
+from extproc.transport.connection_cap import ConnectionCap
 
 __all__ = ["serve"]  # the fixture, shared with test_h2_server
 
@@ -28,7 +28,7 @@ class Member:
 
 
 def test_waiting_then_idle_connections_make_room_oldest_first() -> None:
-    admission = Admission(cap=4, per_peer=4)
+    admission = ConnectionCap(cap=4, per_peer=4)
     old, busy, idle, late = Member(), Member(), Member(), Member()
     for member in (old, busy, idle, late):
         assert admission.admit(member)
@@ -46,7 +46,7 @@ def test_waiting_then_idle_connections_make_room_oldest_first() -> None:
 
 
 def test_a_connection_idle_again_goes_to_the_back() -> None:
-    admission = Admission(cap=2, per_peer=2)
+    admission = ConnectionCap(cap=2, per_peer=2)
     probed, quiet = Member(), Member()
     for member in (probed, quiet):
         admission.admit(member)
@@ -58,7 +58,7 @@ def test_a_connection_idle_again_goes_to_the_back() -> None:
 
 
 def test_a_peer_past_its_share_makes_room_among_its_own() -> None:
-    admission = Admission(cap=10, per_peer=2)
+    admission = ConnectionCap(cap=10, per_peer=2)
     other = Member("b")
     admission.admit(other)
     mine = [Member("a"), Member("a")]
@@ -72,7 +72,7 @@ def test_a_peer_past_its_share_makes_room_among_its_own() -> None:
 
 
 def test_peers_of_a_unix_socket_share_only_the_cap() -> None:
-    admission = Admission(cap=3, per_peer=1)
+    admission = ConnectionCap(cap=3, per_peer=1)
     local = [Member(""), Member(""), Member("")]
     assert all(admission.admit(member) for member in local)
     assert not any(member.evicted for member in local)

@@ -1,9 +1,9 @@
 """A fake OpenAI-compatible model server (llama-server lookalike) that names itself in answers.
 
 What it shares with llama.cpp's server (checked against the real one by
-tests/test_upstream_vs_llamacpp.py): ``/health``; a loading phase (``load_ms``, default none)
+tests/test_fakemember_vs_llamacpp.py): ``/health``; a loading phase (``load_ms``, default none)
 during which every endpoint answers 503 ``Loading model`` as llama.cpp does while its model
-loads; the slot API, ``/metrics`` and prompt cache of devstack/upstream_slots.py; a completion's
+loads; the slot API, ``/metrics`` and prompt cache of devstack/fakemember_slots.py; a completion's
 ``timings`` (llama.cpp's keys) and ``usage`` (``prompt_tokens`` counts the cached tokens too,
 ``prompt_tokens_details.cached_tokens`` says how many); with ``stream_options.include_usage``
 a last chunk with no choices carrying ``usage`` and ``timings``.
@@ -27,8 +27,8 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 
 from devstack.signals import until_signalled
-from devstack.upstream_answers import Answers  # what it answers on /v1; here, the server
-from devstack.upstream_slots import Slots
+from devstack.fakemember_answers import Answers  # what it answers on /v1; here, the server
+from devstack.fakemember_slots import Slots
 
 TOKEN_DELAY_ENV = "MODELPOOL_UPSTREAM_TOKEN_DELAY_MS"
 # how long the fake "loads its model" once listening (llama.cpp's 503 phase); default none
@@ -91,7 +91,7 @@ def build_app(name: str, token_delay_ms: float | None = None,
               slots: int | None = None, load_ms: float | None = None,
               loaded: asyncio.Event | None = None) -> web.Application:
     """The aiohttp application of one fake member called `name` (slots None: from the
-    environment, devstack/upstream_slots.py; 0: one per request; load_ms None: from the
+    environment, devstack/fakemember_slots.py; 0: one per request; load_ms None: from the
     environment, default 0: loaded at once; with `loaded`, the load lasts until it is set,
     then load_ms more)."""
     if token_delay_ms is None:
@@ -239,7 +239,7 @@ async def _loaded_when_told(loaded: asyncio.Event) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Command line: python -m devstack.upstream --name judge --port 18081."""
+    """Command line: python -m devstack.fakemember --name judge --port 18081."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--name", required=True)
     parser.add_argument("--host", default="127.0.0.1")

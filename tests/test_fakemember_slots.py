@@ -1,4 +1,4 @@
-"""The fake member's llama.cpp slot API and prompt cache (devstack/upstream_slots.py)."""
+"""The fake member's llama.cpp slot API and prompt cache (devstack/fakemember_slots.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import AsyncIterator
 import aiohttp
 import pytest
 
-from devstack.upstream import UpstreamHandle, start_upstream
-from devstack.upstream_slots import PREFILL_ENV, RESTORE_EFFECT_ENV, SLOT_SAVE_PATH_ENV
+from devstack.fakemember import UpstreamHandle, start_upstream
+from devstack.fakemember_slots import PREFILL_ENV, RESTORE_EFFECT_ENV, SLOT_SAVE_PATH_ENV
 
 PROMPT = " ".join(f"w{i}" for i in range(200))
 PER_TOKEN_MS = 2.0

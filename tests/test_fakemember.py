@@ -11,8 +11,8 @@ import aiohttp
 import pytest
 
 from devstack import procs
-from devstack.upstream import UpstreamHandle, start_upstream
-from devstack.upstream_answers import MAX_TOKENS
+from devstack.fakemember import UpstreamHandle, start_upstream
+from devstack.fakemember_answers import MAX_TOKENS
 
 
 async def read_sse(resp: aiohttp.ClientResponse) -> list[str]:
@@ -160,7 +160,7 @@ async def test_probes_slots_and_stats() -> None:
 def test_runs_as_a_process(tmp_path: Path) -> None:
     port = procs.free_port()
     proc = procs.ManagedProcess(
-        [sys.executable, "-m", "devstack.upstream", "--name", "writer", "--port", str(port)],
+        [sys.executable, "-m", "devstack.fakemember", "--name", "writer", "--port", str(port)],
         tmp_path / "upstream.log",
         cwd=procs.PROJECT_ROOT,
     )

@@ -27,7 +27,7 @@ class Member(Protocol):
         """Close the connection now: GOAWAY, then the socket."""
 
 
-class Admission:
+class ConnectionCap:
     """The connections held, by peer, and which of them are idle, oldest first."""
 
     def __init__(self, cap: int, per_peer: int) -> None:

@@ -10,7 +10,7 @@ from typing import Any, AsyncIterator
 
 from aiohttp import web
 
-from devstack.upstream_slots import Prefill, Slots
+from devstack.fakemember_slots import Prefill, Slots
 
 DEFAULT_TOKENS = 16
 MAX_TOKENS = 200  # bounds every generated answer (and so every stream's duration)

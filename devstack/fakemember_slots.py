@@ -1,11 +1,11 @@
 """The fake member's llama.cpp slots: a prompt cache per slot, a prefill cost, the slot API.
 
-What llama.cpp's server (the pinned build, tests/test_upstream_vs_llamacpp.py) does, and what
+What llama.cpp's server (the pinned build, tests/test_fakemember_vs_llamacpp.py) does, and what
 this file plays:
 
 * ``GET /slots``: one object per slot, ``id``, ``n_ctx``, ``is_processing`` (the idle probe
   and the paced release read it).
-* ``GET /metrics``: llama.cpp's counters and gauges (devstack/upstream_metrics.py).
+* ``GET /metrics``: llama.cpp's counters and gauges (devstack/fakemember_metrics.py).
 * ``POST /slots/{id}?action=save`` with ``{"filename": ...}`` writes the slot's prompt cache
   under ``--slot-save-path``: ``{"id_slot", "filename", "n_saved", "n_written",
   "timings": {"save_ms"}}``; ``action=restore``: ``{"id_slot", "filename", "n_restored",
@@ -31,7 +31,7 @@ A token here is a whitespace-separated word. ``restore_effect="none"`` plays the
 whose restore llama.cpp reports but does not use (sliding-window / hybrid attention,
 llama.cpp #25913): ``n_restored`` is counted, the next request's ``cache_n`` is 0.
 
-Known differences kept (listed in tests/test_upstream_vs_llamacpp.py): the service reads none
+Known differences kept (listed in tests/test_fakemember_vs_llamacpp.py): the service reads none
 of them, and existing tests pin the fake's answers.
 """
 
@@ -47,7 +47,7 @@ from typing import Any
 
 from aiohttp import web
 
-from devstack.upstream_metrics import Metrics, exposition
+from devstack.fakemember_metrics import Metrics, exposition
 
 SLOTS_ENV = "MODELPOOL_UPSTREAM_SLOTS"
 PREFILL_ENV = "MODELPOOL_UPSTREAM_PREFILL_MS_PER_TOKEN"
