@@ -1,10 +1,13 @@
 """metadata.managedFields as the API server records them: who set which field, last.
 
 Each write names a field manager: its ``fieldManager`` parameter, else the first word of its
-User-Agent (``kubectl/v1.35.4 (linux/amd64) ...`` -> ``kubectl``, which is what ``kubectl
-scale`` leaves, sending no fieldManager). The fields a write changed move to that manager's
+User-Agent (``kubectl/v1.35.4 (linux/amd64) ...`` -> ``kubectl``, what ``kubectl patch``
+leaves when it sends no fieldManager). The fields a write changed move to that manager's
 entry (one per manager, operation and subresource) and leave every other entry; an entry left
-with no field is dropped. A create gives every field it sets to its manager.
+with no field is dropped. A create gives every field it sets to its manager. A write through
+a custom resource's ``/scale`` takes ``spec.replicas`` from every entry and gives it to no one:
+what kube-apiserver 1.35.4 does for our InferenceService CRD (tests/kube_real/
+test_real_writers.py measures it), so ``kubectl scale`` leaves no name behind.
 
 Simplified against the real server: a list is one field (the real server tracks list items by
 key), and an Apply takes its fields like an Update does (the real server shares a field among
@@ -96,6 +99,8 @@ def record(current: dict[str, Any] | None, new: dict[str, Any], manager: str, op
         if owned:
             kept.append({**entry, "fieldsV1": _fields_v1(owned)})
     mine |= changed
+    if subresource == "scale":
+        mine = set()  # the real server names nobody for a /scale write (docstring)
     if mine:
         entry = {"manager": manager, "operation": operation, "apiVersion": new.get("apiVersion"),
                  "time": stamp, "fieldsType": "FieldsV1", "fieldsV1": _fields_v1(mine)}

@@ -1,9 +1,11 @@
 """Who else wrote a member's replicas, named from the real API server's managedFields.
 
 The watcher reads the field manager that owns ``spec.replicas``; the policy (own mode) reports
-a foreign one at the first watch event that shows its write. ``kubectl scale`` sends no
-fieldManager: the server takes the manager from kubectl's User-Agent ("kubectl/v1.35.4 ..."),
-which is what this test sends through the /scale subresource, as kubectl does.
+a foreign one at the first watch event that shows its write. A ``kubectl patch`` that sends no
+fieldManager is named from kubectl's User-Agent ("kubectl/v1.35.4 ..."). A write through the
+CRD's /scale subresource (``kubectl scale``) leaves ``spec.replicas`` with no manager at all on
+this kube-apiserver (1.35.4): measured here, so that such a write stays unnamed and falls to
+the count of undos (policy/modes.py).
 """
 
 from __future__ import annotations
@@ -100,17 +102,17 @@ async def _scaled_by_us(control_plane: ControlPlane, namespace: str, member: str
             yield reports
 
 
-async def test_a_kubectl_scale_is_reported_naming_kubectl_at_its_first_watch_event(
+async def test_a_kubectl_patch_is_reported_naming_kubectl_at_its_first_watch_event(
         control_plane: ControlPlane, custom: Any, namespace: str) -> None:
     async with _scaled_by_us(control_plane, namespace, "b", 1) as reports:
         # our own write names us (fieldManager modelpool-extproc on every write)
         assert reports.observed["b"].replicas_by == writers.OUR_MANAGER
-        assert not any(reports.notices[-1])
-        # a person's `kubectl scale` of b back to 0, through /scale as kubectl sends it
+        assert not [n for n in reports.notices[-1] if n.writer]  # nothing names a writer
+        # a person's `kubectl patch` of b back to 0, with no fieldManager, as kubectl sends it
         mark = len(reports.seen)
         await asyncio.to_thread(
             control_plane.request, "PATCH",
-            f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/inferenceservices/b/scale",
+            f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/inferenceservices/b",
             {"spec": {"replicas": 0}}, content_type="application/merge-patch+json",
             user_agent=KUBECTL_AGENT)
         await until(lambda: reports.observed["b"].replicas == 0, what="b scaled to 0")
@@ -141,11 +143,11 @@ async def test_an_argo_cd_sync_of_replicas_hands_the_pool_off_naming_it(
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="no kubectl on PATH")
-async def test_the_kubectl_on_path_is_named_as_a_person(control_plane: ControlPlane,
-                                                       custom: Any, namespace: str) -> None:
+async def test_a_kubectl_scale_through_the_scale_subresource_names_nobody(
+        control_plane: ControlPlane, custom: Any, namespace: str) -> None:
     async with _scaled_by_us(control_plane, namespace, "b", 1) as reports:
         await asyncio.to_thread(control_plane.kubectl, "scale", "-n", namespace,
                                 "inferenceservice/b", "--replicas=0")
         await until(lambda: reports.observed["b"].replicas == 0, what="b scaled to 0")
-    manager = reports.observed["b"].replicas_by
-    assert writers.label(manager) == "kubectl", manager
+    assert reports.observed["b"].replicas_by == ""
+    assert not [n for batch in reports.notices for n in batch if n.writer]

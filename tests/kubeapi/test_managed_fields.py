@@ -1,5 +1,6 @@
 """metadata.managedFields as the real API server records them: the request's fieldManager, else
-its User-Agent's first word (kubectl scale's "kubectl"), with each changed field moving to it."""
+its User-Agent's first word ("kubectl"), with each changed field moving to it; a /scale write
+names nobody."""
 
 from __future__ import annotations
 
@@ -31,16 +32,19 @@ async def test_each_write_names_its_field_manager(emulator: KubeEmulator) -> Non
     assert field_owner(ours, REPLICAS_FIELD) == "modelpool-extproc"
     # helm keeps the fields it set that nobody changed since
     assert any(e["manager"] == "helm" for e in ours["metadata"]["managedFields"])
-    scaled = await _send(emulator, "PATCH", f"{BASE}/a/scale", {"spec": {"replicas": 1}},
-                         agent=KUBECTL)
-    stored = await _send(emulator, "PATCH", f"{BASE}/a", {}, agent="reader/1")
-    assert scaled["spec"]["replicas"] == 1
-    assert field_owner(stored, REPLICAS_FIELD) == "kubectl"
-    [entry] = [e for e in stored["metadata"]["managedFields"] if e["manager"] == "kubectl"]
-    assert (entry["operation"], entry["subresource"]) == ("Update", "scale")
+    patched = await _send(emulator, "PATCH", f"{BASE}/a", {"spec": {"replicas": 1}},
+                          agent=KUBECTL)
+    assert field_owner(patched, REPLICAS_FIELD) == "kubectl"
+    [entry] = [e for e in patched["metadata"]["managedFields"] if e["manager"] == "kubectl"]
+    assert entry["operation"] == "Update" and "subresource" not in entry
     assert entry["fieldsV1"] == {"f:spec": {"f:replicas": {}}}
     assert not any(e["manager"] == "modelpool-extproc"
-                   for e in stored["metadata"]["managedFields"])  # its only field moved
+                   for e in patched["metadata"]["managedFields"])  # its only field moved
+    scaled = await _send(emulator, "PATCH", f"{BASE}/a/scale", {"spec": {"replicas": 0}},
+                         agent=KUBECTL)
+    stored = await _send(emulator, "PATCH", f"{BASE}/a", {}, agent="reader/1")
+    assert scaled["spec"]["replicas"] == 0
+    assert field_owner(stored, REPLICAS_FIELD) == ""  # /scale names nobody
 
 
 async def test_a_status_write_owns_status_fields_only(emulator: KubeEmulator) -> None:
@@ -52,11 +56,11 @@ async def test_a_status_write_owns_status_fields_only(emulator: KubeEmulator) ->
     assert field_owner(written, REPLICAS_FIELD) == "kubectl"
 
 
-async def test_kubectl_scale_leaves_kubectl_as_the_field_manager(kubectl, emulator) -> None:
-    """The kubectl on PATH, as a person runs it: no fieldManager, its User-Agent names it."""
+async def test_kubectl_scale_leaves_no_field_manager(kubectl, emulator) -> None:
+    """The kubectl on PATH, as a person runs it: through /scale, which names nobody."""
     await _send(emulator, "POST", BASE, isvc("a", 1), agent="modelpool-extproc/1",
                 content_type="application/json")
     await kubectl("scale", "isvc", "a", "--replicas=0")
     stored = await _send(emulator, "PATCH", f"{BASE}/a", {}, agent="reader/1")
     assert stored["spec"]["replicas"] == 0
-    assert field_owner(stored, REPLICAS_FIELD) == "kubectl"
+    assert field_owner(stored, REPLICAS_FIELD) == ""
