@@ -32,8 +32,7 @@ from devstack import tinymodel
 from devstack.llamacpp import ANN_MODEL_FILE, ANN_PARALLEL
 from devstack.stack import LLAMA_MODELS
 from devstack.fakemember_slots import PREFILL_ENV, SLOTS_ENV
-from extproc.policy.carry import CARRY_ANNOTATION
-from extproc.policy.pacing import CAPACITY_ANNOTATION
+from extproc.names import CAPACITY_ANNOTATION, CARRY_ANNOTATION
 
 from .cluster import ClusterStack
 

@@ -30,7 +30,7 @@ from devstack.stack_swaps import read_log
 from e2e_support import (NAMESPACE, chat, eventually, pools, require_llama_server, status, timeline,
                          wait_resident)
 from extproc.platform.kube.idle.slotcache import slot_file
-from extproc.policy.carry import CARRY_ANNOTATION
+from extproc.names import CARRY_ANNOTATION
 
 BOTH_MODES = True
 LARGE = str(LLAMA_MODELS / "large.gguf")

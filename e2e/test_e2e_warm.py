@@ -19,8 +19,7 @@ import pytest
 from devstack.stack_swaps import read_log
 from devstack.fakemember_slots import PREFILL_ENV, SLOT_SAVE_PATH_ENV, SLOTS_ENV
 from e2e_support import chat, eventually, pools, start_stack, wait_resident
-from extproc.policy.carry import CARRY_ANNOTATION
-from extproc.policy.pacing import CAPACITY_ANNOTATION
+from extproc.names import CAPACITY_ANNOTATION, CARRY_ANNOTATION
 
 MEMBERS = ["warm-a", "warm-b"]
 CONVERSATION = " ".join(f"w{i}" for i in range(400))

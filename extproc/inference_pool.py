@@ -18,9 +18,9 @@ import json
 from typing import Any
 
 import yaml
+from extproc.names import POOL_LABEL
 
 #: The label every member's pods carry (spec.podLabels) and the InferencePool selects.
-POOL_LABEL = "modelpool.inference.llmkube.dev/pool"
 API_VERSION = "inference.networking.k8s.io/v1"
 PICKER_SERVICE, PICKER_PORT = "modelpool-extproc", 9002  # the base's Service and gRPC port
 

@@ -24,8 +24,8 @@ import yaml
 
 from .protocol.answers import FALLBACK_HEADER, METADATA_KEY, METADATA_NAMESPACE, fallback_note
 from .settings import Settings
+from extproc.names import PORTS_ANNOTATION
 
-PORTS_ANNOTATION = "modelpool.inference.llmkube.dev/member-ports"
 DEFAULT_PORT = 8080
 #: The catch-all's direct 503 (an Envoy Gateway HTTPRouteFilter in the pool's namespace).
 UNAVAILABLE_FILTER = "modelpool-router-unavailable"

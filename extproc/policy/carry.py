@@ -40,7 +40,6 @@ from .events import CarryAnswered, CarrySlots, Command, Notice
 from .model import Actuation
 from .pool import PoolReader, PoolWriter
 
-CARRY_ANNOTATION = "modelpool.inference.llmkube.dev/carry-prompt-cache"
 SAVE, RESTORE = "save", "restore"
 Guard = Callable[[PoolReader, float], bool]
 Out = list[Command]

@@ -33,6 +33,7 @@ from .events import Command, Notice, Reject, Trigger
 from .model import Actuation, MemberObservation, PoolStatus
 from .pool import PoolReader, PoolWriter
 from .state import Stage
+from ..names import RESUME_ANNOTATION
 
 Out = list[Command]
 
@@ -42,7 +43,6 @@ Out = list[Command]
 FIGHT_SCALE_DOWNS = 3
 FIGHT_WINDOW = 600.0
 CONFLICT_CODE = "pool_conflict"
-RESUME_ANNOTATION = "modelpool.inference.llmkube.dev/resume"
 MAX_SPELL_FACTOR = 16
 
 

@@ -31,7 +31,6 @@ from .events import Command
 from .pool import PoolReader, PoolWriter
 from .requests import Held
 
-CAPACITY_ANNOTATION = "modelpool.inference.llmkube.dev/capacity"
 
 
 def capacity(m: PoolReader, member: str) -> int:

@@ -23,11 +23,8 @@ from .events import Notice
 from .ifidle import in_flight
 from .model import Actuation, MemberObservation
 from .pool import PoolReader
+from ..names import PROBE_ANNOTATIONS
 
-#: The member annotations LLMKube's idle probe reads (docs/operations.md's runbook).
-PROBE_ANNOTATIONS = ("inference.llmkube.dev/idle-endpoint", "inference.llmkube.dev/idle-metric",
-                     "inference.llmkube.dev/idle-metric-threshold",
-                     "inference.llmkube.dev/idle-metric-path")
 _LOOK = f"check its idle probe ({', '.join(PROBE_ANNOTATIONS)}, or its runtime's /slots)"
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from extproc.cli import main
-from extproc.inference_pool import POOL_LABEL
+from extproc.names import POOL_LABEL
 from k8s_schema import PROJECT_ROOT
 
 OVERLAY = "deploy/overlays/inference-pool"

@@ -19,7 +19,7 @@ from extproc.platform.kube.actuator import Actuator
 from extproc.platform.kube.client import make_api_client
 from extproc.platform.kube.credentials import from_kubeconfig
 from extproc.platform.kube.recorder import EventRecorder
-from extproc.platform.kube.fencing import LEADER_ANNOTATION
+from extproc.names import LEADER_ANNOTATION
 from extproc.platform.kube.platform import KubePlatform
 from extproc.platform.kube.rest import ApiError, KubeClient
 from extproc.platform.kube.status import StatusWriter

@@ -16,7 +16,8 @@ from extproc.platform.kube.leader import LeaderLease
 from extproc.platform.kube._calls import KUBE_REQUESTS
 from extproc.platform.kube.leases import LeaseClient, LeaseConflict
 from extproc.platform.contract import PoolLoad
-from extproc.platform.kube.membership import MEMBER_ROLE, ROLE_LABEL, Load, Membership
+from extproc.names import ROLE_LABEL
+from extproc.platform.kube.membership import MEMBER_ROLE, Load, Membership
 from extproc.settings import Settings
 
 # short Leases so the loops turn quickly; the ratios are the defaults' (renew << duration - margin)

@@ -12,7 +12,8 @@ import pytest
 from kube_helpers import CRDS, NS, pod, started_emulator
 
 from devstack import upstream_crds
-from extproc.inference_pool import POOL_LABEL, inference_pool
+from extproc.inference_pool import inference_pool
+from extproc.names import POOL_LABEL
 from extproc.platform.kube.client import make_api_client
 from extproc.platform.kube.recorder import EventRecorder
 from extproc.platform.kube.poolcheck import FOREIGN, UNSELECTED

@@ -22,7 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kube_helpers import NS, eventually, isvc, modelpool
 
 from extproc.app import Service
-from extproc.platform.kube.leases import PAYLOAD_ANNOTATION
+from extproc.names import PAYLOAD_ANNOTATION
 from extproc.platform.kube.membership import Load, Membership
 from extproc.settings import Settings
 

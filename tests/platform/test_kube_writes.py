@@ -16,7 +16,7 @@ from extproc.platform.kube.rest import ApiError
 from extproc.metrics import KUBE_REQUESTS
 from extproc.platform.kube.actuator import Actuator, MemberMissing
 from extproc.platform.kube.recorder import EventRecorder
-from extproc.platform.kube.fencing import LEADER_ANNOTATION
+from extproc.names import LEADER_ANNOTATION
 from extproc.platform.kube.platform import KubePlatform
 from extproc.platform.kube.status import StatusPublisher, StatusWriter
 from extproc.policy.model import MemberObservation, PoolKey, PoolPhase, PoolView

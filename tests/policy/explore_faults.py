@@ -34,7 +34,7 @@ def clients_and_faults(node: Node, add: Callable[..., None]) -> None:
                 replace(env, rid=env.rid + 1, arrivals=env.arrivals - 1),
                 RequestArrived(env.rid, name))
     if m.actuation is Actuation.HANDS_OFF and not m.spec.resume:
-        # not a fault: an operator ends the spell at once (modes.RESUME_ANNOTATION), maybe
+        # not a fault: an operator ends the spell at once (names.RESUME_ANNOTATION), maybe
         # while a scale-up of ours sent before it is still on the wire
         add("an operator resumes the pool (annotation)", env,
             SpecChanged(replace(m.spec, resume="1")))

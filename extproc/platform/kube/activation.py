@@ -18,11 +18,9 @@ from __future__ import annotations
 from typing import Any
 
 from extproc.policy.ifidle import WAIT, parse
+from extproc.names import ACTIVATION_ANNOTATION, FALLBACKS_ANNOTATION, PRIORITIES_ANNOTATION
 
-ACTIVATION_ANNOTATION = "modelpool.inference.llmkube.dev/activation"
-FALLBACKS_ANNOTATION = "modelpool.inference.llmkube.dev/fallbacks"
 FALLBACK_PORT = 8080
-PRIORITIES_ANNOTATION = "modelpool.inference.llmkube.dev/priorities"
 
 
 def fallback_value(service: str, namespace: str) -> str:

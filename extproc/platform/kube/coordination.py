@@ -36,7 +36,8 @@ from extproc.platform.contract import PoolListener
 from extproc.platform.kube.leader import LEADER_ROLE, LeaderLease, announcements_of
 from extproc.platform.kube.leases import Lease, LeaseClient
 from extproc.platform.contract import Peer
-from extproc.platform.kube.membership import MEMBER_ROLE, ROLE_LABEL, Load, Membership
+from extproc.names import ROLE_LABEL
+from extproc.platform.kube.membership import MEMBER_ROLE, Load, Membership
 from extproc.platform.kube.rest import KubeClient
 from extproc.platform.kube.watchloop import CollectionWatch
 from extproc.policy.model import PoolKey, PoolSpec, StartHints

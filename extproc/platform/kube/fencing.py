@@ -37,6 +37,7 @@ from typing import Protocol
 from extproc.logs import get_logger
 from extproc.platform.kube.actuator import MemberMissing
 from extproc.policy.model import PoolKey
+from extproc.names import LEADER_ANNOTATION
 
 log = get_logger(__name__)
 
@@ -79,7 +80,6 @@ class HeldVersions:
         self._chains.pop(key, None)
 
 
-LEADER_ANNOTATION = "modelpool.inference.llmkube.dev/leader"
 
 
 class FenceLost(RuntimeError):

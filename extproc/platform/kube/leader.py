@@ -40,7 +40,8 @@ from extproc.backoff import Backoff
 from extproc.logs import get_logger
 from extproc.platform.kube._calls import describe
 from extproc.platform.kube.leases import Lease, LeaseClient, LeaseConflict, micro_time
-from extproc.platform.kube.membership import FAILURES, ROLE_LABEL
+from extproc.names import ROLE_LABEL
+from extproc.platform.kube.membership import FAILURES
 from extproc.platform.kube.rest import KubeClient
 from extproc.settings import Settings
 

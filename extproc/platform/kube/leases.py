@@ -18,9 +18,9 @@ from typing import Any
 
 from extproc.platform.kube._calls import counted, segment
 from extproc.platform.kube.rest import ApiError, KubeClient
+from extproc.names import PAYLOAD_ANNOTATION
 
 RESOURCE = "leases"
-PAYLOAD_ANNOTATION = "modelpool.inference.llmkube.dev/replica-state"
 _CONTENT_TYPE = "application/json"
 
 

@@ -37,10 +37,10 @@ from extproc.platform.kube._calls import TRANSPORT_ERRORS, describe
 from extproc.platform.kube.leases import Lease, LeaseClient, LeaseConflict, lease_name
 from extproc.platform.kube.rest import ApiError, KubeClient
 from extproc.settings import Settings
+from extproc.names import ROLE_LABEL
 
 log = get_logger(__name__)
 
-ROLE_LABEL = "modelpool.inference.llmkube.dev/lease-role"
 MEMBER_ROLE = "member"
 FAILURES = (ApiError, LeaseConflict, *TRANSPORT_ERRORS)
 

@@ -12,17 +12,12 @@ from extproc.platform.kube import activation
 from extproc.platform.kube.idle import IdleProbe, choose_probe
 from extproc.policy import writers
 from extproc.policy.model import PoolKey, PoolSpec, PoolStatus
-from extproc.policy.modes import RESUME_ANNOTATION  # a new value ends a hands-off spell
-from extproc.policy.carry import CARRY_ANNOTATION
-from extproc.policy.pacing import CAPACITY_ANNOTATION
 from extproc.settings import Settings, parse_duration
+from extproc.names import (ALIASES_ANNOTATION, CAPACITY_ANNOTATION, CARRY_ANNOTATION,
+                           FAIRNESS_ANNOTATION, MAX_HELD_ANNOTATION, MIN_RESIDENCY_ANNOTATION,
+                           RESUME_ANNOTATION, SERVICE_LABEL)
 
-SERVICE_LABEL = "inference.llmkube.dev/service"
 APP_LABEL = "app"
-ALIASES_ANNOTATION = "modelpool.inference.llmkube.dev/aliases"
-FAIRNESS_ANNOTATION = "modelpool.inference.llmkube.dev/fairness-window"
-MAX_HELD_ANNOTATION = "modelpool.inference.llmkube.dev/max-held"
-MIN_RESIDENCY_ANNOTATION = "modelpool.inference.llmkube.dev/min-residency"
 # The CRD's defaults (LLMKube's too), for objects stored before a default existed.
 DEFAULT_SWAP_POLICY = "sticky"
 DEFAULT_RECLAIM_AFTER = 300.0

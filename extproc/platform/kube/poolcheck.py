@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from extproc.inference_pool import POOL_LABEL
+from extproc.names import POOL_LABEL, SERVICE_LABEL
 from extproc.platform.kube._calls import counted, segment
-from extproc.platform.kube.objects import SERVICE_LABEL, pod_member
+from extproc.platform.kube.objects import pod_member
 from extproc.platform.kube.rest import KubeClient
 from extproc.policy.model import PoolSpec
 

@@ -20,13 +20,10 @@ from extproc.logs import get_logger
 from extproc.platform.kube.idle.fetch import fetch
 from extproc.platform.kube.idle.prometheus import metric_sum
 from extproc.platform.kube.idle.slots import probe_idle
+from extproc.names import IDLE_ENDPOINT, IDLE_METRIC, IDLE_METRIC_PATH, IDLE_METRIC_THRESHOLD
 
 log = get_logger(__name__)
 
-IDLE_ENDPOINT = "inference.llmkube.dev/idle-endpoint"
-IDLE_METRIC = "inference.llmkube.dev/idle-metric"
-IDLE_METRIC_THRESHOLD = "inference.llmkube.dev/idle-metric-threshold"
-IDLE_METRIC_PATH = "inference.llmkube.dev/idle-metric-path"
 VLLM_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 
 SLOTS, VLLM, METRIC, ENDPOINT = "llama.cpp-slots", "vllm-metrics", "metric", "endpoint"
