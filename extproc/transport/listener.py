@@ -19,6 +19,13 @@ from .connection_cap import ConnectionCap
 from .server import _Protocol
 from .trim import LOOK_EVERY, Trimmer, give_back, libc_trim
 
+# The listening socket's backlog, which is also how many connections the loop accepts in one
+# turn (asyncio's accept loop, and libuv's under uvloop, take what is queued): each costs its
+# connection_made and maybe an eviction, so a burst of 4,096 reconnecting attackers held the
+# loop 250-550 ms. 256 bounds a turn to a few milliseconds; past it the kernel drops SYNs and
+# a client's retransmission brings it in a moment later.
+ACCEPT_BACKLOG = 256
+
 
 class _Details(NamedTuple):
     method: str
@@ -85,13 +92,13 @@ class Server:
             with contextlib.suppress(FileNotFoundError):
                 Path(path).unlink()  # a socket left by an earlier process
             listener = await self.loop.create_unix_server(lambda: _Protocol(self), path,
-                                                          ssl=tls, backlog=4096)
+                                                          ssl=tls, backlog=ACCEPT_BACKLOG)
             self._listeners.append(listener)
             self._socket_path = Path(path)
             return 0
         host, _, port = listen.rpartition(":")
         listener = await self.loop.create_server(lambda: _Protocol(self), host.strip("[]"),
-                                                 int(port), ssl=tls, backlog=4096,
+                                                 int(port), ssl=tls, backlog=ACCEPT_BACKLOG,
                                                  reuse_address=True)
         self._listeners.append(listener)
         return int(listener.sockets[0].getsockname()[1])
