@@ -7,6 +7,8 @@ library agreeing with itself.
 
 from __future__ import annotations
 
+import asyncio
+
 import json
 from datetime import timedelta
 
@@ -15,9 +17,15 @@ from envoy_data_plane.envoy.config.core.v3 import HeaderValueOptionHeaderAppendA
 from envoy_data_plane.envoy.service.ext_proc.v3 import ProcessingResponse
 
 from extproc.protocol import answers
-from extproc.protocol.request import BadRequest, RequestHead, model_from_body
+from extproc.protocol.request import BadRequest, RequestHead, model_scan
+from extproc.protocol.jsonscan import run_async
 
 OVERWRITE = HeaderValueOptionHeaderAppendAction.OVERWRITE_IF_EXISTS_OR_ADD
+
+
+def model_named(head: RequestHead, body: bytes, max_bytes: int) -> str:
+    """The model ``model_scan`` reads from ``body``, scanned to its end at once."""
+    return asyncio.run(run_async(model_scan(head, body, max_bytes)))
 
 
 def test_route_answer_sets_header_and_clears_route_cache():
@@ -93,7 +101,7 @@ def _multipart(fields: list[tuple[str, bytes]], boundary: str = "b0und") -> byte
     ('multipart/form-data; boundary="b0und"', _multipart([("model", b"coder")]), "coder"),
 ])
 def test_model_is_read_from_json_and_multipart(content_type, body, model):
-    assert model_from_body(RequestHead(content_type=content_type), body, 10_000) == model
+    assert model_named(RequestHead(content_type=content_type), body, 10_000) == model
 
 
 @pytest.mark.parametrize("head, body, status, code", [
@@ -119,5 +127,5 @@ def test_model_is_read_from_json_and_multipart(content_type, body, model):
 ])
 def test_bad_bodies_raise_the_right_error(head, body, status, code):
     with pytest.raises(BadRequest) as caught:
-        model_from_body(head, body, 1000)
+        model_named(head, body, 1000)
     assert (caught.value.status, caught.value.code) == (status, code)

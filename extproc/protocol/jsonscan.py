@@ -242,15 +242,6 @@ def _repeats(body: bytes, element: int, i: int) -> int:
     return i
 
 
-def run(scanning: Generator[None, None, T]) -> T:
-    """Drive a scan to its end at once."""
-    try:
-        while True:
-            next(scanning)
-    except StopIteration as done:
-        return done.value
-
-
 async def run_async(scanning: Generator[None, None, T]) -> T:
     """Drive a scan to its end, letting the event loop run each time it yields."""
     try:

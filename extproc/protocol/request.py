@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..policy.ifidle import parse as parse_activation
 from ..settings import parse_duration
-from .jsonscan import Scanned, ScanError, run, scan
+from .jsonscan import Scanned, ScanError, scan
 
 # Longest model name accepted; OpenAI and Kubernetes names are far shorter.
 MAX_MODEL_LENGTH = 256
@@ -169,14 +169,9 @@ def priority(head: RequestHead) -> int | None:
                          f"{head.priority[:64]!r} is not an integer", PRIORITY_HEADER) from None
 
 
-def model_from_body(head: RequestHead, body: bytes, max_bytes: int) -> str:
-    """Return the ``model`` the request names, or raise BadRequest."""
-    return run(model_scan(head, body, max_bytes))
-
-
 def model_scan(head: RequestHead, body: bytes, max_bytes: int) -> Generator[None, None, str]:
-    """``model_from_body`` as a generator that yields now and then while a large JSON body
-    is scanned (``jsonscan.run_async`` lets the event loop run in between)."""
+    """The ``model`` the request names (or BadRequest), as a generator that yields now and
+    then while a large JSON body is scanned (``jsonscan.run_async`` lets the loop run)."""
     if len(body) > max_bytes:
         raise BadRequest(413, "request_too_large",
                          f"request body is {len(body)} bytes; the limit is {max_bytes}")
