@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from . import (ablation, attacks, fleet, ha, handoffs, held, hotpath, machine, overhead, peer,
+from . import (ablation, attacks, fleet, fleet_swaps, ha, handoffs, held, hotpath, machine, overhead, peer,
                report, swap, tools, warm)
 
 # Part 1: seconds per wrk run, after a warm-up of its own.
@@ -86,8 +86,9 @@ def _alone(work: Path, peer_binary: str | None) -> dict[str, tuple[str, Part]]:
                     lambda: swap.run(work / "swap-llmkube", SWAPS, HELD_PER_SWAP, LOAD_DELAY,
                                      UNLOAD_DELAY, SWAP_BUDGET, actuation="llmkube")),
         "ha": ("5/5 several replicas, 3 beside 1", lambda: ha.run(work / "ha")),
-        "fleet": ("fleet: 1, 100 and 1,000 pools at rest on a real kube-apiserver",
-                  lambda: fleet.run(work / "fleet")),
+        "fleet": ("fleet: 1, 100 and 1,000 pools at rest, and swapping, on a real "
+                  "kube-apiserver",
+                  lambda: fleet.run(work / "fleet") | fleet_swaps.run(work / "fleet-swaps")),
     }
 
 
