@@ -105,8 +105,7 @@ def instructions(stack: LocalStack) -> str:
         "--overwrite  # kill the pod",
         "",
         "Other writers and pool settings:",
-        f"  {k} patch isvc writer -n {NAMESPACE} --type=merge -p '{{\"spec\":{{\"replicas\":1}}}}'"
-            "   # reported, naming kubectl",
+        f"  {k} scale isvc writer -n {NAMESPACE} --replicas=1   # reported, naming kubectl",
         f"  {k} create -n {NAMESPACE} -f - <<< '{HPA_SAMPLE}'"
         "   # writer refused while it exists",
         f"  {k} delete hpa writer -n {NAMESPACE}",

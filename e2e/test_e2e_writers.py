@@ -1,6 +1,5 @@
-"""Who else writes a member's replicas, end to end in own mode: a person's ``kubectl patch`` is
-reported naming kubectl and undone (a ``kubectl scale`` through /scale names nobody: the real
-API server records no manager for it); Argo CD's server-side apply of the member's replicas hands
+"""Who else writes a member's replicas, end to end in own mode: a person's ``kubectl scale`` is
+reported naming kubectl and undone; Argo CD's server-side apply of the member's replicas hands
 the pool off at once, the Event, the log line, the status and the metric naming it."""
 
 from __future__ import annotations
@@ -21,12 +20,11 @@ async def test_kubectl_is_reported_and_argo_cd_hands_the_pool_off(
     try:
         await wait_resident(stack, "writers", "wr-a", timeout=30)
         # a person scales the idle member up: reported at once, and scaled back down
-        stack.kubectl("patch", "isvc", "wr-b", "-n", NAMESPACE, "--type=merge",
-                      "-p", '{"spec": {"replicas": 1}}')
+        stack.kubectl("scale", "isvc", "wr-b", "-n", NAMESPACE, "--replicas=1")
         await eventually(lambda: notices(stack, "writers", "ReplicasWritten"), 20,
-                         "the kubectl patch reported")
+                         "the kubectl scale reported")
         [said] = notices(stack, "writers", "ReplicasWritten")
-        assert said["writer"].startswith("kubectl") and "'kubectl" in said["msg"], said
+        assert said["writer"] == "kubectl" and "'kubectl'" in said["msg"], said
         await eventually(lambda: stack.isvc("wr-b")["spec"]["replicas"] == 0, 20,
                          "wr-b scaled back down")
         assert notices(stack, "writers", "ActuationChanged") == []

@@ -118,8 +118,8 @@ SWAP_BUDGET = Gauge(
 CONFLICTS = Counter(
     "modelpool_extproc_conflicts_total", "Times another controller was seen scaling members "
     "against us or writing the pool's status (own mode stops actuating the pool), by the kind "
-    "of field manager that wrote (a fixed set: kubectl, argocd, flux, helm, autoscaler, other, "
-    "unknown)", ["namespace", "pool", "manager"], registry=REGISTRY)
+    "of field manager that wrote (a fixed set: kubectl, argocd, flux, helm, autoscaler, "
+    "unrecorded, other, unknown)", ["namespace", "pool", "manager"], registry=REGISTRY)
 SERVING = Gauge(
     "modelpool_extproc_serving", "1 once every pool is synced and the service takes traffic",
     registry=REGISTRY)

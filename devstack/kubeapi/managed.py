@@ -5,9 +5,11 @@ User-Agent (``kubectl/v1.35.4 (linux/amd64) ...`` -> ``kubectl``, what ``kubectl
 leaves when it sends no fieldManager). The fields a write changed move to that manager's
 entry (one per manager, operation and subresource) and leave every other entry; an entry left
 with no field is dropped. A create gives every field it sets to its manager. A write through
-a custom resource's ``/scale`` takes ``spec.replicas`` from every entry and gives it to no one:
-what kube-apiserver 1.35.4 does for our InferenceService CRD (tests/kube_real/
-test_real_writers.py measures it), so ``kubectl scale`` leaves no name behind.
+a custom resource's ``/scale`` gives ``spec.replicas`` to its manager on an entry with
+subresource ``scale`` (``kubectl scale --replicas=1`` leaves ``kubectl``), except a write of 0:
+the autoscaling/v1 Scale omits a zero replicas (omitempty), so the real server's Scale holds no
+field for it and ``spec.replicas`` is left with no manager at all (kube-apiserver 1.35.4,
+measured in tests/kube_real/test_real_writers.py).
 
 Simplified against the real server: a list is one field (the real server tracks list items by
 key), and an Apply takes its fields like an Update does (the real server shares a field among
@@ -100,7 +102,7 @@ def record(current: dict[str, Any] | None, new: dict[str, Any], manager: str, op
             kept.append({**entry, "fieldsV1": _fields_v1(owned)})
     mine |= changed
     if subresource == "scale":
-        mine = set()  # the real server names nobody for a /scale write (docstring)
+        mine = {p for p in mine if after.get(p) != 0}  # a Scale omits replicas 0 (docstring)
     if mine:
         entry = {"manager": manager, "operation": operation, "apiVersion": new.get("apiVersion"),
                  "time": stamp, "fieldsType": "FieldsV1", "fieldsV1": _fields_v1(mine)}

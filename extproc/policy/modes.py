@@ -262,11 +262,15 @@ def note_writer(m: PoolReader, hands: Hands, before: MemberObservation | None,
     Reported at once, naming the manager and the remedy. A controller that will write them
     again (``writers.Writer.controller``: Argo CD, Flux, Helm, an autoscaler) is a fight at
     once: undoing it would only flap the member. A person's ``kubectl scale`` (or a client we
-    do not know) is undone as the pool needs, and counted by ``note_scaled_up``.
+    do not know) is undone as the pool needs, and counted by ``note_scaled_up``. Replicas
+    set to 0 with no manager left owning them are a /scale write (``writers.replicas_writer``),
+    never ours (every write of ours names OUR_MANAGER), and go the person's way.
     """
-    manager = obs.replicas_by
     if hands.actuation is not Actuation.OWN or before is None \
-            or before.replicas == obs.replicas or not writers.foreign(manager):
+            or before.replicas == obs.replicas:
+        return
+    manager = writers.replicas_writer(before.replicas_by, obs.replicas_by, obs.replicas)
+    if not writers.foreign(manager):
         return
     hands.fights.writer = manager
     message = writers.replicas_written(obs.name, obs.replicas, manager)
@@ -313,7 +317,7 @@ def settle_fight(m: PoolWriter, hands: Hands, out: Out) -> bool:
         return False
     writer = hands.fights.writer
     # auto mode takes an unnamed fighter for LLMKube's reconciler; a named one is not
-    llmkube = hands.auto and writers.label(writer) in ("other", "unknown")
+    llmkube = hands.auto and writers.label(writer) in ("other", "unrecorded", "unknown")
     hands.spell.over_status = False
     switch(m, hands, Actuation.LLMKUBE if llmkube else Actuation.HANDS_OFF,
            hands.fights.fight, out, writer=writer)

@@ -10,6 +10,11 @@ status's slot fields and hands the name over as data (``MemberObservation.replic
 * a person: ``kubectl`` and its sub-managers (``kubectl scale`` sends no fieldManager, so the
   API server takes ``kubectl`` from its User-Agent). A one-off: reported, undone as the pool
   needs, and only a repeated fight hands the pool off.
+* nobody (``SCALE_UNRECORDED``): a write of 0 through the ``/scale`` subresource (``kubectl
+  scale --replicas=0``, or any /scale client) leaves no field manager on ``spec.replicas``: the
+  autoscaling/v1 Scale omits a zero replicas, so the API server records none. Told apart from
+  a server that records no managers by the manager that owned the replicas before
+  (``replicas_writer``), and reported like a person's write.
 * a controller that will write again (Argo CD, Flux, Helm, an autoscaler): reported and the
   pool handed off at once, with the remedy; fighting it would only flap the member.
 * anything else: ``other`` (reported and counted like a person; its name is in the message,
@@ -23,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 OUR_MANAGER = "modelpool-extproc"
+SCALE_UNRECORDED = "(scale subresource)"  # who set replicas to 0 when no manager is left
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,12 +56,15 @@ _AUTOSCALER = Writer("autoscaler", True, "an autoscaler (a HorizontalPodAutoscal
                      "delete the HorizontalPodAutoscaler or ScaledObject aimed at the member: "
                      "a pooled member's replicas are the pool's")
 _OURS = Writer("ours", False, "this service", "")
+_UNRECORDED = Writer("unrecorded", False, "kubectl scale or another /scale client to 0 left "
+                     "no field manager", _PERSON.remedy)
 _OTHER = Writer("other", False, "another client", "find the client by this field manager name "
                 "and stop it writing spec.replicas of pooled members")
 
 # exact field manager names; prefixes below catch the families
 _KNOWN = {
     OUR_MANAGER: _OURS,
+    SCALE_UNRECORDED: _UNRECORDED,
     "kubectl": _PERSON,
     "argocd-controller": _ARGO,
     "argocd-application-controller": _ARGO,
@@ -68,7 +77,8 @@ _KNOWN = {
 }
 _PREFIXES = (("kubectl-", _PERSON), ("argocd", _ARGO))
 
-LABELS = ("ours", "kubectl", "argocd", "flux", "helm", "autoscaler", "other", "unknown")
+LABELS = ("ours", "kubectl", "argocd", "flux", "helm", "autoscaler", "unrecorded", "other",
+          "unknown")
 
 
 def classify(manager: str) -> Writer:
@@ -77,6 +87,15 @@ def classify(manager: str) -> Writer:
     if found is not None:
         return found
     return next((w for prefix, w in _PREFIXES if manager.startswith(prefix)), _OTHER)
+
+
+def replicas_writer(before: str, after: str, replicas: int) -> str:
+    """Who set a member's changed replicas, from the manager owning them ``before`` and
+    ``after`` the change: the owner after it, else SCALE_UNRECORDED when they went to 0 and the
+    owner before is gone ("": not known, e.g. a server recording no managers)."""
+    if after or replicas or not before:
+        return after
+    return SCALE_UNRECORDED
 
 
 def foreign(manager: str) -> bool:
@@ -91,6 +110,8 @@ def label(manager: str) -> str:
 
 def named(manager: str) -> str:
     """The manager as messages name it: its own name, and what it is."""
+    if manager == SCALE_UNRECORDED:
+        return f"a write through the /scale subresource ({_UNRECORDED.what})"
     return f"field manager {manager!r} ({classify(manager).what})"
 
 

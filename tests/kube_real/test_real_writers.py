@@ -2,10 +2,11 @@
 
 The watcher reads the field manager that owns ``spec.replicas``; the policy (own mode) reports
 a foreign one at the first watch event that shows its write. A ``kubectl patch`` that sends no
-fieldManager is named from kubectl's User-Agent ("kubectl/v1.35.4 ..."). A write through the
-CRD's /scale subresource (``kubectl scale``) leaves ``spec.replicas`` with no manager at all on
-this kube-apiserver (1.35.4): measured here, so that such a write stays unnamed and falls to
-the count of undos (policy/modes.py).
+fieldManager is named from kubectl's User-Agent ("kubectl/v1.35.4 ..."), and so is a ``kubectl
+scale`` through the CRD's /scale subresource, to any count but 0: the autoscaling/v1 Scale
+omits a zero replicas, so a scale to 0 leaves ``spec.replicas`` with no manager at all on this
+kube-apiserver (1.35.4). The policy reports that one as a write through /scale whose writer
+the server did not record (policy/writers.py, ``SCALE_UNRECORDED``).
 """
 
 from __future__ import annotations
@@ -91,15 +92,24 @@ def _machine(namespace: str) -> PoolMachine:
 
 @contextlib.asynccontextmanager
 async def _scaled_by_us(control_plane: ControlPlane, namespace: str, member: str,
-                        replicas: int) -> AsyncIterator[Observed]:
-    """Watch the namespace, feeding an own-mode machine, after our scale of ``member``."""
+                        replicas: int | None) -> AsyncIterator[Observed]:
+    """Watch the namespace, feeding an own-mode machine, after our scale of ``member`` (None:
+    none, ``member`` only seen)."""
     reports = Observed(_machine(namespace))
     async with api_client(control_plane.kubeconfig) as service:
         async with watching(service, namespace, reports, watch_timeout=5):
-            await Actuator(service).scale(namespace, member, replicas)
-            await until(lambda: reports.observed[member].replicas == replicas,
-                        what=f"{member} scaled to {replicas}")
+            if replicas is not None:
+                await Actuator(service).scale(namespace, member, replicas)
+            await until(lambda: member in reports.observed and (
+                replicas is None or reports.observed[member].replicas == replicas),
+                        what=f"{member} seen scaled to {replicas}")
             yield reports
+
+
+def _first(reports: Observed, mark: int, member: str, replicas: int) -> int:
+    """The first observation after ``mark`` that shows ``member`` at ``replicas``."""
+    return next(i for i in range(mark, len(reports.seen))
+                if reports.seen[i].name == member and reports.seen[i].replicas == replicas)
 
 
 async def test_a_kubectl_patch_is_reported_naming_kubectl_at_its_first_watch_event(
@@ -116,8 +126,7 @@ async def test_a_kubectl_patch_is_reported_naming_kubectl_at_its_first_watch_eve
             {"spec": {"replicas": 0}}, content_type="application/merge-patch+json",
             user_agent=KUBECTL_AGENT)
         await until(lambda: reports.observed["b"].replicas == 0, what="b scaled to 0")
-    first = next(i for i in range(mark, len(reports.seen))
-                 if reports.seen[i].name == "b" and reports.seen[i].replicas == 0)
+    first = _first(reports, mark, "b", 0)
     assert reports.seen[first].replicas_by == "kubectl"
     [written] = [n for n in reports.notices[first] if n.kind == "ReplicasWritten"]
     assert written.writer == "kubectl" and "'kubectl'" in written.message
@@ -142,12 +151,37 @@ async def test_an_argo_cd_sync_of_replicas_hands_the_pool_off_naming_it(
     assert "ignoreDifferences" in changed[0].message
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="no kubectl on PATH")
-async def test_a_kubectl_scale_through_the_scale_subresource_names_nobody(
+NO_KUBECTL = pytest.mark.skipif(shutil.which("kubectl") is None,
+                                reason="no kubectl on PATH to run as a person does")
+
+
+@NO_KUBECTL
+async def test_a_kubectl_scale_up_is_reported_naming_kubectl_at_its_first_watch_event(
+        control_plane: ControlPlane, custom: Any, namespace: str) -> None:
+    async with _scaled_by_us(control_plane, namespace, "b", None) as reports:
+        mark = len(reports.seen)
+        # a person scales the idle member up, through /scale as kubectl does
+        await asyncio.to_thread(control_plane.kubectl, "scale", "-n", namespace,
+                                "inferenceservice/b", "--replicas=1")
+        await until(lambda: reports.observed["b"].replicas == 1, what="b scaled to 1")
+    first = _first(reports, mark, "b", 1)
+    assert reports.seen[first].replicas_by == "kubectl"
+    [written] = [n for n in reports.notices[first] if n.kind == "ReplicasWritten"]
+    assert written.writer == "kubectl" and "'kubectl'" in written.message
+    assert reports.machine.actuation is Actuation.OWN
+
+
+@NO_KUBECTL
+async def test_a_kubectl_scale_to_zero_leaves_no_manager_and_is_reported_as_unrecorded(
         control_plane: ControlPlane, custom: Any, namespace: str) -> None:
     async with _scaled_by_us(control_plane, namespace, "b", 1) as reports:
+        mark = len(reports.seen)
         await asyncio.to_thread(control_plane.kubectl, "scale", "-n", namespace,
                                 "inferenceservice/b", "--replicas=0")
         await until(lambda: reports.observed["b"].replicas == 0, what="b scaled to 0")
-    assert reports.observed["b"].replicas_by == ""
-    assert not [n for batch in reports.notices for n in batch if n.writer]
+    first = _first(reports, mark, "b", 0)
+    assert reports.seen[first].replicas_by == ""  # the Scale omits replicas 0: no manager
+    [written] = [n for n in reports.notices[first] if n.kind == "ReplicasWritten"]
+    assert written.writer == writers.SCALE_UNRECORDED
+    assert "kubectl scale or another /scale client to 0 left no field manager" in written.message
+    assert reports.machine.actuation is Actuation.OWN

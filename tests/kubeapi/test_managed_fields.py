@@ -1,6 +1,6 @@
 """metadata.managedFields as the real API server records them: the request's fieldManager, else
 its User-Agent's first word ("kubectl"), with each changed field moving to it; a /scale write
-names nobody."""
+names its manager unless it writes 0, which leaves the replicas with no manager."""
 
 from __future__ import annotations
 
@@ -40,11 +40,20 @@ async def test_each_write_names_its_field_manager(emulator: KubeEmulator) -> Non
     assert entry["fieldsV1"] == {"f:spec": {"f:replicas": {}}}
     assert not any(e["manager"] == "modelpool-extproc"
                    for e in patched["metadata"]["managedFields"])  # its only field moved
-    scaled = await _send(emulator, "PATCH", f"{BASE}/a/scale", {"spec": {"replicas": 0}},
-                         agent=KUBECTL)
+    scaled = await _send(emulator, "PATCH", f"{BASE}/a/scale", {"spec": {"replicas": 2}},
+                         agent="scaler/1")
     stored = await _send(emulator, "PATCH", f"{BASE}/a", {}, agent="reader/1")
-    assert scaled["spec"]["replicas"] == 0
-    assert field_owner(stored, REPLICAS_FIELD) == ""  # /scale names nobody
+    assert scaled["spec"]["replicas"] == 2
+    assert field_owner(stored, REPLICAS_FIELD) == "scaler"
+    [entry] = [e for e in stored["metadata"]["managedFields"] if e["manager"] == "scaler"]
+    assert (entry["operation"], entry["subresource"]) == ("Update", "scale")
+    assert entry["fieldsV1"] == {"f:spec": {"f:replicas": {}}}
+    # a Scale of 0 omits its replicas (omitempty): the field is left with no manager
+    await _send(emulator, "PATCH", f"{BASE}/a/scale", {"spec": {"replicas": 0}}, agent=KUBECTL)
+    stored = await _send(emulator, "PATCH", f"{BASE}/a", {}, agent="reader/1")
+    assert stored["spec"]["replicas"] == 0
+    assert field_owner(stored, REPLICAS_FIELD) == ""
+    assert not any(e["manager"] == "scaler" for e in stored["metadata"]["managedFields"])
 
 
 async def test_a_status_write_owns_status_fields_only(emulator: KubeEmulator) -> None:
@@ -56,10 +65,14 @@ async def test_a_status_write_owns_status_fields_only(emulator: KubeEmulator) ->
     assert field_owner(written, REPLICAS_FIELD) == "kubectl"
 
 
-async def test_kubectl_scale_leaves_no_field_manager(kubectl, emulator) -> None:
-    """The kubectl on PATH, as a person runs it: through /scale, which names nobody."""
-    await _send(emulator, "POST", BASE, isvc("a", 1), agent="modelpool-extproc/1",
+async def test_kubectl_scale_names_kubectl_unless_it_scales_to_zero(kubectl, emulator) -> None:
+    """The kubectl on PATH, as a person runs it: through /scale, with no fieldManager."""
+    await _send(emulator, "POST", BASE, isvc("a", 0), agent="modelpool-extproc/1",
                 content_type="application/json")
+    await kubectl("scale", "isvc", "a", "--replicas=1")
+    stored = await _send(emulator, "PATCH", f"{BASE}/a", {}, agent="reader/1")
+    assert stored["spec"]["replicas"] == 1
+    assert field_owner(stored, REPLICAS_FIELD) == "kubectl"
     await kubectl("scale", "isvc", "a", "--replicas=0")
     stored = await _send(emulator, "PATCH", f"{BASE}/a", {}, agent="reader/1")
     assert stored["spec"]["replicas"] == 0

@@ -1,6 +1,7 @@
 """Other writers named by their field manager (policy/writers.py, modes.note_writer): a
 controller that will write a member's replicas again hands the pool off at once, a person's
-kubectl scale is reported and undone, and every hands-off notice names who wrote."""
+kubectl scale is reported and undone (a scale to 0, which leaves no field manager, as a write
+through the /scale subresource), and every hands-off notice names who wrote."""
 
 from __future__ import annotations
 
@@ -76,6 +77,35 @@ def test_our_own_writes_and_unknown_owners_are_not_reported() -> None:
     assert not notices(out, "ReplicasWritten") and not notices(out, "ActuationChanged")
 
 
+def test_a_scale_to_zero_that_left_no_field_manager_is_reported_as_a_scale_write() -> None:
+    m = machine()
+    out = m.handle(MemberObserved(Obs("a", phase="Ready", replicas=0, pods=1)), 1.0)
+    [written] = notices(out, "ReplicasWritten")
+    assert written.writer == writers.SCALE_UNRECORDED and written.source == "a"
+    assert "kubectl scale or another /scale client to 0 left no field manager" in written.message
+    assert writers.label(written.writer) == "unrecorded"
+    assert not notices(out, "ActuationChanged") and m.actuation is Actuation.OWN
+    # a person's one-off: the pool's rule stands, a request for a brings it back
+    assert Scale("a", 1) in m.handle(RequestArrived(1, "a"), 2.0)
+
+
+def test_replicas_with_no_manager_before_are_not_reported_as_a_scale_write() -> None:
+    m = PoolMachine(PoolSpec(KEY, ("a", "b"), fairness_window=0), limits(), 0.0,
+                    actuation=Actuation.OWN)
+    m.handle(StatusObserved(PoolStatus()), 0.0)
+    m.handle(MemberObserved(Obs("a", **READY)), 0.0)  # a server that records no manager
+    out = m.handle(MemberObserved(Obs("a", phase="Ready", replicas=0, pods=1)), 1.0)
+    assert not notices(out, "ReplicasWritten")
+
+
+@pytest.mark.parametrize("before,after,replicas,writer", [
+    (OURS, "", 0, writers.SCALE_UNRECORDED), ("kubectl", "", 0, writers.SCALE_UNRECORDED),
+    (OURS, "kubectl", 0, "kubectl"), (OURS, "", 2, ""), ("", "", 0, "")])
+def test_who_set_the_replicas_from_their_owners_before_and_after(
+        before: str, after: str, replicas: int, writer: str) -> None:
+    assert writers.replicas_writer(before, after, replicas) == writer
+
+
 def test_repeated_kubectl_scales_end_in_a_hand_off_that_names_kubectl() -> None:
     m = machine()
     now, changed = 1.0, []
@@ -107,7 +137,8 @@ def test_auto_mode_hands_a_named_controllers_fight_to_no_one_not_to_llmkube() ->
 @pytest.mark.parametrize("manager,label", [
     ("kubectl", "kubectl"), ("kubectl-edit", "kubectl"), ("kubectl-client-side-apply", "kubectl"),
     ("argocd-application-controller", "argocd"), ("helm-controller", "flux"),
-    ("keda-operator", "autoscaler"), (OURS, "ours"), ("my-script", "other"), ("", "unknown")])
+    ("keda-operator", "autoscaler"), (OURS, "ours"), (writers.SCALE_UNRECORDED, "unrecorded"),
+    ("my-script", "other"), ("", "unknown")])
 def test_metric_labels_are_a_fixed_set(manager: str, label: str) -> None:
     assert writers.label(manager) == label and label in writers.LABELS
 
