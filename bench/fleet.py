@@ -117,7 +117,8 @@ def holder(plane: ControlPlane) -> str:
     return (lease.get("spec") or {}).get("holderIdentity") or ""
 
 
-def _received(event: dict[str, Any]) -> float:
+def received(event: dict[str, Any]) -> float:
+    """An audit event's requestReceivedTimestamp, seconds since the epoch."""
     stamp = event["requestReceivedTimestamp"].rstrip("Z")
     return datetime.fromisoformat(stamp + "+00:00").timestamp()
 
@@ -128,7 +129,7 @@ def requests_between(plane: ControlPlane, start: float, end: float) -> list[dict
     for event in plane.audit_events():
         if (event.get("user") or {}).get("username") != USER:
             continue
-        if start <= _received(event) < end:
+        if start <= received(event) < end:
             seen.setdefault(event["auditID"], event)
     return list(seen.values())
 

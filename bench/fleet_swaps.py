@@ -11,10 +11,12 @@ pool's non-resident member at the same moment, through Envoy; ``rounds`` rounds 
 forth. Measured per request:
 
 - total: sent to served (the client's clock);
-- the service's share: sent until the incumbent's pod is terminating (drain, scale to zero),
-  the incumbent's pod gone until the target's pod exists (the scale-up), the target Ready
-  until served (the release) -- cut at the simulator's timeline, on the same monotonic clock;
-- the simulator's share: the rest (unload and load delays, its pod and server start);
+- the service's share: sent until its scale-down of the incumbent reaches the API server (the
+  drain), the incumbent's pod gone until its scale-up of the target reaches the API server,
+  the target Ready until served (the release) -- cut at the API server's audit log and the
+  simulator's timeline, wall clocks of one host;
+- the simulator's share: the rest (its reactions, unload and load delays, pod and server
+  start);
 - served right: answered 200 by the member it named (nothing lost, nothing misrouted).
 
 One swapping pool beside 0 and 999 resting shows one swap's overhead at 1 and 1,000 pools;
@@ -42,7 +44,7 @@ from devstack.procs import PROJECT_ROOT
 from devstack.stack_manifests import pool_with_members
 
 from .fleet import NAMESPACE as RESTING_NAMESPACE
-from .fleet import USER, populate
+from .fleet import USER, received, populate
 from .stats import percentile
 
 sys.path.insert(0, str(PROJECT_ROOT / "tests" / "kube_real"))
@@ -85,23 +87,42 @@ async def _ask(session: aiohttp.ClientSession, url: str, pool: int, side: str) -
                 reply.status == 200 and reply.served_by == target)
 
 
-def _split(swap: Swap, timeline: list[dict[str, Any]]) -> dict[str, float] | None:
-    """A swap's time cut at the simulator's events (its clock is the same monotonic one):
-    the service's share (request to the incumbent's pod terminating, its pod gone to the
-    target's pod created, the target Ready to served) and the simulator's (the rest); None
-    when an event is missing from the request's span."""
-    def at(member: str, event: str) -> float | None:
-        return min((e["t"] for e in timeline if e["member"] == member and e["event"] == event
-                    and swap.sent <= e["t"] <= swap.served), default=None)
-    marks = (at(swap.incumbent, "pod_terminating"), at(swap.incumbent, "pod_deleted"),
-             at(swap.target, "pod_created"), at(swap.target, "ready"))
-    if None in marks:
+def _scale_writes(plane: ControlPlane) -> list[tuple[float, str]]:
+    """(received, member) of each of the service's writes to a swapping pool's member, from
+    the API server's audit log (wall clock)."""
+    return sorted((received(e), e["objectRef"].get("name", ""))
+                  for e in plane.audit_events()
+                  if (e.get("user") or {}).get("username") == USER and e["verb"] == "patch"
+                  and e.get("stage") == "ResponseComplete"
+                  and e["objectRef"].get("resource") == "inferenceservices"
+                  and e["objectRef"].get("namespace") == SWAP_NAMESPACE)
+
+
+def _split(swap: Swap, timeline: list[dict[str, Any]], writes: list[tuple[float, str]],
+           wall: float) -> dict[str, float] | None:
+    """A swap's time cut where the work passes between the service and the simulator (wall
+    clock, one host): the service's share is the request until its write to the incumbent
+    (the drain and the scale-down), the incumbent's pod gone until its write to the target
+    (the scale-up), the target Ready until served (the release); the simulator's is the rest.
+    None when a mark is missing from the request's span."""
+    sent, served = swap.sent + wall, swap.served + wall
+
+    def event(member: str, name: str) -> float | None:
+        return min((e["wall"] for e in timeline if e["member"] == member
+                    and e["event"] == name and sent <= e["wall"] <= served), default=None)
+
+    def write(member: str, after: float) -> float | None:
+        return min((t for t, name in writes if name == member and after <= t <= served),
+                   default=None)
+    gone, ready = event(swap.incumbent, "pod_deleted"), event(swap.target, "ready")
+    if gone is None or ready is None:
         return None
-    terminating, gone, created, ready = (float(m) for m in marks)  # type: ignore[arg-type]
-    total = swap.served - swap.sent
-    cuts = {"to_drained": terminating - swap.sent, "to_scaled_up": created - gone,
-            "to_released": swap.served - ready}
-    service = sum(cuts.values())
+    down, up = write(swap.incumbent, sent), write(swap.target, gone)
+    if down is None or up is None:
+        return None
+    cuts = {"to_scaled_down": down - sent, "to_scaled_up": up - gone,
+            "to_released": served - ready}
+    total, service = served - sent, sum(cuts.values())
     return {"total": total, "service": service, "simulator": total - service, **cuts}
 
 
@@ -136,12 +157,15 @@ async def _measure(stack: RealApiStack, swapping: int, rounds: int) -> dict[str,
             side = "b" if r % 2 == 0 else "a"
             swaps += await asyncio.gather(*[_ask(session, stack.url, i, side)
                                             for i in range(swapping)])
-    timeline = stack.timeline()
+    wall = time.time() - time.monotonic()  # the replies' clock to the wall clock
+    timeline, writes = stack.timeline(), _scale_writes(stack.plane)
     served = [s for s in swaps if s.right]
-    splits = [cut for cut in (_split(s, timeline) for s in served) if cut is not None]
+    splits = [cut for cut in (_split(s, timeline, writes, wall) for s in served)
+              if cut is not None]
     result: dict[str, Any] = {"requests": len(swaps), "served_right": len(served),
                               "split": len(splits)}
-    for part in ("total", "service", "simulator", "to_drained", "to_scaled_up", "to_released"):
+    for part in ("total", "service", "simulator", "to_scaled_down", "to_scaled_up",
+                 "to_released"):
         result[f"{part}_s"] = _summary([cut[part] for cut in splits]) if splits else {}
     return result
 
