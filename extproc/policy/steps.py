@@ -248,6 +248,22 @@ def others_gone(m: PoolReader, now: float) -> bool:
     return all(gone(m, name) for name in m.others())
 
 
+def release_wanted(m: PoolReader, now: float) -> bool:
+    """A release already unloading, and a request now wants a member: the slot goes to it."""
+    return not swap_of(m).target and bool(wanted(m))
+
+
+def retarget(m: PoolWriter, now: float, out: Out) -> None:
+    """The release becomes a swap to the wanted member: what is unloaded stays so, and the
+    member loads once the rest is gone (its own terminating pod holds no other member off)."""
+    swap = swap_of(m)
+    swap.target, swap.reclaim = wanted(m), False
+    m.forget_wish(swap.target)
+    out.append(Notice("SwapStarted", f"swap {swap.incumbent or '(none)'} -> {swap.target} "
+                      "started (the release under way gave way to it)", source=swap.incumbent,
+                      target=swap.target))
+
+
 def released(m: PoolReader, now: float) -> bool:
     """A release (reclaim-down: no target) whose members are all gone: nothing to load."""
     return not swap_of(m).target and others_gone(m, now)

@@ -41,6 +41,7 @@ Own mode (this service drains, unloads and loads)::
     Probing   --a runtime said busy or could not tell-->        Draining (deferred)
     Probing   --every runtime said idle-->                      Unloading
     Unloading --another member still scaled up (or asked up)-->  Unloading (scale it to 0)
+    Unloading --a release, and a member is wanted-->            Unloading (a swap to it)
     Unloading --a release, every member gone-->                 Idle (cold: no resident)
     Unloading --every other member gone (pods too, and no write
                 of ours may still bring it up: landing.py)-->   Loading (scale target to 1)
@@ -170,6 +171,7 @@ TRANSITIONS: tuple[Edge, ...] = (
     Edge(_P, steps.probe_refused, _D, steps.defer, _H, OWN),
     Edge(_P, steps.all_idle, _U, steps.to_unload, _H, OWN),
     # Unloading and Loading (own mode)
+    Edge(_U, steps.release_wanted, _U, steps.retarget, _H, OWN),
     Edge(_U, carry.save_due(steps.still_up), _U, carry.ask_save, _H, OWN),
     Edge(_U, carry.unless_carrying(steps.still_up), _U, steps.scale_down_others, _H, OWN),
     Edge(_U, steps.released, _I, steps.go_cold, _H, OWN),

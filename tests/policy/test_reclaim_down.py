@@ -91,13 +91,15 @@ def test_a_request_during_the_unload_waits_then_loads_its_member() -> None:
     for_b = d.request("b", at=63, duration=2)  # b is being unloaded (62 s to 65 s)
     for_a = d.request("a", at=64, duration=2)
     d.run(until=300)
-    # held through the unload; the release ends cold, then b (oldest) loads from cold
+    # held; the release under way becomes a swap to b, which loads again at once (no other
+    # member holds the GPU), then a's request gets the slot after b's ended
     assert d.requests[for_b].state == "done" and d.requests[for_b].held
-    assert d.requests[for_b].ended == 62 + UNLOAD + LOAD
-    assert d.requests[for_a].state == "done"  # then a, after b's request ended
-    assert [t for t, c in scales(d) if c == Scale("b", 1)] == [62 + UNLOAD]
-    assert [n.target for n in d.notices("SwapCompleted")] == ["b", "a"]
-    assert d.notices("Reclaimed")[0].target == ""
+    assert d.requests[for_b].ended == 63 + LOAD
+    assert scales(d)[:2] == [(62.0, Scale("b", 0)), (63.0, Scale("b", 1))]
+    assert d.requests[for_a].state == "done" and d.requests[for_a].held
+    assert [n.target for n in d.notices("SwapStarted")][:3] == ["", "b", "a"]
+    assert [n.target for n in d.notices("SwapCompleted")][:2] == ["b", "a"]
+    assert not [n for n in d.notices("Reclaimed") if n.source == "b"]  # b's release gave way
 
 
 def test_a_request_for_the_resident_while_draining_cancels_the_release() -> None:
