@@ -12,8 +12,11 @@ import math
 
 from cluster_model import Cluster, IdleGate
 from extproc.policy import replicas
-from extproc.policy.events import ActuationChanged, Scale, Trigger
-from extproc.policy.model import Actuation, PoolPhase
+from extproc.policy.events import (ActuationChanged, Admit, DrainAnnounced, Hold,
+                                   LeadershipChanged, MemberObserved, RequestArrived, Scale,
+                                   StatusObserved, Trigger)
+from extproc.policy.machine import PoolMachine
+from extproc.policy.model import Actuation, MemberObservation, PoolPhase, PoolStatus
 from harness import Driver, limits, spec
 
 LOAD, UNLOAD = 15.0, 3.0
@@ -147,6 +150,19 @@ def test_a_release_is_announced_so_followers_admit_nothing() -> None:
     assert d.machine.swap is not None and d.machine.swap.target == ""
     assert replicas.announcement(d.machine) == replicas.RELEASING
     assert replicas.RELEASING not in d.machine.spec.members
+
+
+def test_a_follower_admits_nothing_while_a_release_is_announced() -> None:
+    m = PoolMachine(spec(("a", "b"), swap_policy="reclaim-down"), limits(), 0.0,
+                    actuation=Actuation.FOLLOW)
+    m.handle(LeadershipChanged(False), 0.0)
+    m.handle(MemberObserved(MemberObservation("a", phase="Stopped")), 0.0)
+    m.handle(MemberObserved(MemberObservation("b", phase="Ready", replicas=1, pods=1)), 0.0)
+    m.handle(StatusObserved(PoolStatus(resident="b")), 0.0)
+    assert [type(c) for c in m.handle(RequestArrived(1, "b"), 1.0)] == [Admit]
+    m.handle(DrainAnnounced(1, replicas.RELEASING), 2.0)
+    assert [type(c) for c in m.handle(RequestArrived(2, "b"), 3.0)] == [Hold]
+    assert m.swap is None  # nothing to follow: the leader's status says where the slot goes
 
 
 def test_a_release_under_way_is_dropped_when_the_pool_goes_to_llmkube() -> None:
