@@ -22,7 +22,10 @@ How it talks to the API, as LLMKube does:
   understand counts as "cannot tell" and defers the swap. On loopback no such name resolves:
   ``probe_proxy`` (``--probe-proxy``) sends those requests through an HTTP proxy that plays
   the cluster's DNS (``devstack.proberouter``);
-- it records no Events.
+- it records no Events;
+- under ``swapPolicy: reclaim-down`` it probes the resident on every pass while nothing else
+  is asked for (a pass every ``requeue`` seconds meanwhile) and releases it once every probe
+  for ``spec.reclaimAfter`` said idle (``reconciler_plan``: the pool goes cold).
 
 Opt-in fault: LLMKube's lost activation (``devstack.reconciler_fault``), per pool with the
 annotation ``sim.llmkube.dev/lose-activations: "N"`` or for every pool with
@@ -39,8 +42,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import datetime
 import logging
+import math
+import time
 from typing import Any, Iterable
 
 import aiohttp
@@ -49,10 +55,11 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from devstack.reconciler_fault import LostActivations
 from devstack.reconciler_plan import PoolView, member_names, needs_idle_check, plan, \
-    resolve_owner, status_patch
+    reclaims_down, resolve_owner, status_patch
 from devstack.simulator_kube import GROUP, MERGE_PATCH, PLURAL, SERVICE_LABEL, TRANSIENT, VERSION, \
     ApiSource, Backoff, Kube, await_first_lists, connect, controller_parser, disconnect, \
     duration_arg, parse_controller_args, run_controller, wait_event, watch_forever
+from extproc.settings import parse_duration
 from devstack.simulator_member import desired_replicas
 # The same llama.cpp /slots reading the service uses: one fail-closed reading, not two twins.
 from extproc.platform.kube.autoscalers import HPAS
@@ -72,6 +79,7 @@ REQUEUE = 3.0  # LLMKube's requeue while a swap waits for pods it does not watch
 IDLE_TIMEOUT = 5.0
 START_TIMEOUT = 30.0
 PROBE_PORT = 8080  # LLMKube's member Service port when the spec names none
+RECLAIM_AFTER = 300.0  # spec.reclaimAfter's CRD default
 PoolKey = tuple[str, str]
 
 
@@ -119,6 +127,8 @@ class ModelPoolReconciler:
         self.models: dict[PoolKey, dict[str, Any]] = {}
         self.hpas: dict[PoolKey, dict[str, Any]] = {}  # HorizontalPodAutoscalers
         self.passes = 0  # reconcile passes run, all pools (tests wait on it)
+        # reclaim-down: per pool, the resident and since when every probe of it said idle
+        self._idle_since: dict[PoolKey, tuple[str, float]] = {}
         self._synced = False  # no pass before every cache has listed once
         self._wake: dict[PoolKey, asyncio.Event] = {}
         self._workers: dict[PoolKey, asyncio.Task] = {}
@@ -239,6 +249,8 @@ class ModelPoolReconciler:
         read = self.faults.decide_from(key, self.pools[key], members)
         models = {n: obj for (model_ns, n), obj in self.models.items() if model_ns == ns}
         view = PoolView(read, members, await self._pod_counts(ns), models, autoscaled)
+        timing = await self._time_idle(key, view)
+        view = dataclasses.replace(view, released=timing == math.inf)
         owner = resolve_owner(view)
         scaled: dict[str, int] = {}
         owner_isvc = members.get(owner) if owner else None
@@ -265,7 +277,32 @@ class ModelPoolReconciler:
             _remember(self.pools, key, written)
         self.faults.after_pass(key, read, decided.status)
         self.passes += 1
-        return decided.requeue
+        return decided.requeue or timing > 0
+
+    async def _time_idle(self, key: PoolKey, view: PoolView) -> float:
+        """reclaim-down: probe the resident; how long it has been idle (0: not timed, inf:
+        for spec.reclaimAfter, so it is released). Busy or unknown restarts the clock."""
+        resident = reclaims_down(view)
+        if not resident:
+            self._idle_since.pop(key, None)
+            return 0.0
+        now, since = time.monotonic(), self._idle_since.get(key)
+        if await self._probe(key[0], view.members[resident]) is not True:
+            self._idle_since[key] = (resident, math.inf)
+            return 1.0  # timed, not idle: look again after requeue
+        if since is None or since[0] != resident or since[1] == math.inf:
+            self._idle_since[key] = since = (resident, now)
+        try:
+            after = parse_duration(str((view.pool.get("spec") or {}).get("reclaimAfter")
+                                       or "300s"))
+        except ValueError:
+            after = RECLAIM_AFTER
+        idle = now - since[1]
+        if idle < after:
+            return max(idle, 1e-9)
+        log.info("pool %s/%s: reclaim-down releases %s, idle for %.0fs", *key, resident, idle)
+        self._idle_since.pop(key, None)
+        return math.inf
 
     def _autoscaler(self, ns: str, member: str) -> str:
         """The HPA aimed at ``member`` ("HorizontalPodAutoscaler/name"; "" : none)."""

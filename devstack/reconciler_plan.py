@@ -21,8 +21,12 @@ Theory of operation, one pass:
    the recorded ``status.pendingMember`` if it is one of them, else the first in spec order,
    so a newer scale-up takes over from a pending owner held at 0. With no fresh activation a
    recorded pending member stays the owner (the pass holds it at 0, which would otherwise
-   erase the signal), else the resident (a warm pool never goes cold). A cold pool continues
-   its pending member, else honours the default, else the first scaled-up member.
+   erase the signal), else the resident (a warm pool never goes cold, but under
+   ``swapPolicy: reclaim-down``, our reading of LLMKube 0.11, a resident the reconciler saw
+   idle for ``spec.reclaimAfter`` is released: no owner, so it is probed and goes to 0 and the
+   status names no resident). A cold pool continues its pending member, else honours the
+   default (not under reclaim-down: that pool stays cold until asked), else the first
+   scaled-up member.
    A pending member that reports Failed gets no special treatment: it stays the owner.
 3. Every non-owner that is Ready (``status.phase == Ready``, nothing else) is probed; a busy
    or unanswered probe defers the swap (``SwapDeferred`` PodsBusy / IdleCheckFailed) and
@@ -44,6 +48,7 @@ from typing import Any
 from devstack.simulator_member import desired_replicas
 
 METAL_ACCELERATOR = "metal"  # a Model's spec.hardware.accelerator for a Mac agent's member
+RECLAIM_DOWN = "reclaim-down"  # swapPolicy: an idle pool's slot is released (LLMKube 0.11)
 DEFERRED_MESSAGES = {
     "PodsBusy": "Swap deferred: incumbent still serving in-flight requests",
     "IdleCheckFailed": "Swap deferred: incumbent idleness could not be established "
@@ -61,6 +66,7 @@ class PoolView:
     models: dict[str, dict[str, Any]] = field(default_factory=dict)  # the namespace's, by name
     # members left out of ``members`` because an autoscaler targets them: member -> autoscaler
     autoscaled: dict[str, str] = field(default_factory=dict)
+    released: bool = False  # reclaim-down: the resident was seen idle for spec.reclaimAfter
 
     @property
     def status(self) -> dict[str, Any]:
@@ -109,19 +115,31 @@ def resolve_owner(view: PoolView) -> str | None:
     present = [n for n, isvc in view.members.items() if isvc is not None]
     resident = view.status.get("residentMember") or ""
     pending = view.status.get("pendingMember") or ""
-    default = (view.pool.get("spec") or {}).get("default") or ""
+    spec = view.pool.get("spec") or {}
+    default = spec.get("default") or ""
     requested = [n for n in present if desired_replicas(view.members[n]) >= 1]
     if not resident:
         if pending in present:
             return pending
         if not requested:
-            return default if default in present else None
+            warm = spec.get("swapPolicy") != RECLAIM_DOWN
+            return default if warm and default in present else None
         return default if default in requested else requested[0]
     fresh = [n for n in requested if n != resident]
     if fresh:
         return pending if pending in fresh else fresh[0]
     if pending in present:
         return pending
+    return None if view.released else resident
+
+
+def reclaims_down(view: PoolView) -> str:
+    """The resident whose idleness the reconciler times under reclaim-down ("" : none): a
+    Ready resident that stays the owner, no other member asked for."""
+    resident = view.status.get("residentMember") or ""
+    if (view.pool.get("spec") or {}).get("swapPolicy") != RECLAIM_DOWN \
+            or not is_ready(view.members.get(resident)) or resolve_owner(view) != resident:
+        return ""
     return resident
 
 

@@ -24,13 +24,19 @@ NAMESPACE = "demo"
 POOL = "shared-gpu"
 # One line per swap: its outcome. SwapStarted is left out (the outcome line names both ends).
 SHOWN = ("SwapCompleted", "SwapFailed", "SwapDeferred", "MemberLost", "ReplicasWritten",
-         "MemberAutoscaled", "ActuationChanged")
+         "MemberAutoscaled", "ActuationChanged", "Reclaimed")
 STREAM = ', "stream": true'
 # an HPA aimed at the writer member, for the instructions (one line of JSON for a here-string)
 HPA_SAMPLE = ('{"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": '
               '{"name": "writer"}, "spec": {"scaleTargetRef": {"apiVersion": '
               '"inference.llmkube.dev/v1alpha1", "kind": "InferenceService", "name": "writer"}, '
               '"maxReplicas": 2}}')
+# Pool settings the instructions offer to patch live: (merge patch, what it does).
+POOL_PATCHES = (
+    ('{"spec": {"swapDelay": "20s"}}', "a resident holds 20 s"),
+    ('{"spec": {"swapPolicy": "reclaim-down", "reclaimAfter": "20s"}}',
+     "idle 20 s: the pool goes cold"),
+)
 SMOKE_TIMEOUT = 60.0  # per request: a cold load plus a swap, with room for a slow machine
 REPLICAS_ENV = "MODELPOOL_DEMO_REPLICAS"
 # A replica that exits is started again (same name, same ports) after this long, as its
@@ -109,8 +115,8 @@ def instructions(stack: LocalStack) -> str:
         f"  {k} create -n {NAMESPACE} -f - <<< '{HPA_SAMPLE}'"
         "   # writer refused while it exists",
         f"  {k} delete hpa writer -n {NAMESPACE}",
-        f"  {k} patch mpool {POOL} -n {NAMESPACE} --type=merge -p "
-        "'{\"spec\": {\"swapDelay\": \"20s\"}}'   # a resident holds 20 s",
+        *(f"  {k} patch mpool {POOL} -n {NAMESPACE} --type=merge -p '{patch}'   # {what}"
+          for patch, what in POOL_PATCHES),
         "",
         *replicas_note(stack),
         f"Metrics: {stack.metrics_url}   Pool views: {stack.debug_url}",

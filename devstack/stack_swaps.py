@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 SWAP_EVENTS = ("SwapStarted", "SwapCompleted", "SwapFailed", "SwapDeferred", "MemberLost",
-               "ActuationChanged", "ReplicasWritten", "MemberAutoscaled")
+               "ActuationChanged", "ReplicasWritten", "MemberAutoscaled", "Reclaimed")
 
 
 def parse_line(line: str) -> dict[str, Any] | None:

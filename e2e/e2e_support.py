@@ -134,6 +134,13 @@ async def kubectl_shows(stack: LocalStack, pool: str, resident: str, phase: str)
     assert (row["RESIDENT"], row["PHASE"]) == (resident, phase), row
 
 
+def pods_of(stack: LocalStack, member: str) -> list[str]:
+    """Names of the member's pods in the API (terminating ones included)."""
+    listing = stack.get(f"/api/v1/namespaces/{stack.namespace_of(member)}/pods"
+                        f"?labelSelector=inference.llmkube.dev/service%3D{member}")
+    return [p["metadata"]["name"] for p in listing["items"]]
+
+
 def notices(stack: LocalStack, pool: str, kind: str = "SwapCompleted") -> list[dict[str, Any]]:
     """The ext_proc's swap notices of one kind for one pool."""
     return [n for n in stack.swap_notices() if n.get("pool") == pool and n["event"] == kind]

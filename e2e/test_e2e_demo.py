@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from devstack.procs import PROJECT_ROOT, free_port
+from devstack.stack_demo import POOL_PATCHES
 from devstack.stack_swaps import LogTail, describe
 from e2e_support import require_llama_server, require_tools
 
@@ -67,6 +68,8 @@ def test_smoke_run_serves_every_member_and_stops_cleanly(tmp_path: Path,
         assert line in out, out
     assert "held request released" in out
     assert f"KUBECONFIG={tmp_path}/kubeconfig kubectl get mpool -n demo" in out
+    for patch, _ in POOL_PATCHES:  # (each is checked against the CRD in tests/deploy)
+        assert f"kubectl patch mpool shared-gpu -n demo --type=merge -p '{patch}'" in out, out
     # the closing `kubectl get mpool`: judge resident and Ready
     assert any(row.split()[:4] == ["shared-gpu", "sticky", "judge", "Ready"]
                for row in out.splitlines()), out

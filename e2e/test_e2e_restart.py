@@ -14,7 +14,7 @@ from collections.abc import Callable
 import aiohttp
 
 from devstack.stack import LocalStack
-from e2e_support import (chat, eventually, kubectl_shows, notices, pools, status, timeline,
+from e2e_support import (chat, eventually, kubectl_shows, notices, pods_of, pools, status, timeline,
                          wait_resident)
 
 LOAD = "sim.llmkube.dev/load-delay"
@@ -27,13 +27,6 @@ STACK_DOCS = pools(
      {"default": "lod-a", "member_annotations": {"lod-b": {LOAD: "3s"}}}),
     ("steady", ["std-a", "std-b"], {"default": "std-a"}),
 )
-
-
-def pods_of(stack: LocalStack, member: str) -> list[str]:
-    """Names of the member's pods in the API (terminating ones included)."""
-    listing = stack.get(f"/api/v1/namespaces/{stack.namespace_of(member)}/pods"
-                        f"?labelSelector=inference.llmkube.dev/service%3D{member}")
-    return [p["metadata"]["name"] for p in listing["items"]]
 
 
 async def swap_held_until(stack: LocalStack, http: aiohttp.ClientSession, pool: str, old: str,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from . import carry, fairness, modes, replicas, watchdog
 from .pool import PoolReader
-from .reclaim import RECLAIM, idle_deadline
+from .reclaim import RECLAIMING, idle_deadline
 from .state import Stage
 from .steps import reask_at
 from .steps_llmkube import lost_at
@@ -35,7 +35,7 @@ def next_deadline(m: PoolReader, hands: modes.Hands) -> float:
 
 
 def at_rest(m: PoolReader) -> bool:
-    """No swap, nothing held or wished for, sticky, no start-up hint: no edge is enabled until
+    """No swap, nothing held or wished for, no idle clock (sticky), no start-up hint: no edge is enabled until
     the state changes or a deadline comes, and a resident hit changes neither."""
     return m.swap is None and not m.requests.held and not m.wishes \
-        and m.spec.swap_policy != RECLAIM and not m.hints.pending
+        and m.spec.swap_policy not in RECLAIMING and not m.hints.pending

@@ -209,6 +209,9 @@ def switch(m: PoolWriter, hands: Hands, actuation: Actuation, reason: str, out: 
                       f"{reason}", source=before.value, target=actuation.value, writer=writer))
     swap = m.swap
     status_resident = m.status.resident if m.status.resident in m.spec.members else ""
+    if swap is not None and not swap.target and actuation is not Actuation.OWN:
+        m.end_swap()  # a release (reclaim-down) is own mode's alone: nothing to follow
+        swap = None
     if actuation is Actuation.HANDS_OFF:
         m.end_swap()  # no stage of ours may act any more
         for rid, held in list(m.requests.held.items()):

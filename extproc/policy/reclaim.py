@@ -2,12 +2,17 @@
 
 ``sticky`` keeps the resident until a request needs another member. ``reclaim`` (LLMKube's
 newer API) also swaps back to ``spec.default`` once the resident has had nothing in flight or
-held for ``spec.reclaimAfter``; the edge itself is a row of ``swap.TRANSITIONS`` (its guard and
-action in ``steps.py``). Any other value (``priority`` on an LLMKube branch, whatever comes
-next) runs as sticky and is reported, so a newer spec never breaks a pool.
+held for ``spec.reclaimAfter``. ``reclaim-down`` (LLMKube 0.11) releases the slot instead: the
+idle resident, whichever member it is, is drained and unloaded and the pool is left cold (no
+resident) until a request loads a member again; a cold pool under it does not warm
+``spec.default`` either. The edge itself is a row of ``swap.TRANSITIONS`` (its guard and
+action in ``steps.py``; a release is a swap whose target is ""). Any other value (``priority``
+on an LLMKube branch, whatever comes next) runs as sticky and is reported, so a newer spec
+never breaks a pool.
 
 All of it is own mode's: in llmkube mode reclaim is LLMKube's reconciler's job (this service
-follows ``status.residentMember``), and the status, with its SpecValid, is LLMKube's to write.
+follows ``status.residentMember``, empty for a cold pool), and the status, with its
+SpecValid, is LLMKube's to write.
 
 Rules of this file: it owns ``PolicyMemory`` (the resident's idle clock and what the status was
 told) and changes nothing else; it reads the pool through ``pool.PoolReader``.
@@ -23,8 +28,9 @@ from .events import Command, Notice
 from .model import Actuation
 from .pool import PoolReader
 
-STICKY, RECLAIM = "sticky", "reclaim"
-SUPPORTED_POLICIES = (STICKY, RECLAIM)
+STICKY, RECLAIM, RECLAIM_DOWN = "sticky", "reclaim", "reclaim-down"
+SUPPORTED_POLICIES = (STICKY, RECLAIM, RECLAIM_DOWN)
+RECLAIMING = (RECLAIM, RECLAIM_DOWN)  # the policies that run an idle clock
 
 
 @dataclass(slots=True)
@@ -71,13 +77,22 @@ def resident_idle_since(m: PoolReader) -> float | None:
     return max(m.requests.idle_since(resident), m.resident_since)
 
 
+def reclaim_target(m: PoolReader) -> str:
+    """Where an idle resident's slot goes: spec.default (``reclaim``), "" (``reclaim-down``:
+    nowhere, the pool goes cold)."""
+    return "" if m.spec.swap_policy == RECLAIM_DOWN else m.spec.default
+
+
 def reclaim_at(m: PoolReader) -> float:
-    """When an idle non-default resident is due to give the slot back (inf: not due ever)."""
+    """When an idle resident is due to give the slot back (inf: not due ever): a non-default
+    one under ``reclaim``, any one under ``reclaim-down``."""
     spec = m.spec
-    if spec.swap_policy != RECLAIM or m.actuation is not Actuation.OWN or not spec.default \
-            or m.resident == spec.default \
-            or spec.default in m.failed_until \
-            or autoscaler(m, spec.default):  # (a default failing to load waits its backoff)
+    if m.actuation is not Actuation.OWN or spec.swap_policy not in RECLAIMING:
+        return math.inf
+    if spec.swap_policy == RECLAIM and (
+            not spec.default or m.resident == spec.default
+            or spec.default in m.failed_until
+            or autoscaler(m, spec.default)):  # (a default failing to load waits its backoff)
         return math.inf
     since = resident_idle_since(m)
     return math.inf if since is None else since + spec.reclaim_after
@@ -86,8 +101,9 @@ def reclaim_at(m: PoolReader) -> float:
 def track_idle(memory: PolicyMemory, m: PoolReader, now: float) -> None:
     """Update the resident's start and status.residentIdleSince.
 
-    As LLMKube's CRD defines it: only for a non-default resident under ``reclaim``, the
-    clock its reclaim runs on; shown once idle for ``Limits.idle_report``.
+    As LLMKube's CRD defines it: only for a resident whose reclaim that clock runs (a
+    non-default one under ``reclaim``, any under ``reclaim-down``); shown once idle for
+    ``Limits.idle_report``.
     """
     if m.resident != memory.resident_was:
         memory.took_slot(m.resident, now)

@@ -37,6 +37,9 @@ from .pool import PoolReader
 
 UNAVAILABLE_CODE = "replica_unavailable"
 REWRITING = "\0"  # Fleet.drain's target while the leader's new announcement is being written
+# The announced target of a release (reclaim-down: a swap to no member). Not a Kubernetes
+# name, so a follower (of any version) admits to no member while it is announced.
+RELEASING = "(none)"
 
 
 @dataclass(slots=True)
@@ -59,7 +62,7 @@ def announcement(m: PoolReader) -> str:
     """The drain target the leader's Lease should announce now ("" for none)."""
     if m.actuation is not Actuation.OWN or m.swap is None:
         return ""
-    return m.swap.target
+    return m.swap.target or RELEASING
 
 
 def track_announcement(fleet: Fleet, m: PoolReader) -> None:
@@ -122,8 +125,7 @@ def peers_drained(m: PoolReader, members: list[str]) -> bool:
     if not peers or m.actuation is not Actuation.OWN:
         return True
     epoch, target = m.drain
-    swap = m.swap
-    if swap is None or epoch == 0 or target != swap.target:
+    if m.swap is None or epoch == 0 or target != announcement(m):
         return False  # not announced yet (or the announcement is being rewritten)
     return all(p.acked == epoch and not any(p.in_flight.get(name, 0) for name in members)
                for p in peers)

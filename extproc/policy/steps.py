@@ -19,7 +19,7 @@ from .autoscaled import autoscaler
 from .events import Command, Notice, ProbeIdle, Reject
 from .model import PHASE_FAILED, Actuation
 from .pool import PoolReader, PoolWriter
-from .reclaim import reclaim_at
+from .reclaim import reclaim_at, reclaim_target
 from .wanting import asked_for, wanted
 from .state import PolicyError, Stage, Swap
 
@@ -79,12 +79,13 @@ def start(m: PoolWriter, now: float, out: Out) -> None:
 
 
 def start_swap(m: PoolWriter, target: str, now: float, why: str, out: Out) -> None:
-    """Begin a swap to ``target``; ``why`` (said in the Notice) marks a reclaim."""
+    """Begin a swap to ``target`` ("": a release, the pool goes cold); ``why`` (said in the
+    Notice) marks a reclaim."""
     drop_hint(m, now, out)
     m.forget_wish(target)
     m.begin_swap(Swap(target=target, incumbent=m.resident, started=now, reclaim=bool(why)))
-    out.append(Notice("SwapStarted", f"swap {m.resident or '(none)'} -> {target} started"
-                      f"{why}", source=m.resident, target=target))
+    out.append(Notice("SwapStarted", f"swap {m.resident or '(none)'} -> {target or '(none)'} "
+                      f"started{why}", source=m.resident, target=target))
 
 
 def reclaim_due(m: PoolReader, now: float) -> bool:
@@ -93,8 +94,9 @@ def reclaim_due(m: PoolReader, now: float) -> bool:
 
 
 def reclaim(m: PoolWriter, now: float, out: Out) -> None:
-    """swapPolicy reclaim: the idle resident gives the slot back to spec.default."""
-    start_swap(m, m.spec.default, now, f" (reclaim: {m.resident} idle for "
+    """swapPolicy reclaim: the idle resident gives the slot back to spec.default; reclaim-down:
+    it releases the slot (a swap to "", which ends in Unloading: ``released``)."""
+    start_swap(m, reclaim_target(m), now, f" ({m.spec.swap_policy}: {m.resident} idle for "
                f"{m.spec.reclaim_after:g}s)", out)
 
 
@@ -246,6 +248,38 @@ def others_gone(m: PoolReader, now: float) -> bool:
     return all(gone(m, name) for name in m.others())
 
 
+def release_wanted(m: PoolReader, now: float) -> bool:
+    """A release already unloading, and a request now wants a member: the slot goes to it."""
+    return not swap_of(m).target and bool(wanted(m))
+
+
+def retarget(m: PoolWriter, now: float, out: Out) -> None:
+    """The release becomes a swap to the wanted member: what is unloaded stays so, and the
+    member loads once the rest is gone (its own terminating pod holds no other member off)."""
+    swap = swap_of(m)
+    swap.target, swap.reclaim = wanted(m), False
+    m.forget_wish(swap.target)
+    out.append(Notice("SwapStarted", f"swap {swap.incumbent or '(none)'} -> {swap.target} "
+                      "started (the release under way gave way to it)", source=swap.incumbent,
+                      target=swap.target))
+
+
+def released(m: PoolReader, now: float) -> bool:
+    """A release (reclaim-down: no target) whose members are all gone: nothing to load."""
+    return not swap_of(m).target and others_gone(m, now)
+
+
+def go_cold(m: PoolWriter, now: float, out: Out) -> None:
+    """The release is done: no resident. A held request starts the next swap from cold."""
+    swap = swap_of(m)
+    m.end_swap()
+    m.clear_deferral()
+    m.set_resident("")
+    out.append(Notice("Reclaimed", f"slot released by idle {swap.incumbent or '(none)'}: the "
+                      "pool is cold until a request loads a member", source=swap.incumbent,
+                      target="", duration=now - swap.started))
+
+
 def load(m: PoolWriter, now: float, out: Out) -> None:
     swap = swap_of(m)
     m.clear_deferral()
@@ -359,9 +393,10 @@ def fail_swap(m: PoolWriter, reason: str, now: float, out: Out) -> None:
 # ---- any stage ----------------------------------------------------------------------------
 
 def target_left(m: PoolReader, now: float) -> bool:
-    """The target left the spec, or an autoscaler took it (autoscaled.py: never loaded)."""
+    """The target left the spec, or an autoscaler took it (autoscaled.py: never loaded); a
+    release has no target to lose."""
     target = swap_of(m).target
-    return target not in m.spec.members or bool(autoscaler(m, target))
+    return bool(target) and (target not in m.spec.members or bool(autoscaler(m, target)))
 
 
 def cancel(m: PoolWriter, now: float, out: Out) -> None:

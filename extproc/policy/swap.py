@@ -33,6 +33,7 @@ Own mode (this service drains, unloads and loads)::
     Idle      --held request whose member is serving-->        Idle (admit it)
     Idle      --a member is wanted-->                           Draining
     Idle      --swapPolicy reclaim, resident idle long enough-->  Draining (back to default)
+    Idle      --reclaim-down, resident idle long enough-->      Draining (a release: no target)
     Draining  --a reclaim whose slot is wanted again-->         Idle (cancelled)
     Draining  --others idle and calm, idle gate on-->           Probing
     Draining  --others idle and calm, here and on live peers-->  Unloading
@@ -40,6 +41,8 @@ Own mode (this service drains, unloads and loads)::
     Probing   --a runtime said busy or could not tell-->        Draining (deferred)
     Probing   --every runtime said idle-->                      Unloading
     Unloading --another member still scaled up (or asked up)-->  Unloading (scale it to 0)
+    Unloading --a release, and a member is wanted-->            Unloading (a swap to it)
+    Unloading --a release, every member gone-->                 Idle (cold: no resident)
     Unloading --every other member gone (pods too, and no write
                 of ours may still bring it up: landing.py)-->   Loading (scale target to 1)
     Loading   --target Ready-->                                 Idle (held requests admitted)
@@ -168,8 +171,10 @@ TRANSITIONS: tuple[Edge, ...] = (
     Edge(_P, steps.probe_refused, _D, steps.defer, _H, OWN),
     Edge(_P, steps.all_idle, _U, steps.to_unload, _H, OWN),
     # Unloading and Loading (own mode)
+    Edge(_U, steps.release_wanted, _U, steps.retarget, _H, OWN),
     Edge(_U, carry.save_due(steps.still_up), _U, carry.ask_save, _H, OWN),
     Edge(_U, carry.unless_carrying(steps.still_up), _U, steps.scale_down_others, _H, OWN),
+    Edge(_U, steps.released, _I, steps.go_cold, _H, OWN),
     Edge(_U, steps.others_gone, _L, steps.load, _H, OWN),
     Edge(_L, steps.timed_out, _I, steps.fail(_not_ready_after), _A, OWN),
     Edge(_L, carry.restore_due(steps.target_ready), _L, carry.ask_restore, _S, OWN),

@@ -10,6 +10,7 @@ from __future__ import annotations
 from . import autoscaled, priority, replicas
 from .model import PHASE_FAILED, Actuation
 from .pool import PoolReader
+from .reclaim import RECLAIM_DOWN
 
 
 def llmkube_blocked(m: PoolReader) -> str:
@@ -59,6 +60,6 @@ def _tidy(m: PoolReader) -> str:
     if m.routable(m.resident) and len(scaled) > 1:
         return m.resident  # a second member was scaled up behind our back: undo it
     if not m.resident and not m.owner_picked and m.spec.default \
-            and all(o.unloaded for o in m.obs.values()):
-        return m.spec.default  # cold pool: warm the default member
+            and m.spec.swap_policy != RECLAIM_DOWN and all(o.unloaded for o in m.obs.values()):
+        return m.spec.default  # cold pool: warm the default member (reclaim-down: stay cold)
     return ""

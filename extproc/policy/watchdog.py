@@ -36,12 +36,12 @@ def watch(m: PoolReader, now: float, out: list[Command]) -> None:
         swap.progress_mark, swap.progress_at = mark, now
         if swap.stalled:
             swap.stalled = ""
-            out.append(Notice("SwapResumed", f"swap to {swap.target} is moving again",
+            out.append(Notice("SwapResumed", f"swap to {swap.target or '(none)'} is moving again",
                               source=swap.incumbent, target=swap.target))
     elif not swap.stalled and now >= swap.progress_at + m.limits.stall_after:
         swap.stalled = missing(m, now - swap.progress_at)
-        out.append(Notice("SwapStalled", f"swap to {swap.target} has made no progress: "
-                          f"{swap.stalled}", source=swap.incumbent, target=swap.target))
+        out.append(Notice("SwapStalled", f"swap to {swap.target or '(none)'} has made no "
+                          f"progress: {swap.stalled}", source=swap.incumbent, target=swap.target))
 
 
 def deadline(m: PoolReader) -> float:

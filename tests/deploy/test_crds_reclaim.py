@@ -8,12 +8,14 @@ as is, and with the newer releases' delta applied (``newer_llmkube_schema``).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from devstack.stack_demo import POOL_PATCHES
 from k8s_schema import LLMKUBE, LLMKUBE_MISSING, OUR_CRDS, apply_defaults, errors
 from modelpool_samples import (INVALID, NEWER_INVALID, NEWER_VALID, VALID, newer_llmkube_schema,
                                pool)
@@ -87,3 +89,8 @@ def test_reclaim_after_defaults_like_llmkube() -> None:
         assert ours["reclaimAfter"] == "300s"
     kept = apply_defaults(_schema(OURS), pool(reclaimAfter="10m"))["spec"]
     assert kept["reclaimAfter"] == "10m" and kept["swapPolicy"] == "sticky"
+
+
+@pytest.mark.parametrize("patch", [patch for patch, _ in POOL_PATCHES])
+def test_the_pool_patches_the_demo_prints_are_valid(patch: str) -> None:
+    assert errors(_schema(OURS), pool(**json.loads(patch)["spec"]), strict=True) == []

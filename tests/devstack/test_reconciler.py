@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+from typing import Any
 
 import aiohttp
 import pytest
@@ -336,3 +337,27 @@ async def test_a_member_whose_model_is_missing_is_not_metal(cluster: Cluster, ll
     await llmkube(members=("judge",), pool_members=("judge", "mac"))
     status = await eventually(lambda: resident_is(cluster, "judge"), SWAP_TIMEOUT, "judge")
     assert condition(status, "MetalSupported") == ("True", "KubernetesGPU")
+
+
+async def cold(cluster: Cluster) -> dict[str, Any] | None:
+    """The pool's status once no member is resident or pending and none has replicas."""
+    status = await pool_status(cluster)
+    idle = not status.get("residentMember") and not status.get("pendingMember") \
+        and status.get("phase") == "Pending"
+    down = all([await replicas(cluster, m) == 0 for m in ("judge", "coder")])
+    return status if idle and down else None
+
+
+async def test_reclaim_down_releases_the_idle_resident_and_the_pool_stays_cold(
+        cluster: Cluster, llmkube):
+    await warm(cluster, llmkube)
+    await cluster.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, NS, POOLS, POOL, {"spec": {"swapPolicy": "reclaim-down",
+                                                   "reclaimAfter": "1s"}},
+        _content_type=MERGE_PATCH)
+    status = await eventually(lambda: cold(cluster), SWAP_TIMEOUT, "the pool released")
+    assert condition(status, "SlotAllocated") == ("False", "Swapping")
+    # cold, the default is not warmed again; a trigger loads its member from cold
+    await cluster.scale("coder", 1)
+    await eventually(lambda: resident_is(cluster, "coder"), SWAP_TIMEOUT, "coder from cold")
+    assert await replicas(cluster, "judge") == 0

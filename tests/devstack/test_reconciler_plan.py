@@ -66,3 +66,23 @@ def test_the_target_is_scaled_up_once_the_incumbent_s_pods_are_gone():
                    {}, NOW)
     assert decided.replicas == {"coder": 1}
     assert decided.status["residentMember"] == "judge"  # until coder is Ready
+
+
+def reclaim_down(v: PoolView, released: bool = False) -> PoolView:
+    """``v`` under swapPolicy reclaim-down; ``released``: its resident was idle long enough."""
+    pool = {**v.pool, "spec": {**v.pool["spec"], "swapPolicy": "reclaim-down"}}
+    return PoolView(pool, v.members, v.pods, released=released)
+
+
+def test_reclaim_down_releases_an_idle_resident_and_leaves_the_pool_cold():
+    warm = view({"judge": (1, "Ready"), "coder": (0, "Stopped")}, "judge")
+    assert resolve_owner(reclaim_down(warm)) == "judge"  # not idle long enough yet
+    assert resolve_owner(reclaim_down(warm, released=True)) is None
+    decided = plan(reclaim_down(warm, released=True), {"judge": True}, NOW)
+    assert decided.replicas == {"judge": 0}
+    assert decided.status["phase"] == "Pending" and "residentMember" not in decided.status
+    # cold under reclaim-down: the default is not warmed again, a request still is served
+    cold = view({"judge": (0, "Stopped"), "coder": (0, "Stopped")})
+    assert resolve_owner(reclaim_down(cold)) is None and resolve_owner(cold) == "judge"
+    asked = view({"judge": (0, "Stopped"), "coder": (1, "Creating")})
+    assert resolve_owner(reclaim_down(asked)) == "coder"

@@ -153,6 +153,10 @@ SCENARIOS = {
     "own-reclaim": (lambda: root(Actuation.OWN, "b", {"idle_gate": True},
                                  {"swap_policy": "reclaim", "reclaim_after": 10.0},
                                  pending="b"), 5),
+    # swapPolicy reclaim-down: b, idle for 10 s, is unloaded and the pool left cold (no
+    # resident); a request arriving meanwhile waits for the release and loads its member
+    "own-reclaim-down": (lambda: root(Actuation.OWN, "b", spec_kw={
+        "swap_policy": "reclaim-down", "reclaim_after": 10.0}), 6),
 }
 
 

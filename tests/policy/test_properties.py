@@ -55,7 +55,7 @@ def scenarios(draw: st.DrawFn, faults: bool) -> Scenario:
                 swap_budget=draw(st.floats(5, 300)),
                 fairness_window=draw(st.sampled_from([0.0, 30.0]) | st.floats(1, 60))
                 if faults else draw(st.floats(1, 60)),
-                swap_policy=draw(st.sampled_from(("sticky", "reclaim", "priority"))),
+                swap_policy=draw(st.sampled_from(("sticky", "reclaim", "reclaim-down", "priority"))),
                 reclaim_after=draw(st.floats(1, 100)),
                 max_held=draw(st.none() | st.integers(1, 5)) if faults else None,
                 min_residency=draw(st.sampled_from([0, 0, 2, 5])))
