@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from extproc.backoff import Backoff
 from extproc.logs import get_logger
+from extproc.platform.kube.turns import WriteTurns
 from extproc.platform.kube._calls import (POOLS, counted, custom_path, describe,
                                           resource_version_of, retryable)
 from extproc.platform.kube.fencing import HeldVersions
@@ -254,11 +255,6 @@ class StatusSource(Protocol):
         """Problems found in the pool's spec."""
 
 
-# Status writes in flight at once: a lead taken over a thousand pools writes each status, and
-# a hundred at a time queued every Lease renew behind them at the API server (issue 46).
-WRITING_POOLS = 8
-
-
 class StatusPublisher:
     """Coalesces views into status writes: ``submit`` never blocks, only the latest view counts."""
 
@@ -266,8 +262,8 @@ class StatusPublisher:
                  backoff_initial: float = 0.2, backoff_max: float = 30.0,
                  may_write: Callable[[PoolKey], bool] = lambda key: True,
                  reread: Callable[[PoolKey], Awaitable[None]] | None = None,
-                 spec_invalid: Callable[[PoolKey, str], None] = lambda key, message: None
-                 ) -> None:
+                 spec_invalid: Callable[[PoolKey, str], None] = lambda key, message: None,
+                 turns: WriteTurns | None = None) -> None:
         self._writer = writer
         self._source = source
         # Two fences: only the pool's leader (by its own clock) writes its status, and every
@@ -281,7 +277,7 @@ class StatusPublisher:
         self._latest: dict[PoolKey, PoolView] = {}
         self._tasks: dict[PoolKey, asyncio.Task[None]] = {}
         self._versions = HeldVersions()
-        self._writing = asyncio.Semaphore(WRITING_POOLS)
+        self._turns = turns or WriteTurns()  # shared with the fences (turns.py)
 
     def submit(self, view: PoolView) -> None:
         """Schedule ``view`` for writing, replacing any view of the same pool not yet written."""
@@ -320,7 +316,7 @@ class StatusPublisher:
         """Write the latest view of one pool until none is left, backing off on failures."""
         backoff = Backoff(*self._backoff)
         while (view := self._latest.pop(key, None)) is not None:
-            async with self._writing:  # decided and sent as of the write, not of the wait
+            async with self._turns.turn():  # decided and sent as of the write, not the wait
                 view = self._latest.pop(key, view)  # a newer view came while this one waited
                 if not self._source.has_pool(key):
                     log.debug("status not written: pool is gone", namespace=key.namespace,
