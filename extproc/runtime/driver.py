@@ -83,6 +83,7 @@ class PoolDriver:
         self._peers: tuple[PeerState, ...] = ()
         self._announcing = ""  # the drain target last handed to the platform
         self._load_mark: tuple = (0, (), ())  # what peers wait for: epoch, held for, streaming
+        self._admit_until = self._machine.admit_until  # the admission Lease as last told
 
     @property
     def spec(self) -> PoolSpec:
@@ -151,8 +152,16 @@ class PoolDriver:
     # ---- the other replicas -------------------------------------------------------------------
 
     def admission(self, until: float) -> None:
-        """This replica may admit until ``until`` (its membership Lease)."""
-        self._feed(AdmissionLease(until))
+        """This replica may admit until ``until`` (its membership Lease).
+
+        A renew that only pushes a running Lease further changes no decision until the
+        machine's next event (nothing waits on the Lease's end: it is read, never timed), so
+        it is handed over with that event; a lapsed or shortened Lease is handed over now.
+        """
+        extends = until >= self._admit_until > self._clock()
+        self._admit_until = until
+        if not extends:
+            self._feed(AdmissionLease(until))
 
     def lead(self, leading: bool) -> None:
         """This replica gained or lost the pool's leader Lease."""
@@ -201,6 +210,8 @@ class PoolDriver:
         if self._closed:
             return
         machine = self._machine
+        if machine.admit_until != self._admit_until and not isinstance(event, AdmissionLease):
+            self._feed(AdmissionLease(self._admit_until))  # a renew put off (admission())
         try:
             commands = machine.handle(event, self._clock())
         except PolicyError as exc:

@@ -29,6 +29,13 @@ from .driver import PoolDriver
 from .scaling import Retry
 
 log = get_logger(__name__)
+_IDLE = PoolLoad()  # a pool missing from a peer's counts: none in flight, held or acknowledged
+
+
+def _shape(peers: Sequence[Peer]) -> tuple[object, ...]:
+    """What every pool reads of the peers besides their counts (a live one's silence aside)."""
+    return tuple((p.identity, p.lease_name, p.lost, p.silent_since if p.lost else None,
+                  p.pools is None, p.scopes) for p in peers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,9 +89,10 @@ class Hub:
         self._announced: dict[PoolKey, tuple[int, str]] = {}
         self._peers: Sequence[Peer] = ()
         self._drivers: dict[PoolKey, PoolDriver] = {}
+        self._names: dict[PoolKey, dict[str, str]] = {}  # each pool's routed names -> member
+        self._claims: dict[str, set[PoolKey]] = {}  # model name -> the pools naming it
         self._routes: dict[str, Route] = {}
         self._ambiguous: dict[str, list[str]] = {}
-        self.models: list[ModelEntry] = []
         self._endpoints: dict[tuple[PoolKey, str], tuple[str, ...]] = {}
         self._endpoint_waits: dict[tuple[PoolKey, str], asyncio.Event] = {}
 
@@ -114,6 +122,13 @@ class Hub:
         """Every pool's driver."""
         return list(self._drivers.values())
 
+    @property
+    def models(self) -> list[ModelEntry]:
+        """Every routed model name, pool by pool (GET /v1/models)."""
+        return [ModelEntry(name, key.namespace, key.name, member)
+                for key in sorted(self._names, key=str)
+                for name, member in self._names[key].items()]
+
     # ---- PoolListener: what the platform reports --------------------------------------------
 
     def pool_changed(self, spec: PoolSpec, hints: StartHints) -> None:
@@ -139,7 +154,7 @@ class Hub:
                      swap_delay=spec.swap_delay, scheduler=spec.scheduler_name)
         elif driver.spec != spec:
             driver.respec(spec)
-        self._reindex()
+        self._reindex(spec.key)
 
     def pool_removed(self, key: PoolKey) -> None:
         """A pool was deleted: its waiters are rejected and its models unrouted."""
@@ -149,7 +164,7 @@ class Hub:
         if driver is not None:
             driver.close()
             log.info("pool removed", namespace=key.namespace, pool=key.name)
-        self._reindex()
+        self._reindex(key)
 
     def member_changed(self, key: PoolKey, obs: MemberObservation) -> None:
         """The cluster's view of a member changed."""
@@ -203,10 +218,26 @@ class Hub:
             driver.lead(leading)
 
     def peers_changed(self, peers: Sequence[Peer]) -> None:
-        """The other replicas' counts: each pool hears its own part."""
-        self._peers = peers
-        for key, driver in self._drivers.items():
-            driver.observe_peers(self._peer_states(key))
+        """The other replicas' counts: each pool hears its own part, when that part changed.
+
+        A peer's renew moves its ``silent_since`` but, while it is live, no pool reads that
+        (policy/replicas.py waits on lost peers only): unless a peer joined, left, was lost or
+        came back, only the pools whose counts moved hear of it, not every pool at each renew.
+        """
+        before, self._peers = self._peers, peers
+        if _shape(before) != _shape(peers):
+            keys: list[PoolKey] = list(self._drivers)
+        else:
+            moved: set[str] = set()
+            for old, new in zip(before, peers, strict=True):  # same shape: same peers
+                if old.pools is not None and new.pools is not None:
+                    moved.update(k for k in old.pools.keys() | new.pools.keys()
+                                 if old.pools.get(k, _IDLE) != new.pools.get(k, _IDLE))
+            keys = [PoolKey(*k.split("/", 1)) for k in moved]
+        for key in keys:
+            driver = self._drivers.get(key)
+            if driver is not None:
+                driver.observe_peers(self._peer_states(key))
 
     def drain_announced(self, key: PoolKey, epoch: int, target: str) -> None:
         """A pool's drain announcement in force."""
@@ -224,7 +255,7 @@ class Hub:
         for peer in self._peers:
             if peer.scopes and key.namespace not in peer.scopes:
                 continue  # it does not serve this pool: nothing of it to wait for
-            load = None if peer.pools is None else peer.pools.get(str(key), PoolLoad())
+            load = None if peer.pools is None else peer.pools.get(str(key), _IDLE)
             if load is None:
                 states.append(PeerState(peer.identity, peer.silent_since, lost=True))
             else:
@@ -242,22 +273,37 @@ class Hub:
         for driver in self._drivers.values():
             driver.close()
 
-    def _reindex(self) -> None:
-        claims: dict[str, list[Route]] = {}
-        models: list[ModelEntry] = []
-        for key in sorted(self._drivers, key=str):
-            driver = self._drivers[key]
+    def _reindex(self, key: PoolKey) -> None:
+        """Re-file one pool's model names; only the names it gained or lost are routed anew
+        (a start reports every pool in turn: re-filing all of them each time is quadratic)."""
+        old = self._names.pop(key, {})
+        driver = self._drivers.get(key)
+        names: dict[str, str] = {}
+        if driver is not None:
             names = {m: m for m in driver.spec.members}
             names.update(driver.spec.aliases)
             for name in driver.spec.unrouted:  # an older pool holds it (kube/claims.py)
                 names.pop(name, None)
-            for name, member in names.items():
-                claims.setdefault(name, []).append(Route(driver, member))
-                models.append(ModelEntry(name, key.namespace, key.name, member))
-        self._routes = {name: routes[0] for name, routes in claims.items() if len(routes) == 1}
-        self._ambiguous = {name: [str(r.driver.key) for r in routes]
-                           for name, routes in claims.items() if len(routes) > 1}
-        for name, pools in self._ambiguous.items():
-            log.warning("model name claimed by several pools; requests for it are refused",
-                        model=name, pools=pools)
-        self.models = models
+            self._names[key] = names
+        for name in old.keys() - names.keys():
+            self._claims[name].discard(key)
+        for name in names.keys() - old.keys():
+            self._claims.setdefault(name, set()).add(key)
+        for name in old.keys() | names.keys():
+            self._route(name)
+
+    def _route(self, name: str) -> None:
+        """Route ``name`` to the one pool naming it; refuse it when several do."""
+        pools = self._claims.get(name, set())
+        self._routes.pop(name, None)
+        ambiguous = self._ambiguous.pop(name, None)
+        if len(pools) == 1:
+            (key,) = pools
+            self._routes[name] = Route(self._drivers[key], self._names[key][name])
+        elif pools:
+            self._ambiguous[name] = sorted(map(str, pools))
+            if ambiguous != self._ambiguous[name]:
+                log.warning("model name claimed by several pools; requests for it are refused",
+                            model=name, pools=self._ambiguous[name])
+        else:
+            del self._claims[name]

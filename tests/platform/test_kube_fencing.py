@@ -14,7 +14,8 @@ from kube_helpers import NS, Recorder, eventually, isvc, modelpool, running
 from extproc.metrics import KUBE_REQUESTS
 from extproc.platform.kube.actuator import Actuator
 from extproc.platform.kube.fencing import (LEADER_ANNOTATION, FenceLost, HeldVersions,
-                                           STAMPING_POOLS, TakeoverFences)
+                                           TakeoverFences)
+from extproc.platform.kube.turns import WRITES_IN_FLIGHT
 from extproc.platform.kube.platform import KubePlatform
 from extproc.platform.kube.rest import ApiError
 from extproc.platform.kube.status import StatusPublisher, StatusWriter
@@ -299,7 +300,7 @@ async def test_a_lead_over_many_pools_stamps_a_few_at_a_time_and_a_waiting_scale
     for key in keys:
         fences.lead_changed(key, True)  # one lead taken over every pool
     await asyncio.sleep(0.01)
-    assert len(stamper.pools) <= STAMPING_POOLS
+    assert len(stamper.pools) <= WRITES_IN_FLIGHT
     await asyncio.wait_for(fences.ready(keys[-1]), 5)  # the last in line, asked for: next
     assert "p39" in stamper.pools and len(stamper.pools) < len(keys)
     await asyncio.wait_for(asyncio.gather(*(fences.ready(key) for key in keys)), 30)

@@ -8,6 +8,9 @@ from typing import Any
 
 import aiohttp
 
+from extproc.platform.contract import PoolLoad
+from extproc.platform.kube.membership import Load
+
 from kube_helpers import NS, eventually
 from lease_scenarios import (
     QUICK,
@@ -79,3 +82,10 @@ async def _switch_unavailable(emulator: Any, on: bool) -> None:
     async with aiohttp.ClientSession(emulator.url) as http:
         async with http.post("/_emulator/unavailable", json={"on": on}) as response:
             assert await response.json() == {"on": on}
+
+
+def test_a_pool_at_rest_is_left_out_of_the_membership_lease() -> None:
+    busy = PoolLoad(acked=2, in_flight={"a": 1}, held={"b": 3})
+    payload = Load({"ns/idle": PoolLoad(), "ns/busy": busy}).to_payload()
+    assert list(payload["pools"]) == ["ns/busy"]  # a thousand idle pools: an empty map
+    assert Load.from_payload(payload) == Load({"ns/busy": busy})

@@ -10,6 +10,7 @@ from kube_helpers import NS, Recorder, eventually, isvc, modelpool, pod, running
 
 from extproc.metrics import WATCH_RESTARTS
 from extproc.platform.kube import watchloop
+from extproc.platform.kube import watcher as watcher_module
 from extproc.policy.model import MemberObservation, PoolKey
 
 KEY = PoolKey(NS, "slot")
@@ -330,3 +331,34 @@ async def test_an_autoscaler_aimed_at_a_member_is_in_its_observation(emulator: A
         emulator.delete("horizontalpodautoscalers", "b-hpa", NS)
         await eventually(lambda: watcher.observation(KEY, "b").autoscaled_by == "",
                          what="the autoscaler gone")
+
+
+async def test_the_first_sync_of_many_pools_lets_the_loop_turn(emulator: Any, api: Any) -> None:
+    """Reporting a thousand pools at once would hold the Lease renews back (issue 46): the
+    first sync reports them a batch at a time, and other tasks run in between."""
+    for i in range(3 * watcher_module.ANNOUNCE_BATCH):
+        emulator.create("modelpools", modelpool(f"p{i}", [f"p{i}-a"]))
+    turns = 0
+
+    async def turning() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    class Turns(Recorder):
+        def pool_changed(self, spec: Any, hints: Any) -> None:
+            self.calls.append(("pool_changed", turns))
+
+        def status_changed(self, key: Any, status: Any) -> None:
+            """Not what this test looks at."""
+
+    recorder = Turns()
+    other = asyncio.create_task(turning())
+    try:
+        async with running(api, recorder):
+            seen = [c[1] for c in recorder.take() if c[0] == "pool_changed"]
+    finally:
+        other.cancel()
+    assert len(seen) == 3 * watcher_module.ANNOUNCE_BATCH
+    assert seen[-1] > seen[0]  # the other task ran while the pools were reported

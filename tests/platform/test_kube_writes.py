@@ -18,6 +18,7 @@ from extproc.platform.kube.actuator import Actuator, MemberMissing
 from extproc.platform.kube.recorder import EventRecorder
 from extproc.names import LEADER_ANNOTATION
 from extproc.platform.kube.platform import KubePlatform
+from extproc.platform.kube.turns import WRITES_IN_FLIGHT, WriteTurns
 from extproc.platform.kube.status import StatusPublisher, StatusWriter
 from extproc.policy.model import MemberObservation, PoolKey, PoolPhase, PoolView
 from extproc.runtime.scaling import Retry, Scaler
@@ -275,3 +276,63 @@ async def test_event_failures_are_swallowed(emulator: Any, api: Any) -> None:
     await EventRecorder(api).record(KEY, "SwapStarted", "x")  # must not raise
     emulator.set_unavailable(False)
     assert emulator.list("events", NS) == []
+
+
+async def test_a_burst_of_status_writes_goes_out_a_few_at_a_time() -> None:
+    """A lead over many pools writes every status: a bounded few in flight at once, so the
+    Lease renews are not queued behind them all at the API server (issue 46)."""
+    pools = 3 * WRITES_IN_FLIGHT
+    gate, in_flight, most, written = asyncio.Event(), [0], [0], []
+
+    class Writer(StatusWriter):
+        async def publish(self, view: PoolView, current_status: dict, *,
+                          resource_version: str = "", spec_problems: Any = ()) -> str | None:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+            await gate.wait()
+            in_flight[0] -= 1
+            written.append(view.key)
+            return None
+
+    class Source:
+        def has_pool(self, key: PoolKey) -> bool:
+            return True
+
+        def pool_status(self, key: PoolKey) -> dict:
+            return {}
+
+        def pool_resource_version(self, key: PoolKey) -> str:
+            return ""
+
+        def spec_problems(self, key: PoolKey) -> tuple[str, ...]:
+            return ()
+
+    publisher = StatusPublisher(Writer(None), Source())  # type: ignore[arg-type]
+    for i in range(pools):
+        publisher.submit(ready_view(key=PoolKey(NS, f"p{i}")))
+    await eventually(lambda: in_flight[0] == WRITES_IN_FLIGHT)
+    for _ in range(10):
+        await asyncio.sleep(0)  # turns of the loop for more to start, were they allowed to
+    gate.set()
+    await publisher.idle()
+    assert most[0] == WRITES_IN_FLIGHT and len(written) == pools
+
+
+async def test_a_status_write_takes_its_turn_before_a_waiting_fence() -> None:
+    turns, order = WriteTurns(1), []
+
+    async def write(name: str, first: bool) -> None:
+        async with turns.turn(first):
+            order.append(name)
+
+    async with turns.turn():  # every turn taken
+        fence = asyncio.create_task(write("fence", False))
+        cancelled = asyncio.create_task(write("cancelled", True))
+        status = asyncio.create_task(write("status", True))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        cancelled.cancel()  # a waiter that gave up: its place is no one's
+    await asyncio.wait_for(asyncio.gather(fence, status), 5)
+    assert order == ["status", "fence"] and cancelled.cancelled()
+    async with turns.turn():  # and the turn came back
+        pass

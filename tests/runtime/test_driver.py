@@ -293,3 +293,27 @@ async def test_only_a_follower_acknowledges_the_announcement() -> None:
     assert d.load().acked == 0  # a leader (even a deposed one) obeys no announcement
     d.lead(False)
     assert d.load().acked == 5
+
+
+async def test_a_lease_renewed_in_time_is_handed_to_the_machine_with_its_next_event(
+        passes) -> None:
+    now = [0.0]
+    d = PoolDriver(PoolSpec(KEY, ("a", "b"), fairness_window=0),
+                   limits_from(Settings(drain_linger=0.0)), ScriptedPlatform(),
+                   Retry(0.01, 0.05), clock=lambda: now[0])
+    d.observe(MemberObservation("a", **READY))
+    d.observe(MemberObservation("b", **STOPPED))
+    d.admission(10.0)
+    passes.clear()
+    now[0] = 5.0
+    d.admission(20.0)  # still admitting, only for longer: no pass now
+    assert passes == {}
+    now[0] = 15.0  # past the Lease the machine last heard of, within the renewed one
+    ticket = d.arrive("a")
+    assert isinstance(ticket.decision, Admit)
+    d.end(ticket)
+    now[0] = 25.0
+    passes.clear()
+    d.admission(30.0)  # after a lapse: handed over at once (held requests may go now)
+    assert passes == {"pool": 1}
+    d.close()

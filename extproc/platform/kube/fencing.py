@@ -35,6 +35,7 @@ from collections.abc import Hashable
 from typing import Protocol
 
 from extproc.logs import get_logger
+from extproc.platform.kube.turns import WriteTurns
 from extproc.platform.kube.actuator import MemberMissing
 from extproc.policy.model import PoolKey
 from extproc.names import LEADER_ANNOTATION
@@ -42,10 +43,6 @@ from extproc.names import LEADER_ANNOTATION
 log = get_logger(__name__)
 
 MAX_CHAIN = 32  # writes the watch may lag behind; past it the oldest are forgotten (a 409 then)
-# Pools stamped at once on a gain: a lead over a thousand pools is thousands of stamps, and
-# unbounded they took every connection of the API client; a pool whose scale waits for its
-# stamps skips the queue (``ready``).
-STAMPING_POOLS = 8
 
 
 class HeldVersions:
@@ -123,11 +120,13 @@ class TakeoverFences:
     """
 
     def __init__(self, stamper: _Stamper, members: _Members, versions: HeldVersions,
-                 identity: str) -> None:
+                 identity: str, turns: WriteTurns | None = None) -> None:
         self._stamper, self._members, self._versions = stamper, members, versions
         self._identity = identity
         self._terms: dict[PoolKey, asyncio.Task[None]] = {}
-        self._stamping = asyncio.Semaphore(STAMPING_POOLS)
+        # A lead over a thousand pools is thousands of stamps: they take turns (turns.py),
+        # after the status writes; a pool whose scale waits for its stamps skips the queue.
+        self._turns = turns or WriteTurns()
         self._queued: set[PoolKey] = set()  # pools whose stamps wait for their turn
 
     def lead_changed(self, key: PoolKey, leading: bool) -> None:
@@ -180,7 +179,7 @@ class TakeoverFences:
 
     async def _stamp_in_turn(self, key: PoolKey, value: str) -> None:
         try:
-            async with self._stamping:
+            async with self._turns.turn(first=False):
                 self._queued.discard(key)
                 await self._stamp_pool(key, value)
         finally:

@@ -42,6 +42,7 @@ from extproc.names import ROLE_LABEL
 log = get_logger(__name__)
 
 MEMBER_ROLE = "member"
+_IDLE = PoolLoad()
 FAILURES = (ApiError, LeaseConflict, *TRANSPORT_ERRORS)
 
 
@@ -59,9 +60,11 @@ class Load:
     pools: Mapping[str, PoolLoad] = dataclasses.field(default_factory=dict)
 
     def to_payload(self) -> dict[str, Any]:
-        """The JSON carried in the Lease annotation."""
+        """The JSON carried in the Lease annotation; a pool with nothing to count is left out
+        (a reader takes a missing pool for zeros), so a fleet at rest writes a small Lease."""
         return {"pools": {key: {"acked": load.acked, "inFlight": dict(load.in_flight),
-                                "held": dict(load.held)} for key, load in self.pools.items()}}
+                                "held": dict(load.held)} for key, load in self.pools.items()
+                          if load != _IDLE}}
 
     @classmethod
     def from_payload(cls, payload: Any) -> Load | None:

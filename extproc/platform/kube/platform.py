@@ -24,6 +24,7 @@ from extproc.platform.kube.fencing import HeldVersions, TakeoverFences
 from extproc.platform.kube.rest import ApiError, KubeClient
 from extproc.platform.kube.routecheck import RouteChecker
 from extproc.platform.kube.status import StatusPublisher, StatusWriter
+from extproc.platform.kube.turns import WriteTurns
 from extproc.platform.kube.watcher import ClusterWatcher
 from extproc.platform.contract import CarryResult, PoolListener, WriteRefused
 from extproc.policy.events import Notice, is_warning
@@ -60,13 +61,15 @@ class KubePlatform:
         self.replicas = Replicas(self._lease_client, settings, self.watcher.relist,
                                  on_lead=lambda key, leading: self._fences.lead_changed(
                                      key, leading))
+        turns = WriteTurns()  # the lead's status writes and fences, statuses first
         self._fences = TakeoverFences(self._actuator, self.watcher, self._versions,
-                                      self.replicas.identity)
+                                      self.replicas.identity, turns)
         self._publisher = StatusPublisher(
             self._writer, self.watcher, may_write=self.replicas.leads,
             reread=lambda key: self.watcher.reread(POOLS, key.namespace, key.name),
             spec_invalid=self._spec_invalid,
-            backoff_initial=settings.api_retry_initial, backoff_max=settings.api_retry_max)
+            backoff_initial=settings.api_retry_initial, backoff_max=settings.api_retry_max,
+            turns=turns)
         self._events = EventRecorder(api_client, uids=self.watcher.pool_uid)
         self._session: aiohttp.ClientSession | None = None
         self._event_tasks: set[asyncio.Task[None]] = set()

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from extproc.backoff import Backoff
 from extproc.logs import get_logger
+from extproc.platform.kube.turns import WriteTurns
 from extproc.platform.kube._calls import (POOLS, counted, custom_path, describe,
                                           resource_version_of, retryable)
 from extproc.platform.kube.fencing import HeldVersions
@@ -261,8 +262,8 @@ class StatusPublisher:
                  backoff_initial: float = 0.2, backoff_max: float = 30.0,
                  may_write: Callable[[PoolKey], bool] = lambda key: True,
                  reread: Callable[[PoolKey], Awaitable[None]] | None = None,
-                 spec_invalid: Callable[[PoolKey, str], None] = lambda key, message: None
-                 ) -> None:
+                 spec_invalid: Callable[[PoolKey, str], None] = lambda key, message: None,
+                 turns: WriteTurns | None = None) -> None:
         self._writer = writer
         self._source = source
         # Two fences: only the pool's leader (by its own clock) writes its status, and every
@@ -276,6 +277,7 @@ class StatusPublisher:
         self._latest: dict[PoolKey, PoolView] = {}
         self._tasks: dict[PoolKey, asyncio.Task[None]] = {}
         self._versions = HeldVersions()
+        self._turns = turns or WriteTurns()  # shared with the fences (turns.py)
 
     def submit(self, view: PoolView) -> None:
         """Schedule ``view`` for writing, replacing any view of the same pool not yet written."""
@@ -314,27 +316,34 @@ class StatusPublisher:
         """Write the latest view of one pool until none is left, backing off on failures."""
         backoff = Backoff(*self._backoff)
         while (view := self._latest.pop(key, None)) is not None:
-            if not self._source.has_pool(key):
-                log.debug("status not written: pool is gone", namespace=key.namespace, pool=key.name)
-                self._forget(key)
-                continue
-            if not self._may_write(key):
-                log.info("status not written: this replica no longer leads the pool",
-                         namespace=key.namespace, pool=key.name)
-                continue
-            current, version = self._current(key)
-            try:
-                answered = await self._writer.publish(
-                    view, current, resource_version=version,
-                    spec_problems=self._source.spec_problems(key))
-            except Exception as exc:
-                if isinstance(exc, ApiError) and exc.status == 404:
+            async with self._turns.turn():  # decided and sent as of the write, not the wait
+                view = self._latest.pop(key, view)  # a newer view came while this one waited
+                if not self._source.has_pool(key):
+                    log.debug("status not written: pool is gone", namespace=key.namespace,
+                              pool=key.name)
                     self._forget(key)
                     continue
-                if not retryable(exc):
-                    log.error("status write rejected", namespace=key.namespace, pool=key.name, error=describe(exc))
+                if not self._may_write(key):
+                    log.info("status not written: this replica no longer leads the pool",
+                             namespace=key.namespace, pool=key.name)
                     continue
-                conflict = isinstance(exc, ApiError) and exc.status == 409
+                current, version = self._current(key)
+                failure: Exception | None = None
+                answered: str | None = None
+                try:
+                    answered = await self._writer.publish(
+                        view, current, resource_version=version,
+                        spec_problems=self._source.spec_problems(key))
+                except Exception as exc:
+                    failure = exc  # handled outside: a backoff must not hold a writing turn
+            if failure is not None:
+                if isinstance(failure, ApiError) and failure.status == 404:
+                    self._forget(key)
+                    continue
+                if not retryable(failure):
+                    log.error("status write rejected", namespace=key.namespace, pool=key.name, error=describe(failure))
+                    continue
+                conflict = isinstance(failure, ApiError) and failure.status == 409
                 if conflict:
                     # The pool changed since the version we sent (another writer, a leader
                     # after us): never send the same write again; read the pool afresh (the
@@ -343,7 +352,7 @@ class StatusPublisher:
                     await self._reread_quietly(key)
                 delay = backoff.next_delay()
                 log.warning("status write failed, retrying", namespace=key.namespace, pool=key.name,
-                            error=describe(exc), retry_in=round(delay, 3), conflict=conflict)
+                            error=describe(failure), retry_in=round(delay, 3), conflict=conflict)
                 # Retry this view unless a newer one arrived while we were writing.
                 self._latest.setdefault(key, view)
                 await asyncio.sleep(delay)

@@ -6,9 +6,10 @@ watches, resuming and re-listing as that module says; each list is diffed agains
 so a change made while the loop was blind is still reported. ``relist()`` restarts every loop
 from a fresh list (a replica that was cut off from the API must not trust its cache).
 
-The listener hears nothing until the first list of every kind is in (``synced``): reporting a
-pool before its members were listed would show them as missing and degrade the pool for no
-reason. After that, every change is reported once, and an unchanged observation never is.
+The listener hears nothing until the first list of every kind is in: reporting a pool before
+its members were listed would show them as missing and degrade the pool for no reason. Then
+every pool is reported, a batch at a time so the loop keeps turning (``synced`` once all
+are). After that, every change is reported once, and an unchanged observation never is.
 
 Pods: only pods labelled ``inference.llmkube.dev/service`` are watched by default
 (``Settings.pod_selector``). LLMKube writes that label (and ``app``) on every pod it creates,
@@ -56,6 +57,7 @@ from extproc.settings import Settings
 log = get_logger(__name__)
 
 PODS = "pods"
+ANNOUNCE_BATCH = 50  # pools reported at the first sync between two turns of the event loop
 WATCHED = (POOLS, SERVICES, PODS, *KINDS)  # the kinds listed before the first report
 
 
@@ -88,7 +90,9 @@ class ClusterWatcher:
         self._listener: PoolListener | None = None
         self._settings = settings
         self._pod_selector = settings.pod_selector or None
-        self.synced = asyncio.Event()
+        self.synced = asyncio.Event()  # every pool of the first lists reported
+        self._reporting = False  # the first list of every kind is in: changes are reported
+        self._unreported: set[PoolKey] = set()  # pools of the first lists not reported yet
         self._group: asyncio.TaskGroup | None = None
         self._loops: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._relisting: set[tuple[str, str]] = set()
@@ -109,6 +113,7 @@ class ClusterWatcher:
         self._pods: dict[tuple[str, str], str] = {}  # (namespace, pod) -> member ("" = none)
         self._pod_counts: Counter[tuple[str, str]] = Counter()  # (namespace, member) -> pods
         self._pools_of: dict[tuple[str, str], set[PoolKey]] = {}  # (namespace, member) -> pools
+        self._indexed: dict[PoolKey, set[str]] = {}  # the same index, pool -> members
         self._delivered: dict[PoolKey, dict[str, MemberObservation]] = {}
         self._endpoints = PodEndpoints(settings.endpoint_port)
 
@@ -145,8 +150,7 @@ class ClusterWatcher:
         (one may hold the GPU until the pool has drained and unloaded it)."""
         pool = self._pools.get(key)
         named = list(pool.spec.members) if pool else []
-        return named + sorted(m for (ns, m), pools in self._pools_of.items()
-                              if ns == key.namespace and key in pools and m not in named)
+        return named + sorted(self._indexed.get(key, set()).difference(named))
 
     def pool_status(self, key: PoolKey) -> dict:
         """The pool's ``.status`` as last seen ({} when unknown)."""
@@ -227,16 +231,29 @@ class ClusterWatcher:
 
     def _mark_listed(self, kind: str, scope: str) -> None:
         """Note a first list; once every kind in every scope is in, report the whole cache."""
-        if self.synced.is_set():
+        if self._reporting:
             return
         self._listed.add((kind, scope))
         if len(self._listed) < len(WATCHED) * len(self._scopes):
             return
+        self._reporting = True
+        self._unreported = set(self._pools)
+        assert self._group is not None  # (lists come from the loops run() started)
+        self._group.create_task(self._announce_all(list(self._pools)))
+
+    async def _announce_all(self, keys: list[PoolKey]) -> None:
+        """Report the pools of the first lists in batches, the loop turning in between: a
+        thousand pools' machines started in one go would hold the Lease renews back.
+        Changes that come meanwhile are reported at once (a pool then only once)."""
+        for i, key in enumerate(keys):
+            if i % ANNOUNCE_BATCH == ANNOUNCE_BATCH - 1:
+                await asyncio.sleep(0)
+            pool = self._pools.get(key)
+            if pool is not None and key in self._unreported:
+                self._announce(pool)
         self.synced.set()
         log.info("cache synced", pools=len(self._pools), services=len(self._services),
                  pods=len(self._pods))
-        for pool in list(self._pools.values()):
-            self._announce(pool)
 
     def _replace(self, kind: str, scope: str, items: list[dict]) -> None:
         """Make the cache hold exactly ``items`` for ``kind`` in ``scope``, reporting the diff."""
@@ -305,10 +322,10 @@ class ClusterWatcher:
             if old is None:
                 return
             del self._pools[key]
-            for pools in self._pools_of.values():  # every member it ever had, see below
-                pools.discard(key)
+            for member in self._indexed.pop(key, ()):  # every member it ever had, see below
+                self._pools_of[(key.namespace, member)].discard(key)
             self._delivered.pop(key, None)
-            if self.synced.is_set():
+            if self._reporting:
                 self._call("pool_removed", key)
             self._reclaim(self._claims.drop(key))  # a name it held goes to the next claimant
             return
@@ -354,14 +371,16 @@ class ClusterWatcher:
 
     def _index(self, spec: PoolSpec) -> None:
         """File the pool under each of its members in the member -> pools index."""
+        self._indexed.setdefault(spec.key, set()).update(spec.members)
         for member in spec.members:
             self._pools_of.setdefault((spec.key.namespace, member), set()).add(spec.key)
 
     def _announce(self, pool: _Pool) -> None:
         """Report a pool and then every member's current observation (after sync only)."""
-        if not self.synced.is_set():
+        if not self._reporting:
             return
         key = pool.spec.key
+        self._unreported.discard(key)
         status = pool.status
         self._call("pool_changed", pool.spec,
                    StartHints(resident=str(status.get("residentMember") or ""),
@@ -376,7 +395,7 @@ class ClusterWatcher:
 
     def _report_endpoints(self, namespace: str, member: str) -> None:
         """Report the member's Ready pods to every pool it belongs to (after sync only)."""
-        if not self.synced.is_set():
+        if not self._reporting:
             return
         endpoints = self._endpoints.of(namespace, member)
         for key in sorted(self._pools_of.get((namespace, member), ()), key=str):
@@ -387,7 +406,7 @@ class ClusterWatcher:
 
         Foreign: a change whose slot-owning fields do not show what we last wrote.
         """
-        if not self.synced.is_set():
+        if not self._reporting:
             return
         key = pool.spec.key
         status = pool_status(pool.status, changed and not self._ours(key, pool.status),
@@ -398,7 +417,7 @@ class ClusterWatcher:
 
     def _refresh(self, namespace: str, member: str) -> None:
         """Report the member's observation to every pool it belongs to, if it changed."""
-        if not member or not self.synced.is_set():
+        if not member or not self._reporting:
             return
         obs = self._observe(namespace, member)
         for key in sorted(self._pools_of.get((namespace, member), ()), key=str):
