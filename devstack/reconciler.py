@@ -25,7 +25,9 @@ How it talks to the API, as LLMKube does:
 - it records no Events;
 - under ``swapPolicy: reclaim-down`` it probes the resident on every pass while nothing else
   is asked for (a pass every ``requeue`` seconds meanwhile) and releases it once every probe
-  for ``spec.reclaimAfter`` said idle (``reconciler_plan``: the pool goes cold).
+  for ``spec.reclaimAfter`` said idle (``reconciler_plan``: the pool goes cold);
+- it holds a swap away from a resident that became resident less than ``spec.swapDelay`` ago
+  (``reconciler_plan``, step 3), looking again every ``requeue`` seconds meanwhile.
 
 Opt-in fault: LLMKube's lost activation (``devstack.reconciler_fault``), per pool with the
 annotation ``sim.llmkube.dev/lose-activations: "N"`` or for every pool with
@@ -251,19 +253,19 @@ class ModelPoolReconciler:
         view = PoolView(read, members, await self._pod_counts(ns), models, autoscaled)
         timing = await self._time_idle(key, view)
         view = dataclasses.replace(view, released=timing == math.inf)
-        owner = resolve_owner(view)
+        owner, now = resolve_owner(view), _now()
         scaled: dict[str, int] = {}
         owner_isvc = members.get(owner) if owner else None
         if owner is not None and owner != view.status.get("residentMember") \
                 and desired_replicas(owner_isvc) >= 1 \
-                and plan(view, {}, _now()).replicas.get(owner) == 0:
+                and plan(view, {}, now).replicas.get(owner) == 0:
             # An early trigger is held at 0 before anything slow (the idle probe), so the
             # member's controller gets no time to start a pod beside the incumbent's. LLMKube
             # itself probes first and holds after: behind an incumbent whose /slots hangs, the
             # target sits at 1 for up to the probe's 5 s. Not reproduced here (no test needs it).
             scaled[owner] = await self._scale(ns, name, owner, 0)
-        idle = {m: await self._probe(ns, members[m]) for m in needs_idle_check(view, owner)}
-        decided = plan(view, idle, _now())
+        idle = {m: await self._probe(ns, members[m]) for m in needs_idle_check(view, owner, now)}
+        decided = plan(view, idle, now)
         for member, replicas in decided.replicas.items():
             if scaled.get(member) != replicas:
                 await self._scale(ns, name, member, replicas)
