@@ -22,7 +22,10 @@ How it talks to the API, as LLMKube does:
   understand counts as "cannot tell" and defers the swap. On loopback no such name resolves:
   ``probe_proxy`` (``--probe-proxy``) sends those requests through an HTTP proxy that plays
   the cluster's DNS (``devstack.proberouter``);
-- it records no Events;
+- it records one kind of Event (LLMKube 0.10.16, #2356): a Warning ``MemberScaledOutside`` on
+  every pool of a member whose ``spec.replicas`` went up by a field manager outside LLMKube
+  (``managedFields``; ``reconciler_plan.scaled_up_outside``), naming the manager. The swap
+  such a scale-up asks for happens as for any trigger;
 - under ``swapPolicy: reclaim-down`` it probes the resident on every pass while nothing else
   is asked for (a pass every ``requeue`` seconds meanwhile) and releases it once every probe
   for ``spec.reclaimAfter`` said idle (``reconciler_plan``: the pool goes cold);
@@ -48,6 +51,7 @@ import dataclasses
 import datetime
 import logging
 import math
+import secrets
 import time
 from typing import Any, Iterable
 
@@ -57,7 +61,7 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from devstack.reconciler_fault import LostActivations
 from devstack.reconciler_plan import PoolView, member_names, needs_idle_check, plan, \
-    reclaims_down, resolve_owner, status_patch
+    reclaims_down, resolve_owner, scaled_up_message, scaled_up_outside, status_patch
 from devstack.simulator_kube import GROUP, MERGE_PATCH, PLURAL, SERVICE_LABEL, TRANSIENT, VERSION, \
     ApiSource, Backoff, Kube, await_first_lists, connect, controller_parser, disconnect, \
     duration_arg, parse_controller_args, run_controller, wait_event, watch_forever
@@ -80,6 +84,7 @@ USER = "llmkube-controller"
 REQUEUE = 3.0  # LLMKube's requeue while a swap waits for pods it does not watch
 IDLE_TIMEOUT = 5.0
 START_TIMEOUT = 30.0
+SCALED_OUTSIDE = "MemberScaledOutside"  # the Warning Event's reason (#2356)
 PROBE_PORT = 8080  # LLMKube's member Service port when the spec names none
 RECLAIM_AFTER = 300.0  # spec.reclaimAfter's CRD default
 PoolKey = tuple[str, str]
@@ -135,6 +140,7 @@ class ModelPoolReconciler:
         self._wake: dict[PoolKey, asyncio.Event] = {}
         self._workers: dict[PoolKey, asyncio.Task] = {}
         self._watchers: list[asyncio.Task] = []
+        self._reports: set[asyncio.Task] = set()  # Events being recorded
         self._api: client.ApiClient | None = None
         self._kube: Kube | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -165,7 +171,7 @@ class ModelPoolReconciler:
 
     async def stop(self) -> None:
         """Stop watching and reconciling; the API state is left as it is."""
-        tasks = [*self._watchers, *self._workers.values()]
+        tasks = [*self._watchers, *self._workers.values(), *self._reports]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -192,6 +198,7 @@ class ModelPoolReconciler:
     def _on_event(self, ns: str, cache: dict[PoolKey, dict[str, Any]], kind: str,
                   obj: dict[str, Any]) -> None:
         key = (ns, obj["metadata"]["name"])
+        before = cache.get(key)
         if kind == "DELETED":
             cache.pop(key, None)
         elif not _remember(cache, key, obj):
@@ -203,9 +210,37 @@ class ModelPoolReconciler:
         elif cache is self.hpas:
             self._wake_namespace(ns)  # (its target may be any pool's member)
         else:
+            outsider = scaled_up_outside(before, obj) if kind == "MODIFIED" else ""
             for pool_key, pool in self.pools.items():
                 if pool_key[0] == ns and key[1] in member_names(pool):
+                    if outsider:
+                        self._report(pool, scaled_up_message(
+                            key[1], desired_replicas(obj), outsider))
                     self._wake_pool(pool_key)
+
+    def _report(self, pool: dict[str, Any], message: str) -> None:
+        """Record a MemberScaledOutside Warning Event on ``pool`` in the background."""
+        task = asyncio.get_running_loop().create_task(self._record(pool, message))
+        self._reports.add(task)
+        task.add_done_callback(self._reports.discard)
+
+    async def _record(self, pool: dict[str, Any], message: str) -> None:
+        assert self._kube is not None
+        meta, now = pool["metadata"], _now()
+        log.warning("pool %s/%s: %s", meta["namespace"], meta["name"], message)
+        body = {"metadata": {"name": f"{meta['name']}.{secrets.token_hex(8)}",
+                             "namespace": meta["namespace"]},
+                "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ModelPool",
+                                   "name": meta["name"], "namespace": meta["namespace"],
+                                   "uid": meta.get("uid", "")},
+                "reason": SCALED_OUTSIDE, "message": message, "type": "Warning",
+                "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+                "source": {"component": "modelpool-controller"}}
+        try:
+            await self._kube.core.create_namespaced_event(meta["namespace"], body)
+        except (ApiException, *TRANSIENT) as exc:
+            log.warning("pool %s/%s: event not recorded: %r", meta["namespace"], meta["name"],
+                        exc)
 
     def _wake_namespace(self, ns: str) -> None:
         for key in [k for k in self.pools if k[0] == ns]:

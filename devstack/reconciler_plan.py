@@ -53,9 +53,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from devstack.simulator_member import desired_replicas
+from extproc.platform.kube.objects import REPLICAS_FIELD, field_owner
+from extproc.policy.writers import OUR_MANAGER
 from extproc.settings import parse_duration
 
 METAL_ACCELERATOR = "metal"  # a Model's spec.hardware.accelerator for a Mac agent's member
+# LLMKube's own writers of member replicas: its operator (a kubebuilder binary, "manager") and
+# the activator in front of the pool, which this service plays (its trigger is how a request
+# asks for a member, so it is no outsider)
+INSIDE_LLMKUBE = ("manager", OUR_MANAGER)
 RECLAIM_DOWN = "reclaim-down"  # swapPolicy: an idle pool's slot is released (LLMKube 0.11)
 DEFERRED_MESSAGES = {
     "PodsBusy": "Swap deferred: incumbent still serving in-flight requests",
@@ -185,6 +191,21 @@ def needs_idle_check(view: PoolView, owner: str | None, now: str) -> list[str]:
     held = held_resident(view, owner, now)
     return [n for n, isvc in view.members.items()
             if n not in (owner, held) and is_ready(isvc)]
+
+
+def scaled_up_outside(before: dict[str, Any] | None, after: dict[str, Any]) -> str:
+    """The field manager outside LLMKube that scaled a member up from ``before`` to ``after``
+    ("" : none), named from ``managedFields`` as LLMKube 0.10.16 reports it (#2356)."""
+    if before is None or desired_replicas(after) <= desired_replicas(before):
+        return ""
+    manager = field_owner(after, REPLICAS_FIELD)
+    return "" if not manager or manager in INSIDE_LLMKUBE else manager
+
+
+def scaled_up_message(member: str, replicas: int, manager: str) -> str:
+    """The Warning Event's message for a member scaled up outside LLMKube."""
+    return (f'Member "{member}" was scaled up to {replicas} by field manager "{manager}", '
+            "outside LLMKube")
 
 
 def plan(view: PoolView, idle: dict[str, bool | None], now: str) -> Plan:

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from devstack import stack_manifests as manifests
-from devstack.reconciler_plan import PoolView, needs_idle_check, plan, resolve_owner
+from devstack.reconciler_plan import PoolView, needs_idle_check, plan, resolve_owner, \
+    scaled_up_outside
 
 NOW = "2026-01-01T00:00:00Z"
 
@@ -127,3 +128,26 @@ def test_swap_delay_does_not_hold_a_cold_pool_the_resident_itself_or_a_bad_value
     assert plan(resident_since(warm, "2025-12-31T23:59:58Z"), {}, NOW).deferred == ""
     cold = view({"judge": (0, "Stopped"), "coder": (1, "Creating")})
     assert plan(resident_since(cold, "2025-12-31T23:59:58Z"), {}, NOW).replicas == {}
+
+
+def written(replicas: int, manager: str) -> dict[str, Any]:
+    """A member whose spec.replicas ``manager`` set (as managedFields record it)."""
+    obj = member("coder", replicas, "Stopped")
+    obj["metadata"]["managedFields"] = [
+        {"manager": manager, "operation": "Update", "apiVersion": "inference.llmkube.dev/v1alpha1",
+         "time": "2026-01-01T00:00:00Z", "fieldsType": "FieldsV1",
+         "fieldsV1": {"f:spec": {"f:replicas": {}}}}]
+    return obj
+
+
+@pytest.mark.parametrize("before, after, outsider", [
+    (written(0, "manager"), written(1, "kubectl"), "kubectl"),  # a person's kubectl scale
+    (written(0, "manager"), written(1, "argocd-controller"), "argocd-controller"),
+    (written(1, "manager"), written(2, "kubectl"), "kubectl"),
+    (written(0, "manager"), written(1, "manager"), ""),  # LLMKube's own
+    (written(0, "manager"), written(1, "modelpool-extproc"), ""),  # the activator's trigger
+    (written(1, "manager"), written(0, "kubectl"), ""),  # a scale-down is not reported
+    (None, written(1, "kubectl"), ""),  # created so: nothing to compare with
+])
+def test_a_scale_up_outside_llmkube_names_its_field_manager(before, after, outsider):
+    assert scaled_up_outside(before, after) == outsider
