@@ -22,10 +22,15 @@ How it talks to the API, as LLMKube does:
   understand counts as "cannot tell" and defers the swap. On loopback no such name resolves:
   ``probe_proxy`` (``--probe-proxy``) sends those requests through an HTTP proxy that plays
   the cluster's DNS (``devstack.proberouter``);
-- it records no Events;
+- it records one kind of Event (LLMKube 0.10.16, #2356): a Warning ``MemberScaledOutside`` on
+  every pool of a member whose ``spec.replicas`` went up by a field manager outside LLMKube
+  (``managedFields``; ``reconciler_plan.scaled_up_outside``), naming the manager. The swap
+  such a scale-up asks for happens as for any trigger;
 - under ``swapPolicy: reclaim-down`` it probes the resident on every pass while nothing else
   is asked for (a pass every ``requeue`` seconds meanwhile) and releases it once every probe
-  for ``spec.reclaimAfter`` said idle (``reconciler_plan``: the pool goes cold).
+  for ``spec.reclaimAfter`` said idle (``reconciler_plan``: the pool goes cold);
+- it holds a swap away from a resident that became resident less than ``spec.swapDelay`` ago
+  (``reconciler_plan``, step 3), looking again every ``requeue`` seconds meanwhile.
 
 Opt-in fault: LLMKube's lost activation (``devstack.reconciler_fault``), per pool with the
 annotation ``sim.llmkube.dev/lose-activations: "N"`` or for every pool with
@@ -46,6 +51,7 @@ import dataclasses
 import datetime
 import logging
 import math
+import secrets
 import time
 from typing import Any, Iterable
 
@@ -55,7 +61,7 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from devstack.reconciler_fault import LostActivations
 from devstack.reconciler_plan import PoolView, member_names, needs_idle_check, plan, \
-    reclaims_down, resolve_owner, status_patch
+    reclaims_down, resolve_owner, scaled_up_message, scaled_up_outside, status_patch
 from devstack.simulator_kube import GROUP, MERGE_PATCH, PLURAL, SERVICE_LABEL, TRANSIENT, VERSION, \
     ApiSource, Backoff, Kube, await_first_lists, connect, controller_parser, disconnect, \
     duration_arg, parse_controller_args, run_controller, wait_event, watch_forever
@@ -78,6 +84,7 @@ USER = "llmkube-controller"
 REQUEUE = 3.0  # LLMKube's requeue while a swap waits for pods it does not watch
 IDLE_TIMEOUT = 5.0
 START_TIMEOUT = 30.0
+SCALED_OUTSIDE = "MemberScaledOutside"  # the Warning Event's reason (#2356)
 PROBE_PORT = 8080  # LLMKube's member Service port when the spec names none
 RECLAIM_AFTER = 300.0  # spec.reclaimAfter's CRD default
 PoolKey = tuple[str, str]
@@ -133,6 +140,7 @@ class ModelPoolReconciler:
         self._wake: dict[PoolKey, asyncio.Event] = {}
         self._workers: dict[PoolKey, asyncio.Task] = {}
         self._watchers: list[asyncio.Task] = []
+        self._reports: set[asyncio.Task] = set()  # Events being recorded
         self._api: client.ApiClient | None = None
         self._kube: Kube | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -163,7 +171,7 @@ class ModelPoolReconciler:
 
     async def stop(self) -> None:
         """Stop watching and reconciling; the API state is left as it is."""
-        tasks = [*self._watchers, *self._workers.values()]
+        tasks = [*self._watchers, *self._workers.values(), *self._reports]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -190,6 +198,7 @@ class ModelPoolReconciler:
     def _on_event(self, ns: str, cache: dict[PoolKey, dict[str, Any]], kind: str,
                   obj: dict[str, Any]) -> None:
         key = (ns, obj["metadata"]["name"])
+        before = cache.get(key)
         if kind == "DELETED":
             cache.pop(key, None)
         elif not _remember(cache, key, obj):
@@ -201,9 +210,37 @@ class ModelPoolReconciler:
         elif cache is self.hpas:
             self._wake_namespace(ns)  # (its target may be any pool's member)
         else:
+            outsider = scaled_up_outside(before, obj) if kind == "MODIFIED" else ""
             for pool_key, pool in self.pools.items():
                 if pool_key[0] == ns and key[1] in member_names(pool):
+                    if outsider:
+                        self._report(pool, scaled_up_message(
+                            key[1], desired_replicas(obj), outsider))
                     self._wake_pool(pool_key)
+
+    def _report(self, pool: dict[str, Any], message: str) -> None:
+        """Record a MemberScaledOutside Warning Event on ``pool`` in the background."""
+        task = asyncio.get_running_loop().create_task(self._record(pool, message))
+        self._reports.add(task)
+        task.add_done_callback(self._reports.discard)
+
+    async def _record(self, pool: dict[str, Any], message: str) -> None:
+        assert self._kube is not None
+        meta, now = pool["metadata"], _now()
+        log.warning("pool %s/%s: %s", meta["namespace"], meta["name"], message)
+        body = {"metadata": {"name": f"{meta['name']}.{secrets.token_hex(8)}",
+                             "namespace": meta["namespace"]},
+                "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ModelPool",
+                                   "name": meta["name"], "namespace": meta["namespace"],
+                                   "uid": meta.get("uid", "")},
+                "reason": SCALED_OUTSIDE, "message": message, "type": "Warning",
+                "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+                "source": {"component": "modelpool-controller"}}
+        try:
+            await self._kube.core.create_namespaced_event(meta["namespace"], body)
+        except (ApiException, *TRANSIENT) as exc:
+            log.warning("pool %s/%s: event not recorded: %r", meta["namespace"], meta["name"],
+                        exc)
 
     def _wake_namespace(self, ns: str) -> None:
         for key in [k for k in self.pools if k[0] == ns]:
@@ -251,19 +288,19 @@ class ModelPoolReconciler:
         view = PoolView(read, members, await self._pod_counts(ns), models, autoscaled)
         timing = await self._time_idle(key, view)
         view = dataclasses.replace(view, released=timing == math.inf)
-        owner = resolve_owner(view)
+        owner, now = resolve_owner(view), _now()
         scaled: dict[str, int] = {}
         owner_isvc = members.get(owner) if owner else None
         if owner is not None and owner != view.status.get("residentMember") \
                 and desired_replicas(owner_isvc) >= 1 \
-                and plan(view, {}, _now()).replicas.get(owner) == 0:
+                and plan(view, {}, now).replicas.get(owner) == 0:
             # An early trigger is held at 0 before anything slow (the idle probe), so the
             # member's controller gets no time to start a pod beside the incumbent's. LLMKube
             # itself probes first and holds after: behind an incumbent whose /slots hangs, the
             # target sits at 1 for up to the probe's 5 s. Not reproduced here (no test needs it).
             scaled[owner] = await self._scale(ns, name, owner, 0)
-        idle = {m: await self._probe(ns, members[m]) for m in needs_idle_check(view, owner)}
-        decided = plan(view, idle, _now())
+        idle = {m: await self._probe(ns, members[m]) for m in needs_idle_check(view, owner, now)}
+        decided = plan(view, idle, now)
         for member, replicas in decided.replicas.items():
             if scaled.get(member) != replicas:
                 await self._scale(ns, name, member, replicas)

@@ -28,12 +28,18 @@ Theory of operation, one pass:
    default (not under reclaim-down: that pool stays cold until asked), else the first
    scaled-up member.
    A pending member that reports Failed gets no special treatment: it stays the owner.
-3. Every non-owner that is Ready (``status.phase == Ready``, nothing else) is probed; a busy
+3. ``spec.swapDelay`` (our reading of LLMKube 0.11's "add spec.swapDelay to hold cross-model
+   swaps"): a Ready resident whose ``SlotAllocated`` condition turned True less than
+   ``swapDelay`` ago keeps the slot against a swap to another owner. It is neither probed nor
+   scaled down, the owner is held at 0 and named pending, and ``SwapDeferred`` says
+   ``SwapDelay``; ``SlotAllocated`` stays True for the resident meanwhile, so the hold is timed
+   from when it became resident, not from the swap's request. A pass after the hold swaps.
+4. Every other non-owner that is Ready (``status.phase == Ready``, nothing else) is probed; a busy
    or unanswered probe defers the swap (``SwapDeferred`` PodsBusy / IdleCheckFailed) and
    leaves that member alone. Every other non-owner goes to 0.
-4. The owner goes to 1 only when every non-owner was cleared and has no pod left; otherwise
+5. The owner goes to 1 only when every non-owner was cleared and has no pod left; otherwise
    it is held at 0, even when it is the serving resident.
-5. Status: Ready with the owner resident once the owner is Ready; else Swapping with the
+6. Status: Ready with the owner resident once the owner is Ready; else Swapping with the
    owner pending (a cold start says Swapping with the default pending); Pending only with no
    owner at all. Conditions are set in place (others' conditions stay), and only the fields
    that changed against the cached copy are patched (`status_patch`).
@@ -42,17 +48,26 @@ Theory of operation, one pass:
 from __future__ import annotations
 
 import copy
+import datetime
 from dataclasses import dataclass, field
 from typing import Any
 
 from devstack.simulator_member import desired_replicas
+from extproc.platform.kube.objects import REPLICAS_FIELD, field_owner
+from extproc.policy.writers import OUR_MANAGER
+from extproc.settings import parse_duration
 
 METAL_ACCELERATOR = "metal"  # a Model's spec.hardware.accelerator for a Mac agent's member
+# LLMKube's own writers of member replicas: its operator (a kubebuilder binary, "manager") and
+# the activator in front of the pool, which this service plays (its trigger is how a request
+# asks for a member, so it is no outsider)
+INSIDE_LLMKUBE = ("manager", OUR_MANAGER)
 RECLAIM_DOWN = "reclaim-down"  # swapPolicy: an idle pool's slot is released (LLMKube 0.11)
 DEFERRED_MESSAGES = {
     "PodsBusy": "Swap deferred: incumbent still serving in-flight requests",
     "IdleCheckFailed": "Swap deferred: incumbent idleness could not be established "
                        "(fail-closed)",
+    "SwapDelay": "Swap deferred: the resident holds the slot for spec.swapDelay",
 }
 
 
@@ -143,9 +158,54 @@ def reclaims_down(view: PoolView) -> str:
     return resident
 
 
-def needs_idle_check(view: PoolView, owner: str | None) -> list[str]:
-    """Every Ready non-owner, whatever its replicas: each is probed before it may go to 0."""
-    return [n for n, isvc in view.members.items() if n != owner and is_ready(isvc)]
+def swap_delay(pool: dict[str, Any]) -> float:
+    """``spec.swapDelay`` in seconds (absent or not a duration: 0, no hold)."""
+    try:
+        return parse_duration(str((pool.get("spec") or {}).get("swapDelay") or 0))
+    except ValueError:
+        return 0.0
+
+
+def held_resident(view: PoolView, owner: str | None, now: str) -> str:
+    """The resident that keeps the slot against a swap to ``owner`` under ``spec.swapDelay``
+    ("" : none): Ready, and resident (``SlotAllocated`` True) for less than the delay."""
+    resident = view.status.get("residentMember") or ""
+    delay = swap_delay(view.pool)
+    if not delay or not owner or owner == resident or not is_ready(view.members.get(resident)):
+        return ""
+    slot = next((c for c in view.status.get("conditions") or []
+                 if c.get("type") == "SlotAllocated" and c.get("status") == "True"), None)
+    since = (slot or {}).get("lastTransitionTime")
+    if not since:
+        return ""
+    return resident if _seconds(now) - _seconds(since) < delay else ""
+
+
+def _seconds(stamp: str) -> float:
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def needs_idle_check(view: PoolView, owner: str | None, now: str) -> list[str]:
+    """Every Ready non-owner, whatever its replicas, but a resident held by ``spec.swapDelay``:
+    each is probed before it may go to 0."""
+    held = held_resident(view, owner, now)
+    return [n for n, isvc in view.members.items()
+            if n not in (owner, held) and is_ready(isvc)]
+
+
+def scaled_up_outside(before: dict[str, Any] | None, after: dict[str, Any]) -> str:
+    """The field manager outside LLMKube that scaled a member up from ``before`` to ``after``
+    ("" : none), named from ``managedFields`` as LLMKube 0.10.16 reports it (#2356)."""
+    if before is None or desired_replicas(after) <= desired_replicas(before):
+        return ""
+    manager = field_owner(after, REPLICAS_FIELD)
+    return "" if not manager or manager in INSIDE_LLMKUBE else manager
+
+
+def scaled_up_message(member: str, replicas: int, manager: str) -> str:
+    """The Warning Event's message for a member scaled up outside LLMKube."""
+    return (f'Member "{member}" was scaled up to {replicas} by field manager "{manager}", '
+            "outside LLMKube")
 
 
 def plan(view: PoolView, idle: dict[str, bool | None], now: str) -> Plan:
@@ -161,10 +221,14 @@ def plan(view: PoolView, idle: dict[str, bool | None], now: str) -> Plan:
                         "Metal-backed members are not supported in v1 (k8s GPU gating only): "
                         f"[{' '.join(metal)}]", now, requeue=False)
     owner = resolve_owner(view)
+    held = held_resident(view, owner, now)
     result = Plan(owner)
     clear = True
     for name, isvc in view.members.items():
         if name == owner:
+            continue
+        if name == held:
+            result.deferred, clear = "SwapDelay", False
             continue
         if is_ready(isvc) and idle.get(name) is not True:
             # Unloading a server mid-generation would cut a client off; unknown counts as busy.
@@ -184,7 +248,7 @@ def plan(view: PoolView, idle: dict[str, bool | None], now: str) -> Plan:
         if desired_replicas(owner_isvc) != wanted:
             result.replicas[owner] = wanted
     result.requeue = swapping or (owner is not None and not is_ready(owner_isvc))
-    result.status = _managed_status(view, owner, swapping, result.deferred, now)
+    result.status = _managed_status(view, owner, swapping, result.deferred, now, held)
     return result
 
 
@@ -199,7 +263,7 @@ def _refused(view: PoolView, kind: str, reason: str, message: str, now: str, *,
 
 
 def _managed_status(view: PoolView, owner: str | None, swapping: bool, deferred: str,
-                    now: str) -> dict[str, Any]:
+                    now: str, held: str) -> dict[str, Any]:
     status = copy.deepcopy(view.status)
     owner_ready = owner is not None and is_ready(view.members.get(owner))
     status["members"] = [_member_entry(n, isvc, n == owner and is_ready(isvc))
@@ -211,9 +275,10 @@ def _managed_status(view: PoolView, owner: str | None, swapping: bool, deferred:
         status.update(phase="Swapping" if swapping else "Pending", pendingMember=owner)
     else:
         status.update(phase="Pending", residentMember="", pendingMember="")
-    if owner_ready:
+    if owner_ready or held:
         _set_condition(view, status, "SlotAllocated", True, "Resident",
-                       f'Member "{owner}" owns the shared GPU slot', now)
+                       f'Member "{owner if owner_ready else held}" owns the shared GPU slot',
+                       now)
     else:
         _set_condition(view, status, "SlotAllocated", False, "Swapping",
                        "No member resident yet", now)

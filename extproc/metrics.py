@@ -117,7 +117,8 @@ SWAP_BUDGET = Gauge(
     "be held", ["namespace", "pool"], registry=REGISTRY)
 CONFLICTS = Counter(
     "modelpool_extproc_conflicts_total", "Times another controller was seen scaling members "
-    "against us or writing the pool's status (own mode stops actuating the pool), by the kind "
+    "against us or writing the pool's status (own mode stops actuating the pool), or (llmkube "
+    "mode) a member's replicas set by neither LLMKube nor us, by the kind "
     "of field manager that wrote (a fixed set: kubectl, argocd, flux, helm, autoscaler, "
     "unrecorded, other, unknown)", ["namespace", "pool", "manager"], registry=REGISTRY)
 SERVING = Gauge(
@@ -227,7 +228,8 @@ def requests_cut(namespace: str, pool: str, member: str, reason: str, count: int
 
 
 def conflict(namespace: str, pool: str, manager: str) -> None:
-    """Another controller fights over this pool (own mode stopped actuating it); ``manager``
+    """Another controller fights over this pool (own mode stopped actuating it, llmkube mode
+    saw a member's replicas written beside LLMKube); ``manager``
     is the bounded kind of its field manager (``policy.writers.label``), never a raw name."""
     CONFLICTS.labels(namespace, pool, manager).inc()
 

@@ -260,19 +260,26 @@ def conflict_reject(m: PoolReader, hands: Hands, rid: int, held_for: float) -> R
 
 def note_writer(m: PoolReader, hands: Hands, before: MemberObservation | None,
                 obs: MemberObservation, out: Out) -> None:
-    """Own mode: a member's replicas changed, and a field manager other than ours owns them.
+    """A member's replicas changed, and a field manager other than ours owns them.
 
-    Reported at once, naming the manager and the remedy. A controller that will write them
-    again (``writers.Writer.controller``: Argo CD, Flux, Helm, an autoscaler) is a fight at
-    once: undoing it would only flap the member. A person's ``kubectl scale`` (or a client we
-    do not know) is undone as the pool needs, and counted by ``note_scaled_up``. Replicas
-    set to 0 with no manager left owning them are a /scale write (``writers.replicas_writer``),
-    never ours (every write of ours names OUR_MANAGER), and go the person's way.
+    Own mode: reported at once, naming the manager and the remedy. A controller that will
+    write them again (``writers.Writer.controller``: Argo CD, Flux, Helm, an autoscaler) is a
+    fight at once: undoing it would only flap the member. A person's ``kubectl scale`` (or a
+    client we do not know) is undone as the pool needs, and counted by ``note_scaled_up``.
+    Replicas set to 0 with no manager left owning them are a /scale write
+    (``writers.replicas_writer``), never ours (every write of ours names OUR_MANAGER), and go
+    the person's way. llmkube mode: a write by neither us nor LLMKube's reconciler is
+    reported the same way, and that is all (the replicas are the reconciler's to judge).
     """
-    if hands.actuation is not Actuation.OWN or before is None \
+    if hands.actuation not in (Actuation.OWN, Actuation.LLMKUBE) or before is None \
             or before.replicas == obs.replicas:
         return
     manager = writers.replicas_writer(before.replicas_by, obs.replicas_by, obs.replicas)
+    if hands.actuation is Actuation.LLMKUBE:
+        if writers.beside_llmkube(manager):
+            out.append(Notice("ReplicasWritten", writers.replicas_written_beside_llmkube(
+                obs.name, obs.replicas, manager), source=obs.name, writer=manager))
+        return
     if not writers.foreign(manager):
         return
     hands.fights.writer = manager

@@ -20,6 +20,10 @@ status's slot fields and hands the name over as data (``MemberObservation.replic
 * anything else: ``other`` (reported and counted like a person; its name is in the message,
   never in a metric label).
 
+In llmkube mode LLMKube's reconciler (``LLMKUBE_MANAGER``) and this service's trigger write
+the replicas; a write by anyone else is reported, never undone nor fought
+(``replicas_written_beside_llmkube``): the reconciler decides what it means.
+
 Rules of this file: pure functions of names; no state.
 """
 
@@ -28,6 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 OUR_MANAGER = "modelpool-extproc"
+# LLMKube's operator binary is a kubebuilder "manager": the API server records its writes so
+LLMKUBE_MANAGER = "manager"
 SCALE_UNRECORDED = "(scale subresource)"  # who set replicas to 0 when no manager is left
 
 
@@ -103,6 +109,12 @@ def foreign(manager: str) -> bool:
     return bool(manager) and manager != OUR_MANAGER
 
 
+def beside_llmkube(manager: str) -> bool:
+    """llmkube mode: whether ``manager`` is neither us nor LLMKube's reconciler ("" : nobody
+    known)."""
+    return foreign(manager) and manager != LLMKUBE_MANAGER
+
+
 def label(manager: str) -> str:
     """The bounded metric label for ``manager`` ("unknown" when no manager was recorded)."""
     return classify(manager).label if manager else "unknown"
@@ -120,3 +132,14 @@ def replicas_written(member: str, replicas: int, manager: str) -> str:
     writer = classify(manager)
     return (f"{member}'s spec.replicas was set to {replicas} by {named(manager)}: "
             f"{writer.remedy}")
+
+
+def replicas_written_beside_llmkube(member: str, replicas: int, manager: str) -> str:
+    """llmkube mode's message for a member's replicas set by ``manager``: LLMKube's reconciler
+    acts on the write (a scale-up asks for the member), this service only reports it."""
+    writer = classify(manager)
+    remedy = writer.remedy if writer.controller else (
+        "if that was not meant, leave pooled members' replicas to the pool (remove the member "
+        "from spec.members to keep it out)")
+    return (f"{member}'s spec.replicas was set to {replicas} by {named(manager)}, beside "
+            f"LLMKube's reconciler, which acts on it (this service only reports it): {remedy}")

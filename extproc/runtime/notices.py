@@ -33,7 +33,9 @@ def report(notice: Notice, key: PoolKey, actuation: Actuation, resident: str) ->
                               notice.kind == "SwapCompleted", notice.duration)
     elif notice.kind == "SwapDeferred":
         metrics.swap_deferred(ns, pool, notice.source, resident)
-    elif notice.kind == "ActuationChanged" and notice.target == Actuation.HANDS_OFF.value:
+    elif notice.kind == "ActuationChanged" and notice.target == Actuation.HANDS_OFF.value \
+            or notice.kind == "ReplicasWritten" and actuation is Actuation.LLMKUBE:
+        # (llmkube mode never hands off: the report is the conflict it counts)
         metrics.conflict(ns, pool, writers.label(notice.writer))
     elif notice.kind == "Reclaimed":
         metrics.reclaimed(ns, pool, notice.source, notice.target)

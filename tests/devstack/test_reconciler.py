@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from devstack.reconciler import POOLS, USER
+from devstack.reconciler import POOLS, SCALED_OUTSIDE, USER
 from devstack.simulator_kube import GROUP, MERGE_PATCH, PLURAL, VERSION
 from devstack.fakemember import TOKEN_DELAY_ENV
 from devstack_cluster import NS, Cluster, eventually
@@ -51,7 +51,8 @@ async def test_a_cold_pool_says_swapping_to_its_default_and_never_degraded(clust
     assert message(seen[0], "SlotAllocated") == "No member resident yet"
     assert all(condition(s, "MembersValid") in (None, ("True", "AllResolved")) for s in seen)
 
-    # as LLMKube: its own user, merge patches on replicas and status, no Events, no pod watch
+    # as LLMKube: its own user, merge patches on replicas and status, no pod watch, and no
+    # Events (no member was scaled up outside LLMKube)
     assert calls(cluster, USER, "patch", PLURAL) and calls(cluster, USER, "patch", POOLS, "status")
     mine = cluster.emu.requests_of(USER)
     assert not [r for r in mine if r.resource == "events"]
@@ -361,3 +362,22 @@ async def test_reclaim_down_releases_the_idle_resident_and_the_pool_stays_cold(
     await cluster.scale("coder", 1)
     await eventually(lambda: resident_is(cluster, "coder"), SWAP_TIMEOUT, "coder from cold")
     assert await replicas(cluster, "judge") == 0
+
+
+async def test_a_member_scaled_up_outside_llmkube_is_reported_naming_the_manager(
+        cluster: Cluster, llmkube) -> None:
+    await warm(cluster, llmkube)
+    await cluster.custom.patch_namespaced_custom_object(  # a person's kubectl patch
+        GROUP, VERSION, NS, PLURAL, "coder", {"spec": {"replicas": 1}},
+        field_manager="kubectl-patch", _content_type=MERGE_PATCH)
+    await eventually(lambda: resident_is(cluster, "coder"), SWAP_TIMEOUT, "the swap it asks for")
+
+    async def warnings() -> list[Any]:
+        listed = await cluster.core.list_namespaced_event(NS)
+        return [e for e in listed.items if e.reason == SCALED_OUTSIDE]
+
+    [event] = await eventually(warnings, SWAP_TIMEOUT, "the Warning Event")
+    assert event.type == "Warning" and event.involved_object.name == POOL
+    assert event.involved_object.kind == "ModelPool"
+    assert '"kubectl-patch"' in event.message and '"coder"' in event.message
+    assert [r for r in cluster.emu.requests_of(USER) if r.resource == "events"]

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from devstack import stack_manifests as manifests
-from devstack.reconciler_plan import PoolView, plan, resolve_owner
+from devstack.reconciler_plan import PoolView, needs_idle_check, plan, resolve_owner, \
+    scaled_up_outside
 
 NOW = "2026-01-01T00:00:00Z"
 
@@ -86,3 +87,67 @@ def test_reclaim_down_releases_an_idle_resident_and_leaves_the_pool_cold():
     assert resolve_owner(reclaim_down(cold)) is None and resolve_owner(cold) == "judge"
     asked = view({"judge": (0, "Stopped"), "coder": (1, "Creating")})
     assert resolve_owner(reclaim_down(asked)) == "coder"
+
+
+def resident_since(v: PoolView, since: str, delay: str = "3s") -> PoolView:
+    """``v`` with ``spec.swapDelay`` and its resident holding the slot since ``since``."""
+    pool = {**v.pool, "spec": {**v.pool["spec"], "swapDelay": delay},
+            "status": {**v.status, "conditions": [
+                {"type": "SlotAllocated", "status": "True", "reason": "Resident",
+                 "lastTransitionTime": since}]}}
+    return PoolView(pool, v.members, v.pods)
+
+
+def test_swap_delay_holds_a_swap_until_the_resident_has_held_the_slot_that_long():
+    asked = view({"judge": (1, "Ready"), "coder": (1, "Creating")}, "judge", pods=("judge",))
+    held = resident_since(asked, "2025-12-31T23:59:58Z")  # resident 2 s ago, swapDelay 3 s
+    assert needs_idle_check(held, "coder", NOW) == []  # not probed while it holds the slot
+    decided = plan(held, {}, NOW)
+    assert decided.replicas == {"coder": 0}  # the judge keeps its replica, coder waits at 0
+    assert decided.deferred == "SwapDelay" and decided.requeue
+    status = decided.status
+    assert (status["phase"], status["residentMember"], status["pendingMember"]) == \
+        ("Swapping", "judge", "coder")
+    slot = next(c for c in status["conditions"] if c["type"] == "SlotAllocated")
+    assert (slot["status"], slot["lastTransitionTime"]) == ("True", "2025-12-31T23:59:58Z")
+    # the next pass, the hold over: the swap goes on as any other
+    again = PoolView({**held.pool, "status": status}, held.members, held.pods)
+    later = "2026-01-01T00:00:01Z"
+    assert needs_idle_check(again, "coder", later) == ["judge"]
+    decided = plan(again, {"judge": True}, later)
+    assert decided.replicas == {"judge": 0, "coder": 0} and decided.deferred == ""
+
+
+def test_swap_delay_does_not_hold_a_cold_pool_the_resident_itself_or_a_bad_value():
+    asked = view({"judge": (1, "Ready"), "coder": (1, "Creating")}, "judge")
+    assert plan(resident_since(asked, "2025-12-31T23:59:58Z", "0s"), {"judge": True},
+                NOW).replicas == {"judge": 0}  # (no pod left: coder keeps its 1)
+    assert plan(resident_since(asked, "2025-12-31T23:59:58Z", "soon"), {"judge": True},
+                NOW).deferred == ""
+    warm = view({"judge": (1, "Ready"), "coder": (0, "Stopped")}, "judge")
+    assert plan(resident_since(warm, "2025-12-31T23:59:58Z"), {}, NOW).deferred == ""
+    cold = view({"judge": (0, "Stopped"), "coder": (1, "Creating")})
+    assert plan(resident_since(cold, "2025-12-31T23:59:58Z"), {}, NOW).replicas == {}
+
+
+def written(replicas: int, manager: str) -> dict[str, Any]:
+    """A member whose spec.replicas ``manager`` set (as managedFields record it)."""
+    obj = member("coder", replicas, "Stopped")
+    obj["metadata"]["managedFields"] = [
+        {"manager": manager, "operation": "Update", "apiVersion": "inference.llmkube.dev/v1alpha1",
+         "time": "2026-01-01T00:00:00Z", "fieldsType": "FieldsV1",
+         "fieldsV1": {"f:spec": {"f:replicas": {}}}}]
+    return obj
+
+
+@pytest.mark.parametrize("before, after, outsider", [
+    (written(0, "manager"), written(1, "kubectl"), "kubectl"),  # a person's kubectl scale
+    (written(0, "manager"), written(1, "argocd-controller"), "argocd-controller"),
+    (written(1, "manager"), written(2, "kubectl"), "kubectl"),
+    (written(0, "manager"), written(1, "manager"), ""),  # LLMKube's own
+    (written(0, "manager"), written(1, "modelpool-extproc"), ""),  # the activator's trigger
+    (written(1, "manager"), written(0, "kubectl"), ""),  # a scale-down is not reported
+    (None, written(1, "kubectl"), ""),  # created so: nothing to compare with
+])
+def test_a_scale_up_outside_llmkube_names_its_field_manager(before, after, outsider):
+    assert scaled_up_outside(before, after) == outsider

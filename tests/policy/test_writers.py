@@ -186,3 +186,45 @@ def test_an_autoscaled_default_is_never_warmed() -> None:
     out = m.handle(MemberObserved(Obs("a", **STOPPED, autoscaled_by="ScaledObject/a")), 0.0)
     out += m.handle(MemberObserved(Obs("b", **STOPPED)), 0.0)
     assert not [c for c in out if isinstance(c, Scale)] and m.swap is None
+
+
+def llmkube_machine() -> PoolMachine:
+    """llmkube mode, a resident per LLMKube's status; LLMKube's reconciler set the replicas."""
+    m = PoolMachine(PoolSpec(KEY, ("a", "b"), fairness_window=0), limits(), 0.0,
+                    actuation=Actuation.LLMKUBE)
+    m.handle(StatusObserved(PoolStatus(resident="a")), 0.0)
+    m.handle(MemberObserved(Obs("a", **READY, replicas_by=writers.LLMKUBE_MANAGER)), 0.0)
+    m.handle(MemberObserved(Obs("b", **STOPPED, replicas_by=writers.LLMKUBE_MANAGER)), 0.0)
+    return m
+
+
+@pytest.mark.parametrize("manager", ["kubectl", "argocd-controller", "someone-else"])
+def test_llmkube_mode_reports_a_replicas_write_beside_llmkube_and_leaves_it(
+        manager: str) -> None:
+    m = llmkube_machine()
+    out = m.handle(MemberObserved(Obs("b", phase="Creating", replicas=1, pods=1,
+                                      replicas_by=manager)), 1.0)
+    [written] = notices(out, "ReplicasWritten")
+    assert written.writer == manager and written.source == "b"
+    assert repr(manager) in written.message and "LLMKube's reconciler" in written.message
+    # no undo, no hands-off: the replicas are LLMKube's reconciler's to judge
+    assert not [c for c in out if isinstance(c, Scale)] and not notices(out, "ActuationChanged")
+    assert m.actuation is Actuation.LLMKUBE
+
+
+def test_llmkube_mode_reports_a_scale_to_zero_that_left_no_field_manager() -> None:
+    m = llmkube_machine()
+    out = m.handle(MemberObserved(Obs("a", phase="Ready", replicas=0, pods=1)), 1.0)
+    [written] = notices(out, "ReplicasWritten")
+    assert written.writer == writers.SCALE_UNRECORDED and m.actuation is Actuation.LLMKUBE
+
+
+def test_llmkube_mode_does_not_report_llmkube_s_writes_nor_our_trigger() -> None:
+    m = llmkube_machine()
+    out = m.handle(MemberObserved(Obs("b", phase="Stopped", replicas=1, pods=0,
+                                      replicas_by=OURS)), 1.0)
+    out += m.handle(MemberObserved(Obs("b", phase="Stopped", replicas=0, pods=0,
+                                       replicas_by=writers.LLMKUBE_MANAGER)), 1.1)
+    out += m.handle(MemberObserved(Obs("a", phase="Ready", replicas=0, pods=1,
+                                       replicas_by=writers.LLMKUBE_MANAGER)), 1.2)
+    assert not notices(out, "ReplicasWritten")
