@@ -13,7 +13,7 @@ import pytest
 
 from e2e_support import chat, notices, pools, start_stack, timeline, wait_resident
 
-SWAP_DELAY = 3.0
+SWAP_DELAY = 8.0  # long enough that a loaded machine still asks within the hold
 # the stand-in stamps the residency in whole seconds (a condition's lastTransitionTime), so its
 # hold may end up to a second before swapDelay has passed since the member's Ready
 STAMP = 1.0
