@@ -7,7 +7,8 @@ InferenceServices each in one namespace (the first member Ready with one replica
 at zero), then the replicas started at once in own mode. Measured:
 
 - start to synced: from the replicas' start until every replica's metrics name a resident
-  member for every pool;
+  member for every pool, on a first install (no pool has a status yet) and, at the end of
+  the point, on a restart of every replica (a rollout: every status names its resident);
 - settled: from the start until the replicas have sent nothing but Lease calls for 10 s (the
   lead's fences and first status writes are over);
 - at rest, over a quiet window after that (nothing requested): the replicas' API
@@ -159,6 +160,22 @@ def wait_for(check: Any, timeout: float, what: str, every: float = 0.2) -> float
     return time.monotonic() - started
 
 
+def start_replicas(work: Path, kubeconfig: Path, replicas: int, pools: int,
+                   procs: list[services.ExtProc]) -> float:
+    """Start the replicas at once (appended to ``procs``, r<i> at index i); seconds until
+    every replica's metrics name a resident member for every pool."""
+    started = time.monotonic()
+    for i in range(replicas):
+        proc = services.ExtProc(work, f"r{i}", services.EXTPROC, "--kubeconfig",
+                                str(kubeconfig), "--namespace", NAMESPACE,
+                                "--lease-namespace", NAMESPACE, "--replica-name", f"r{i}")
+        procs.append(proc)
+        proc.start()
+    wait_for(lambda: all(resident_pools(scrape(p.metrics_port)) >= pools for p in procs),
+             600, "every pool synced")
+    return round(time.monotonic() - started, 1)
+
+
 def run_one(work: Path, pools: int, replicas: int, kill: bool) -> dict[str, Any]:
     """One (pools, replicas) point on a fresh control plane."""
     plane = ControlPlane(work / "plane")
@@ -172,15 +189,7 @@ def run_one(work: Path, pools: int, replicas: int, kill: bool) -> dict[str, Any]
         kubeconfig = plane.write_kubeconfig(work / "extproc.kubeconfig",
                                             token=plane.token_of(USER), namespace=NAMESPACE)
         started = time.monotonic()
-        for i in range(replicas):
-            proc = services.ExtProc(work, f"r{i}", services.EXTPROC, "--kubeconfig",
-                                    str(kubeconfig), "--namespace", NAMESPACE,
-                                    "--lease-namespace", NAMESPACE, "--replica-name", f"r{i}")
-            procs.append(proc)
-            proc.start()
-        wait_for(lambda: all(resident_pools(scrape(p.metrics_port)) >= pools for p in procs),
-                 600, "every pool synced")
-        result["synced_s"] = round(time.monotonic() - started, 1)
+        result["synced_s"] = start_replicas(work, kubeconfig, replicas, pools, procs)
         wait_for(lambda: holder(plane), 60, "a leader")
         result["settled_s"] = round(settle(plane, started), 1)
         cpu0 = [cpu_seconds(p.pid) for p in procs]
@@ -211,6 +220,11 @@ def run_one(work: Path, pools: int, replicas: int, kill: bool) -> dict[str, Any]
                      if c["verb"] in WRITES and c["objectRef"].get("resource") != "leases"]
             result.update({"leader_killed_led_again_s": round(took, 1),
                            "writes_after_kill_non_lease": len(after)})
+        # a restart (a rollout): every pool's status already names its resident
+        for proc in procs:
+            proc.stop()
+        procs.clear()
+        result["restart_synced_s"] = start_replicas(work, kubeconfig, replicas, pools, procs)
     finally:
         for proc in reversed(procs):
             proc.stop()
