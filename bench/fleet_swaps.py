@@ -45,6 +45,7 @@ from devstack.stack_manifests import pool_with_members
 
 from .fleet import NAMESPACE as RESTING_NAMESPACE
 from .fleet import USER, received, populate
+from .procstat import busy_seconds, cpu_seconds, tree_cpu_seconds
 from .stats import percentile
 
 sys.path.insert(0, str(PROJECT_ROOT / "tests" / "kube_real"))
@@ -126,6 +127,19 @@ def _split(swap: Swap, timeline: list[dict[str, Any]], writes: list[tuple[float,
     return {"total": total, "service": service, "simulator": total - service, **cuts}
 
 
+def _cpu(stack: RealApiStack) -> dict[str, float]:
+    """CPU seconds used so far by each piece (the simulator with its member servers) and by
+    the whole machine (other tenants included): over a burst, whether the service's share is
+    its own work or waiting for a core."""
+    extproc, simulator = stack.replica(0).pid, stack.pid("simulator")
+    assert extproc is not None and simulator is not None and stack.envoy is not None
+    envoy = stack.envoy.process.pid
+    assert envoy is not None
+    return {"extproc": cpu_seconds(extproc), "simulator": tree_cpu_seconds(simulator),
+            "apiserver_etcd": sum(cpu_seconds(p) for p in stack.plane.pids()),
+            "envoy": cpu_seconds(envoy), "machine_busy": busy_seconds()}
+
+
 def _summary(values: list[float]) -> dict[str, float]:
     return {"p50": round(percentile(values, 50), 3), "p99": round(percentile(values, 99), 3),
             "max": round(max(values), 3)}
@@ -151,19 +165,22 @@ async def _measure(stack: RealApiStack, swapping: int, rounds: int) -> dict[str,
     """Swap every pool ``rounds`` times (all pools at once each round); the figures."""
     await _wait_all_resident(stack, swapping, START_TIMEOUT)
     swaps: list[Swap] = []
+    before, began = _cpu(stack), time.monotonic()
     async with aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=max(100, swapping))) as session:
         for r in range(rounds):
             side = "b" if r % 2 == 0 else "a"
             swaps += await asyncio.gather(*[_ask(session, stack.url, i, side)
                                             for i in range(swapping)])
+    after, lasted = _cpu(stack), time.monotonic() - began
     wall = time.time() - time.monotonic()  # the replies' clock to the wall clock
     timeline, writes = stack.timeline(), _scale_writes(stack.plane)
     served = [s for s in swaps if s.right]
     splits = [cut for cut in (_split(s, timeline, writes, wall) for s in served)
               if cut is not None]
     result: dict[str, Any] = {"requests": len(swaps), "served_right": len(served),
-                              "split": len(splits)}
+                              "split": len(splits), "rounds_wall_s": round(lasted, 2),
+                              "cpu_s": {k: round(after[k] - before[k], 2) for k in before}}
     for part in ("total", "service", "simulator", "to_scaled_down", "to_scaled_up",
                  "to_released"):
         result[f"{part}_s"] = _summary([cut[part] for cut in splits]) if splits else {}
