@@ -5,8 +5,10 @@ kube-tools``). Each point starts a fresh etcd + kube-apiserver (tests/kube_real'
 plane), ``resting`` pools in namespace ``fleet`` exactly as the at-rest part makes them (three
 members, the first Ready, no pods), and ``swapping`` pools of two members in namespace
 ``swap`` run by the local stack on that server: the member simulator playing the
-InferenceService controller (pods, a simulated load and unload), Envoy, and one ext_proc
-replica in own mode watching both namespaces. Each round sends one request to every swapping
+InferenceService controller (pods, a simulated load and unload; every member's server in
+its own process, as a process per member and its standby would be hundreds of Python
+processes taking the cores the service needs), Envoy, and one ext_proc replica in own mode
+watching both namespaces. Each round sends one request to every swapping
 pool's non-resident member at the same moment, through Envoy; ``rounds`` rounds swap back and
 forth. Measured per request:
 
@@ -17,7 +19,10 @@ forth. Measured per request:
   simulator's timeline, wall clocks of one host;
 - the simulator's share: the rest (its reactions, unload and load delays, pod and server
   start);
-- served right: answered 200 by the member it named (nothing lost, nothing misrouted).
+- served right: answered 200 by the member it named (nothing lost, nothing misrouted);
+- CPU seconds over the rounds of the ext_proc, the simulator, the API server with etcd,
+  Envoy and the whole machine (other tenants included), against the rounds' wall time: a
+  service share long beside little ext_proc CPU is waiting for a core, not work.
 
 One swapping pool beside 0 and 999 resting shows one swap's overhead at 1 and 1,000 pools;
 100 swapping at once shows the service's share when its work comes all at once.
@@ -200,7 +205,7 @@ def run_one(work: Path, resting: int, swapping: int, rounds: int) -> dict[str, A
         populate(plane, resting)
         stack = RealApiStack(plane, work / "stack", _pools(swapping),
                              extproc_token=plane.token_of(USER), load_delay=LOAD,
-                             unload_delay=UNLOAD,
+                             unload_delay=UNLOAD, runtime="fake-in-process",
                              extproc_args=["--namespace", RESTING_NAMESPACE])
         stack.start(timeout=START_TIMEOUT)
         try:
