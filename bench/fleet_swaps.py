@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
 import time
@@ -49,7 +50,7 @@ from devstack.procs import PROJECT_ROOT
 from devstack.stack_manifests import pool_with_members
 
 from .fleet import NAMESPACE as RESTING_NAMESPACE
-from .fleet import USER, received, populate
+from .fleet import USER, completed, received, populate
 from .procstat import busy_seconds, cpu_seconds, tree_cpu_seconds
 from .stats import percentile
 
@@ -93,15 +94,29 @@ async def _ask(session: aiohttp.ClientSession, url: str, pool: int, side: str) -
                 reply.status == 200 and reply.served_by == target)
 
 
-def _scale_writes(plane: ControlPlane) -> list[tuple[float, str]]:
-    """(received, member) of each of the service's writes to a swapping pool's member, from
-    the API server's audit log (wall clock)."""
-    return sorted((received(e), e["objectRef"].get("name", ""))
-                  for e in plane.audit_events()
-                  if (e.get("user") or {}).get("username") == USER and e["verb"] == "patch"
-                  and e.get("stage") == "ResponseComplete"
-                  and e["objectRef"].get("resource") == "inferenceservices"
-                  and e["objectRef"].get("namespace") == SWAP_NAMESPACE)
+def _service_writes(plane: ControlPlane) -> list[dict[str, Any]]:
+    """The service's completed writes in the swapping pools' namespace (audit log)."""
+    return [e for e in plane.audit_events()
+            if (e.get("user") or {}).get("username") == USER and e["verb"] == "patch"
+            and e.get("stage") == "ResponseComplete"
+            and e["objectRef"].get("namespace") == SWAP_NAMESPACE]
+
+
+def _scale_writes(writes: list[dict[str, Any]]) -> list[tuple[float, str]]:
+    """(received, member) of each of the service's writes to a swapping pool's member (wall
+    clock)."""
+    return sorted((received(e), e["objectRef"].get("name", "")) for e in writes
+                  if e["objectRef"].get("resource") == "inferenceservices")
+
+
+def _write_load(writes: list[dict[str, Any]], start: float, end: float,
+                swaps: int) -> dict[str, Any]:
+    """The service's writes received in [start, end] (wall clock): how many per swap, and the
+    API server's time on each (received to answered) -- its own queue under the burst."""
+    within = [e for e in writes if start <= received(e) <= end]
+    spent = [completed(e) - received(e) for e in within]
+    return {"service_writes_per_swap": round(len(within) / max(1, swaps), 2),
+            "api_write_s": _summary(spent) if spent else {}}
 
 
 def _split(swap: Swap, timeline: list[dict[str, Any]], writes: list[tuple[float, str]],
@@ -142,7 +157,8 @@ def _cpu(stack: RealApiStack) -> dict[str, float]:
     assert envoy is not None
     return {"extproc": cpu_seconds(extproc), "simulator": tree_cpu_seconds(simulator),
             "apiserver_etcd": sum(cpu_seconds(p) for p in stack.plane.pids()),
-            "envoy": cpu_seconds(envoy), "machine_busy": busy_seconds()}
+            "envoy": cpu_seconds(envoy), "client": cpu_seconds(os.getpid()),
+            "machine_busy": busy_seconds()}
 
 
 def _summary(values: list[float]) -> dict[str, float]:
@@ -179,13 +195,16 @@ async def _measure(stack: RealApiStack, swapping: int, rounds: int) -> dict[str,
                                             for i in range(swapping)])
     after, lasted = _cpu(stack), time.monotonic() - began
     wall = time.time() - time.monotonic()  # the replies' clock to the wall clock
-    timeline, writes = stack.timeline(), _scale_writes(stack.plane)
+    service = _service_writes(stack.plane)
+    timeline, writes = stack.timeline(), _scale_writes(service)
     served = [s for s in swaps if s.right]
     splits = [cut for cut in (_split(s, timeline, writes, wall) for s in served)
               if cut is not None]
     result: dict[str, Any] = {"requests": len(swaps), "served_right": len(served),
                               "split": len(splits), "rounds_wall_s": round(lasted, 2),
-                              "cpu_s": {k: round(after[k] - before[k], 2) for k in before}}
+                              "cpu_s": {k: round(after[k] - before[k], 2) for k in before},
+                              **_write_load(service, began + wall, began + lasted + wall,
+                                            len(swaps))}
     for part in ("total", "service", "simulator", "to_scaled_down", "to_scaled_up",
                  "to_released"):
         result[f"{part}_s"] = _summary([cut[part] for cut in splits]) if splits else {}
