@@ -6,11 +6,12 @@ plane), ``resting`` pools in namespace ``fleet`` exactly as the at-rest part mak
 members, the first Ready, no pods), and ``swapping`` pools of two members in namespace
 ``swap`` run by the local stack on that server: the member simulator playing the
 InferenceService controller (pods, a simulated load and unload; every member's server in
-its own process, as a process per member and its standby would be hundreds of Python
-processes taking the cores the service needs), Envoy, and one ext_proc replica in own mode
-watching both namespaces. Each round sends one request to every swapping
-pool's non-resident member at the same moment, through Envoy; ``rounds`` rounds swap back and
-forth. Measured per request:
+the simulator's own process, as a process per member and its standby would be hundreds of
+Python processes taking the cores the service needs), Envoy, and one ext_proc replica in own
+mode watching both namespaces. Once the service has settled (no write of its own for a few
+seconds: a lead gained over a thousand pools first stamps each one), each round sends one
+request to every swapping pool's non-resident member at the same moment, through Envoy;
+``rounds`` rounds swap back and forth. Measured per request:
 
 - total: sent to served (the client's clock);
 - the service's share: sent until its scale-down of the incumbent reaches the API server (the
@@ -22,7 +23,8 @@ forth. Measured per request:
 - served right: answered 200 by the member it named (nothing lost, nothing misrouted);
 - CPU seconds over the rounds of the ext_proc, the simulator, the API server with etcd,
   Envoy and the whole machine (other tenants included), against the rounds' wall time: a
-  service share long beside little ext_proc CPU is waiting for a core, not work.
+  service share long beside little ext_proc CPU is waiting for a core, not work; the
+  service's writes per swap and the API server's time on each (received to answered).
 
 One swapping pool beside 0 and 999 resting shows one swap's overhead at 1 and 1,000 pools;
 100 swapping at once shows the service's share when its work comes all at once.
@@ -39,6 +41,7 @@ import os
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +66,8 @@ SWAP_NAMESPACE = "swap"
 LOAD, UNLOAD = 0.5, 0.2  # the simulator's delays (seconds)
 START_TIMEOUT = 300.0  # the stack's start at 1,000 pools
 REQUEST_TIMEOUT = 120.0
+KUBE_REQUESTS = "modelpool_extproc_kube_requests_total"
+SETTLED = 5.0  # seconds without a write of the service's (but its Lease renewals): started
 
 
 def _pools(count: int) -> list[dict[str, Any]]:
@@ -83,6 +88,7 @@ class Swap:
     sent: float
     served: float
     right: bool
+    answer: str  # status and the start of the body when not right
 
 
 async def _ask(session: aiohttp.ClientSession, url: str, pool: int, side: str) -> Swap:
@@ -90,8 +96,9 @@ async def _ask(session: aiohttp.ClientSession, url: str, pool: int, side: str) -
     target = f"s{pool}-{side}"  # a member's name is its model's (what /v1/models lists)
     reply = await testkit.chat(session, url, target, timeout=REQUEST_TIMEOUT)
     incumbent = f"s{pool}-{'a' if side == 'b' else 'b'}"
-    return Swap(incumbent, target, reply.began, reply.ended,
-                reply.status == 200 and reply.served_by == target)
+    right = reply.status == 200 and reply.served_by == target
+    return Swap(incumbent, target, reply.began, reply.ended, right,
+                "" if right else f"{reply.status} {reply.served_by} {reply.body[:120]}")
 
 
 def _service_writes(plane: ControlPlane) -> list[dict[str, Any]]:
@@ -182,9 +189,34 @@ async def _wait_all_resident(stack: RealApiStack, count: int, timeout: float) ->
         await asyncio.sleep(0.5)
 
 
+def _writes_so_far(stack: RealApiStack) -> float:
+    """The service's writes to the API server so far, its Lease renewals left out."""
+    return sum(v for (name, labels), v in stack.metrics().items()
+               if name == KUBE_REQUESTS and dict(labels).get("verb") in ("create", "patch")
+               and dict(labels).get("resource") != "leases")
+
+
+async def _wait_settled(stack: RealApiStack, timeout: float) -> float:
+    """Until the service has sent no write for SETTLED seconds: a lead gained over a thousand
+    pools stamps every one and writes its status (minutes on two cores), and a swap measured
+    meanwhile would count that start-up as its overhead. The seconds it took."""
+    began = time.monotonic()
+    deadline, last, since = began + timeout, -1.0, began
+    while True:
+        now, writes = time.monotonic(), await asyncio.to_thread(_writes_so_far, stack)
+        if writes != last:
+            last, since = writes, now
+        elif now - since >= SETTLED:
+            return now - began
+        if now > deadline:
+            raise TimeoutError(f"the service still writing after {timeout}s")
+        await asyncio.sleep(0.5)
+
+
 async def _measure(stack: RealApiStack, swapping: int, rounds: int) -> dict[str, Any]:
     """Swap every pool ``rounds`` times (all pools at once each round); the figures."""
     await _wait_all_resident(stack, swapping, START_TIMEOUT)
+    settled = await _wait_settled(stack, START_TIMEOUT)
     swaps: list[Swap] = []
     before, began = _cpu(stack), time.monotonic()
     async with aiohttp.ClientSession(
@@ -200,8 +232,11 @@ async def _measure(stack: RealApiStack, swapping: int, rounds: int) -> dict[str,
     served = [s for s in swaps if s.right]
     splits = [cut for cut in (_split(s, timeline, writes, wall) for s in served)
               if cut is not None]
+    wrong = Counter(s.answer for s in swaps if not s.right)
     result: dict[str, Any] = {"requests": len(swaps), "served_right": len(served),
-                              "split": len(splits), "rounds_wall_s": round(lasted, 2),
+                              "wrong": dict(wrong.most_common(3)),
+                              "split": len(splits), "settled_after_s": round(settled, 1),
+                              "rounds_wall_s": round(lasted, 2),
                               "cpu_s": {k: round(after[k] - before[k], 2) for k in before},
                               **_write_load(service, began + wall, began + lasted + wall,
                                             len(swaps))}
