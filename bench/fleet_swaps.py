@@ -196,27 +196,33 @@ def _writes_so_far(stack: RealApiStack) -> float:
                and dict(labels).get("resource") != "leases")
 
 
-async def _wait_settled(stack: RealApiStack, timeout: float) -> float:
+async def _wait_settled(stack: RealApiStack, timeout: float) -> dict[str, float]:
     """Until the service has sent no write for SETTLED seconds: a lead gained over a thousand
     pools stamps every one and writes its status (minutes on two cores), and a swap measured
-    meanwhile would count that start-up as its overhead. The seconds it took."""
+    meanwhile would count that start-up as its overhead. The seconds it took, and the ext_proc's
+    CPU seconds per second over the quiet ones (its cost at rest)."""
+    pid = stack.replica(0).pid
+    assert pid is not None
     began = time.monotonic()
-    deadline, last, since = began + timeout, -1.0, began
+    deadline, last, since, cpu = began + timeout, -1.0, began, cpu_seconds(pid)
     while True:
         now, writes = time.monotonic(), await asyncio.to_thread(_writes_so_far, stack)
         if writes != last:
-            last, since = writes, now
+            last, since, cpu = writes, now, cpu_seconds(pid)
         elif now - since >= SETTLED:
-            return now - began
+            return {"settled_after_s": round(now - began, 1),
+                    "extproc_at_rest_cpu": round((cpu_seconds(pid) - cpu) / (now - since), 3)}
         if now > deadline:
             raise TimeoutError(f"the service still writing after {timeout}s")
         await asyncio.sleep(0.5)
 
 
-async def _measure(stack: RealApiStack, swapping: int, rounds: int) -> dict[str, Any]:
-    """Swap every pool ``rounds`` times (all pools at once each round); the figures."""
+async def _measure(stack: RealApiStack, swapping: int, rounds: int,
+                   settle: bool) -> dict[str, Any]:
+    """Swap every pool ``rounds`` times (all pools at once each round), once the service has
+    settled unless ``settle`` is False; the figures."""
     await _wait_all_resident(stack, swapping, START_TIMEOUT)
-    settled = await _wait_settled(stack, START_TIMEOUT)
+    settled = await _wait_settled(stack, START_TIMEOUT) if settle else {}
     swaps: list[Swap] = []
     before, began = _cpu(stack), time.monotonic()
     async with aiohttp.ClientSession(
@@ -235,7 +241,7 @@ async def _measure(stack: RealApiStack, swapping: int, rounds: int) -> dict[str,
     wrong = Counter(s.answer for s in swaps if not s.right)
     result: dict[str, Any] = {"requests": len(swaps), "served_right": len(served),
                               "wrong": dict(wrong.most_common(3)),
-                              "split": len(splits), "settled_after_s": round(settled, 1),
+                              "split": len(splits), **settled,
                               "rounds_wall_s": round(lasted, 2),
                               "cpu_s": {k: round(after[k] - before[k], 2) for k in before},
                               **_write_load(service, began + wall, began + lasted + wall,
@@ -246,8 +252,10 @@ async def _measure(stack: RealApiStack, swapping: int, rounds: int) -> dict[str,
     return result
 
 
-def run_one(work: Path, resting: int, swapping: int, rounds: int) -> dict[str, Any]:
-    """One point: ``resting`` pools at rest, ``swapping`` pools swapped ``rounds`` times."""
+def run_one(work: Path, resting: int, swapping: int, rounds: int,
+            settle: bool = True) -> dict[str, Any]:
+    """One point: ``resting`` pools at rest, ``swapping`` pools swapped ``rounds`` times (once
+    the service has settled, unless ``settle`` is False: during its start-up)."""
     USERS.setdefault(USER, ("system:masters",))
     plane = ControlPlane(work / "plane")
     plane.start()
@@ -263,7 +271,7 @@ def run_one(work: Path, resting: int, swapping: int, rounds: int) -> dict[str, A
                              extproc_args=["--namespace", RESTING_NAMESPACE])
         stack.start(timeout=START_TIMEOUT)
         try:
-            result.update(asyncio.run(_measure(stack, swapping, rounds)))
+            result.update(asyncio.run(_measure(stack, swapping, rounds, settle)))
         finally:
             stack.stop()
     finally:
@@ -272,11 +280,12 @@ def run_one(work: Path, resting: int, swapping: int, rounds: int) -> dict[str, A
 
 
 def run(work: Path, points: tuple[tuple[int, int, int], ...] = (
-        (0, 1, 12), (999, 1, 12), (0, 100, 2), (900, 100, 2))) -> dict[str, Any]:
+        (0, 1, 12), (999, 1, 12), (0, 100, 2), (900, 100, 2)),
+        settle: bool = True) -> dict[str, Any]:
     """Every (resting, swapping, rounds) point; the part's result."""
     results = []
     for resting, swapping, rounds in points:
-        point = run_one(work / f"{resting}r{swapping}s", resting, swapping, rounds)
+        point = run_one(work / f"{resting}r{swapping}s", resting, swapping, rounds, settle)
         print(json.dumps(point), flush=True)
         results.append(point)
     return {"swap_points": results}
@@ -288,13 +297,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--point", action="append", default=[], metavar="RESTING,SWAPPING,ROUNDS",
                         help="a point to run (repeatable); default: 0,1,12 999,1,12 0,100,2 "
                              "900,100,2")
+    parser.add_argument("--unsettled", action="store_true",
+                        help="swap as soon as the swapping pools are resident, the service's "
+                             "start-up (its stamps of every pool) still under way")
     args = parser.parse_args(argv)
     points = tuple(tuple(int(x) for x in p.split(",")) for p in args.point)
     with tempfile.TemporaryDirectory(prefix="fleet-swaps-") as work:
         if points:
-            run(Path(work), points)  # type: ignore[arg-type]
+            run(Path(work), points, not args.unsettled)  # type: ignore[arg-type]
         else:
-            run(Path(work))
+            run(Path(work), settle=not args.unsettled)
 
 
 if __name__ == "__main__":
