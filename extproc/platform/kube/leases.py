@@ -123,8 +123,7 @@ class LeaseClient:
     async def get(self, name: str) -> Lease | None:
         """The Lease, or None when there is none."""
         try:
-            obj = await counted("get", RESOURCE, self.client.call("GET", self._path(name),
-                                                                  lease=True))
+            obj = await counted("get", RESOURCE, self.client.call("GET", self._path(name)))
         except ApiError as exc:
             if exc.status == 404:
                 return None
@@ -134,7 +133,7 @@ class LeaseClient:
     async def list(self, label_selector: str) -> list[Lease]:
         """The Leases matching a label selector, ordered by name."""
         body = await counted("list", RESOURCE, self.client.call(
-            "GET", self._path(), params={"labelSelector": label_selector}, lease=True))
+            "GET", self._path(), params={"labelSelector": label_selector}))
         return [Lease.from_object(item) for item in body.get("items") or ()]
 
     async def create(self, name: str, *, holder: str, duration_seconds: int,
@@ -173,8 +172,8 @@ class LeaseClient:
 
     async def _send(self, verb: str, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
         try:
-            return await counted(verb, RESOURCE, self.client.call(
-                method, path, body=body, content_type=_CONTENT_TYPE, lease=True))
+            return await counted(verb, RESOURCE, self.client.call(method, path, body=body,
+                                                                  content_type=_CONTENT_TYPE))
         except ApiError as exc:
             if exc.status == 409:
                 name = body["metadata"]["name"] if "metadata" in body else path.rsplit("/", 1)[-1]

@@ -54,45 +54,36 @@ class ApiError(Exception):
 
 # Requests other than watches: short, so a bounded pool serves any number of pools' writes.
 REQUEST_CONNECTIONS = 100
-# Lease calls have connections of their own: queued behind a burst of writes (a lead taken
-# over a thousand pools stamps each one), a membership renew would land past its deadline and
-# the replica would stop serving. They are few by design (one renew, one leader Lease).
-LEASE_CONNECTIONS = 4
-
-
-_LIMITS = {"watch": 0, "lease": LEASE_CONNECTIONS, "request": REQUEST_CONNECTIONS}
 
 
 class KubeClient:
-    """HTTP connection pools to the API server (watches and Lease calls apart from the rest),
-    with the credentials' headers and TLS."""
+    """HTTP connection pools to the API server (watches apart from the rest), with the
+    credentials' headers and TLS."""
 
     def __init__(self, credentials: Credentials, request_timeout: float = 60.0) -> None:
         self.credentials = credentials
         # the policy counts a write of ours as possibly landing this long (--api-request-timeout)
         self.request_timeout = request_timeout
-        self._sessions: dict[str, aiohttp.ClientSession] = {}  # keyed by lane (_LIMITS)
+        self._sessions: dict[bool, aiohttp.ClientSession] = {}  # keyed by "is a watch"
 
-    def _http(self, lane: str) -> aiohttp.ClientSession:
-        """One lane's session (watch, lease or request), made on first use (inside the running
-        loop)."""
-        session = self._sessions.get(lane)
+    def _http(self, watch: bool) -> aiohttp.ClientSession:
+        """The watches' or the requests' session, made on first use (inside the running loop)."""
+        session = self._sessions.get(watch)
         if session is None or session.closed:
-            session = self._sessions[lane] = aiohttp.ClientSession(
+            session = self._sessions[watch] = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(ssl=self.credentials.ssl_context(),
-                                               limit=_LIMITS[lane]))
+                                               limit=0 if watch else REQUEST_CONNECTIONS))
         return session
 
     async def open(self, method: str, path: str, *, params: dict[str, Any] | None = None,
                    body: Any = None, content_type: str = MERGE_PATCH,
-                   timeout: float | None = None, lease: bool = False) -> aiohttp.ClientResponse:
+                   timeout: float | None = None) -> aiohttp.ClientResponse:
         """Send a request and return the response unread (for watch streams); any status.
 
         ``path`` is sent exactly as given (every segment quoted by its builder,
         ``_calls.segment``): nothing decodes or folds it, so a name can never become ``..``.
-        A request with ``watch`` set goes over the watches' connections, a ``lease`` call (a
-        Lease's) over the Leases', any other over the requests'. Redirects are not followed:
-        the API server sends none to these paths.
+        A request with ``watch`` set goes over the watches' connections, any other over the
+        requests'. Redirects are not followed: the API server sends none to these paths.
         An expired exec credential is renewed first; a 401 renews it (when it can be) and
         sends the request once more. A write names this service as its field manager.
         """
@@ -101,8 +92,7 @@ class KubeClient:
         if method in WRITE_METHODS:
             query.setdefault("fieldManager", OUR_MANAGER)
         url = URL(self.credentials.server.rstrip("/") + path, encoded=True)
-        session = self._http("watch" if query.get("watch") == "true"
-                             else "lease" if lease else "request")
+        session = self._http(query.get("watch") == "true")
         retried = False
         while True:
             await self.credentials.refresh()
