@@ -120,8 +120,17 @@ def holder(plane: ControlPlane) -> str:
 
 def received(event: dict[str, Any]) -> float:
     """An audit event's requestReceivedTimestamp, seconds since the epoch."""
-    stamp = event["requestReceivedTimestamp"].rstrip("Z")
-    return datetime.fromisoformat(stamp + "+00:00").timestamp()
+    return _epoch(event["requestReceivedTimestamp"])
+
+
+def completed(event: dict[str, Any]) -> float:
+    """An audit event's stageTimestamp (its stage's end), seconds since the epoch."""
+    return _epoch(event["stageTimestamp"])
+
+
+def _epoch(stamp: str) -> float:
+    """An audit timestamp (RFC 3339, UTC) as seconds since the epoch."""
+    return datetime.fromisoformat(stamp.rstrip("Z") + "+00:00").timestamp()
 
 
 def requests_between(plane: ControlPlane, start: float, end: float) -> list[dict[str, Any]]:

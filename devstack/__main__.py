@@ -29,9 +29,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       help="how long a simulated member takes to load (default 3s; 0 with "
                       "llama.cpp members, whose load is real)")
     demo.add_argument("--runtime", choices=RUNTIMES, default=default_runtime(),
-                      help="the members' servers: fake (the simulator's) or llama.cpp (llama.cpp's "
-                      "own llama-server on a generated tiny model; `make llama-server` builds it) "
-                      "(default: $MODELPOOL_DEMO_RUNTIME or fake)")
+                      help="the members' servers: fake (the simulator's, a process per pod), "
+                      "fake-in-process (the same, all in the simulator's process) or llama.cpp "
+                      "(llama.cpp's own llama-server on a generated tiny model; `make "
+                      "llama-server` builds it) (default: $MODELPOOL_DEMO_RUNTIME or fake)")
     demo.add_argument("--unload-delay", type=duration_arg, default=1.0,
                       help="how long a simulated member takes to unload (default 1s)")
     demo.add_argument("--actuation", choices=ACTUATIONS, default=default_actuation(),

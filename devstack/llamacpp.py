@@ -22,7 +22,7 @@ from pathlib import Path
 
 from devstack import tinymodel
 from devstack.procs import LOCALHOST, PROJECT_ROOT, ManagedProcess
-from devstack.simulator_server import MemberServer
+from devstack.simulator_server import ProcessServer
 
 BINARY_ENV = "MODELPOOL_LLAMA_SERVER"  # set by the Makefile
 ANN_MODEL_FILE = "sim.llmkube.dev/model-file"
@@ -41,7 +41,7 @@ def binary() -> Path:
     return path
 
 
-class LlamaServer(MemberServer):
+class LlamaServer(ProcessServer):
     """One member's llama-server process."""
 
     start_timeout = LOAD_TIMEOUT

@@ -69,6 +69,7 @@ from typing import Any, Iterable
 
 from kubernetes.aio import client
 
+from devstack.fakemember_slots import SLOT_SAVE_PATH_ENV
 from devstack.llamacpp import LlamaRuntime
 from devstack.procs import LOCALHOST, free_port
 from devstack.simulator_kube import GROUP, PLURAL, SERVICE_LABEL, VERSION, ApiSource, Kube, \
@@ -79,7 +80,8 @@ from devstack.simulator_timeline import Timeline
 
 log = logging.getLogger("devstack.simulator")
 
-RUNTIMES = ("fake", "llama.cpp")
+# fake-in-process: the fake, every member's server in the simulator's own process
+RUNTIMES = ("fake", "fake-in-process", "llama.cpp")
 START_TIMEOUT = 30.0  # start() gives up if the first listing does not arrive by then
 
 
@@ -135,9 +137,13 @@ class MemberSimulator:
             llama = await asyncio.to_thread(
                 LlamaRuntime.create, Path(self._models or self.log_dir / "models"),
                 self.log_dir / "slot-save")
+        if self.runtime == "fake-in-process":
+            # what a member process gets (simulator_server._env), the caller's value first
+            os.environ.setdefault(SLOT_SAVE_PATH_ENV, str(self.log_dir / "slot-save"))
         self._ctx = SimContext(kube, self.timeline, self.default_load_delay,
                                self.default_unload_delay, self.port_for, self.log_dir,
-                               self.rollout_delay, self.host_for, llama)
+                               self.rollout_delay, self.host_for, llama,
+                               self.runtime == "fake-in-process")
         listed: list[asyncio.Event] = []
         for ns in self.namespaces:
             done = asyncio.Event()
@@ -229,8 +235,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rollout-delay", type=duration_arg, default=0.0,
                         help="from spec.replicas 1 to the pod object (default 0: at once)")
     parser.add_argument("--runtime", choices=RUNTIMES, default="fake",
-                        help="members' servers: fake (devstack/fakemember.py) or llama.cpp (the "
-                        "real llama-server on a generated model; `make llama-server`)")
+                        help="members' servers: fake (devstack/fakemember.py, a process per "
+                        "pod), fake-in-process (the same, served from this process: for many "
+                        "members) or llama.cpp (the real llama-server on a generated model; "
+                        "`make llama-server`)")
     parser.add_argument("--models", help="llama.cpp: the models' directory (default: "
                         "<log-dir>/models, the tiny model written there)")
     parser.add_argument("--timeline", help="append the timeline here as JSON lines")

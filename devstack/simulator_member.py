@@ -22,7 +22,7 @@ from devstack.simulator_kube import (
 from devstack.procs import LOCALHOST, ManagedProcess
 from devstack.llamacpp import LlamaRuntime
 from devstack.simulator_server import (
-    STOP_GRACE, Loading, MemberServer, UpstreamServer, start_standby)
+    STOP_GRACE, InProcessServer, Loading, MemberServer, UpstreamServer, start_standby)
 from devstack.simulator_isvc import (
     ANN_FAIL, ANN_KILL, ANN_LOAD_DELAY, ANN_STUCK, ANN_UNLOAD_DELAY, annotations, desired_replicas,
     flag, kill_requested, needs_pass, uid)
@@ -53,6 +53,9 @@ class SimContext:
     # Real llama.cpp members (devstack/llamacpp.py) instead of the fake upstream; their own
     # load is the load, so the simulated load delay defaults to 0 with them.
     llama: LlamaRuntime | None = None
+    # The fake members served from the simulator's own process (no process per pod, no
+    # standby): for fleets of members on a few cores (devstack/simulator_server.py)
+    in_process: bool = False
 
 
 class MemberActor:
@@ -101,8 +104,8 @@ class MemberActor:
 
     def _refill(self) -> None:
         """Start the member's next server process now, so a load need not wait for it."""
-        if self.ctx.llama is not None:
-            return  # llama-server reads its model at start: nothing to start ahead
+        if self.ctx.llama is not None or self.ctx.in_process:
+            return  # llama-server reads its model at start, a server in here starts at once
         if self.standby is None or not self.standby.running:
             self.standby = start_standby(self.name, self.ctx.port_for(self.name),
                                          self.ctx.log_dir, self.ctx.host_for(self.name))
@@ -115,7 +118,7 @@ class MemberActor:
             # while serving, also look at the process now and then: a crashed server must
             # not stay reported Ready (no API traffic unless it really died)
             woke = await wait_event(self.wake, CRASH_POLL if self.server else None)
-            if not woke and self.server and self.server.process.running:
+            if not woke and self.server and self.server.running:
                 continue
             self.wake.clear()
             try:
@@ -135,7 +138,7 @@ class MemberActor:
     async def reconcile(self) -> None:
         """One pass: make pods, process and status agree with spec.replicas and annotations."""
         isvc = self.isvc
-        if self.server and not self.server.process.running:
+        if self.server and not self.server.running:
             await self._server_crashed()
         pods = await self.kube.list_pods(self.namespace, self.name)
         live = [p for p in pods if not is_terminating(p)]
@@ -219,12 +222,18 @@ class MemberActor:
             return  # a pass that failed after the load began: it goes on, its clock kept
         server: MemberServer | None = None
         if self.ctx.llama is None:
-            standby, self.standby = self.standby, None
-            server = UpstreamServer(self.name, self.ctx.port_for(self.name), self.ctx.log_dir,
-                                    standby, self.ctx.host_for(self.name))
+            server = self._fake_server()
             server.begin_load()
             self._refill()  # the next standby imports while this load's delay runs
         self.loading = Loading(pod_name, time.monotonic(), server)
+
+    def _fake_server(self) -> MemberServer:
+        """The member's next fake server (not started): in here, or its standby process."""
+        port, host = self.ctx.port_for(self.name), self.ctx.host_for(self.name)
+        if self.ctx.in_process:
+            return InProcessServer(self.name, port, host)
+        standby, self.standby = self.standby, None
+        return UpstreamServer(self.name, port, self.ctx.log_dir, standby, host)
 
     async def _drop_loading(self) -> None:
         """The load ended without a server (aborted, failed): stop what it had started."""
@@ -292,9 +301,7 @@ class MemberActor:
             server = self.ctx.llama.server(self.name, port, self.ctx.log_dir,
                                            annotations(self.isvc), self.ctx.host_for(self.name))
         else:
-            standby, self.standby = self.standby, None
-            server = UpstreamServer(self.name, port, self.ctx.log_dir, standby,
-                                    self.ctx.host_for(self.name))
+            server = self._fake_server()
         try:
             await server.start()
         except asyncio.CancelledError:

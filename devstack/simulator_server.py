@@ -7,6 +7,12 @@ with one line at the start of the load, and it binds and answers 503 while the s
 model loads (as llama-server does), then /health 200 once a second line ends the load. The
 member's server is still a process of its own (fault tests SIGKILL it); the next standby is
 started right after the hand-over.
+
+A fleet of members is another matter: a process per member plus its standby is hundreds of
+Python processes for a hundred pools, whose imports and idle loops would take the cores the
+service under measure needs. ``InProcessServer`` serves a member from the simulator's own
+event loop instead: the same fake (its own listener on the member's port, 503 while loading,
+``x-served-by``), no process to start or to SIGKILL apart from the simulator.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ from pathlib import Path
 import aiohttp
 
 from devstack.procs import LOCALHOST, PROJECT_ROOT, ManagedProcess, port_is_free
-from devstack.fakemember import STANDBY_LOAD, STANDBY_LOADED, STANDBY_SERVE
+from devstack.fakemember import STANDBY_LOAD, STANDBY_LOADED, STANDBY_SERVE, UpstreamHandle, \
+    start_upstream
 from devstack.fakemember_slots import SLOT_SAVE_PATH_ENV
 
 START_TIMEOUT = 15.0
@@ -46,15 +53,13 @@ def start_standby(member: str, port: int, log_dir: Path, host: str = LOCALHOST) 
 
 
 class MemberServer:
-    """One member's server process on its loopback port: started, healthy, stopped."""
+    """One member's server on its loopback port: started, healthy, stopped."""
 
     #: seconds a start may take before it counts as failed
     start_timeout = START_TIMEOUT
 
-    def __init__(self, member: str, port: int, process: ManagedProcess,
-                 host: str = LOCALHOST) -> None:
+    def __init__(self, member: str, port: int, host: str = LOCALHOST) -> None:
         self.member, self.port, self.host = member, port, host
-        self.process = process
         self.bound = False  # set going at the load's start (`begin_load`): it holds the port
 
     @property
@@ -62,13 +67,39 @@ class MemberServer:
         """Base URL of the server."""
         return f"http://{self.host}:{self.port}"
 
-    def _launch(self) -> None:
-        """Set the process going."""
-        self.process.start()
+    @property
+    def running(self) -> bool:
+        """True while the server is up (a dead one is a crashed container)."""
+        raise NotImplementedError
 
     def begin_load(self) -> None:
         """The pod's container starts: servers that can bind and answer 503 while the model
         loads do so now (`start` then only ends the load); the others start in `start`."""
+
+    async def start(self, timeout: float | None = None) -> None:
+        """Return once the server's /health answers 200; raise if it cannot."""
+        raise NotImplementedError
+
+    async def stop(self, hard: bool = False) -> None:
+        """Stop the server (at once when hard)."""
+        raise NotImplementedError
+
+
+class ProcessServer(MemberServer):
+    """A member's server that is a process of its own: started, healthy, stopped."""
+
+    def __init__(self, member: str, port: int, process: ManagedProcess,
+                 host: str = LOCALHOST) -> None:
+        super().__init__(member, port, host)
+        self.process = process
+
+    @property
+    def running(self) -> bool:
+        return self.process.running
+
+    def _launch(self) -> None:
+        """Set the process going."""
+        self.process.start()
 
     async def start(self, timeout: float | None = None) -> None:
         """Start the process and return once its /health answers 200; raise if it cannot
@@ -114,7 +145,7 @@ class Loading:
     server: MemberServer | None
 
 
-class UpstreamServer(MemberServer):
+class UpstreamServer(ProcessServer):
     """One member's OpenAI-compatible fake server process (devstack/fakemember.py)."""
 
     def __init__(self, member: str, port: int, log_dir: Path,
@@ -141,3 +172,45 @@ class UpstreamServer(MemberServer):
             self.process.tell(STANDBY_SERVE)
         else:
             self.process.start()
+
+
+class InProcessServer(MemberServer):
+    """One member's fake server on its own port, served from the simulator's event loop."""
+
+    def __init__(self, member: str, port: int, host: str = LOCALHOST) -> None:
+        super().__init__(member, port, host)
+        self._loaded = asyncio.Event()
+        self._binding: asyncio.Task[UpstreamHandle] | None = None
+        self._stopped = False
+
+    @property
+    def running(self) -> bool:
+        return self._binding is not None and not self._stopped and (
+            not self._binding.done() or self._binding.exception() is None)
+
+    def begin_load(self) -> None:
+        # bound now, answering 503 until `start` ends the load (as a standby does)
+        self._binding = asyncio.get_running_loop().create_task(
+            start_upstream(self.member, self.host, self.port, loaded=self._loaded))
+        self.bound = True
+
+    async def start(self, timeout: float | None = None) -> None:
+        """Bind (unless the load did) and end the load; raise if the port cannot be had."""
+        if self._binding is None:
+            self.begin_load()
+        assert self._binding is not None
+        self._loaded.set()
+        await asyncio.wait_for(asyncio.shield(self._binding),
+                               self.start_timeout if timeout is None else timeout)
+
+    async def stop(self, hard: bool = False) -> None:
+        """Close the listener and its connections (at once either way: nothing to kill)."""
+        self._stopped = True
+        binding, self._binding = self._binding, None
+        if binding is None:
+            return
+        if not binding.done():
+            binding.cancel()
+        handle = (await asyncio.gather(binding, return_exceptions=True))[0]
+        if isinstance(handle, UpstreamHandle):
+            await handle.stop()

@@ -89,8 +89,10 @@ class LocalStack(StackApi):
         self.kubeapi_url = f"http://{LOCALHOST}:{ports.kubeapi}"  # the API emulator
         self.probe_port = ports.probe or free_port()  # devstack.proberouter: the idle probe
         self.load_delay, self.unload_delay = load_delay, unload_delay
-        # the members' servers: devstack/fakemember.py's fake, or the real llama-server
-        # (devstack/llamacpp.py), whose own load is the load (the simulated delay on top)
+        # the members' servers: devstack/fakemember.py's fake (a process per pod, or with
+        # "fake-in-process" all in the simulator's process, for fleets), or the real
+        # llama-server (devstack/llamacpp.py), whose own load is the load (the simulated delay
+        # on top)
         self.runtime = runtime
         self.extproc_args = list(extproc_args)
         self.namespaces = manifests.namespaces_of(docs)
@@ -128,6 +130,11 @@ class LocalStack(StackApi):
     def log_path(self, name: str) -> Path:
         """Log file of one piece: kubeapi, simulator, extproc (Envoy logs under envoy/)."""
         return self.log_dir / f"{name}.log"
+
+    def pid(self, name: str) -> int | None:
+        """The process id of one piece (simulator, reconciler, extproc, ...; None: not running)."""
+        proc = self._procs.get(name)
+        return proc.pid if proc is not None and proc.running else None
 
     def replica(self, index: int) -> Replica:
         """Ext_proc replica ``index`` (0 is the only one unless ``replicas`` said more)."""
@@ -351,7 +358,9 @@ class LocalStack(StackApi):
         if self.reconciler:
             args += ["--rollout-delay", f"{ROLLOUT_DELAY}s"]
         if self.runtime != "fake":
-            args += ["--runtime", self.runtime, "--models", str(LLAMA_MODELS)]
+            args += ["--runtime", self.runtime]
+        if self.runtime == "llama.cpp":
+            args += ["--models", str(LLAMA_MODELS)]
         proc = self._launch("simulator", args)
         # Every member reports a phase once the simulator has reconciled it (Stopped at 0).
         await_ready(proc, self._members_reported, timeout, "the simulator to report members")

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Awaitable
 
+import aiohttp
 import pytest
 
 from devstack.procs import PROJECT_ROOT, free_port
@@ -185,6 +186,41 @@ async def test_stuck_stays_creating_until_cleared(cluster: Cluster, sims):
 
     await cluster.annotate("coder", "sim.llmkube.dev/stuck", "false")
     await cluster.wait_phase("coder", "Ready")
+
+
+def _children_of(pid: int) -> set[int]:
+    """The live child processes of ``pid`` (every thread's)."""
+    found: set[int] = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        found |= {int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()}
+    return found
+
+
+async def test_in_process_members_serve_from_the_simulator_and_start_no_process(
+        cluster: Cluster, sims):
+    port = free_port()
+    await cluster.create("coder", replicas=0, **{"sim.llmkube.dev/stuck": "true"})
+    before = _children_of(os.getpid())
+    sim = await sims({"coder": port}, runtime="fake-in-process")
+    await cluster.scale("coder", 1)
+    await cluster.wait_phase("coder", "Creating")
+    # bound since the pod's start, 503 while "loading", as the process's server does
+    await eventually(lambda: _is(health(port), 503), what="coder bound and loading")
+    await cluster.annotate("coder", "sim.llmkube.dev/stuck", "false")
+    await cluster.wait_phase("coder", "Ready")
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"http://127.0.0.1:{port}/v1/chat/completions",
+                                json={"model": "coder", "messages": [
+                                    {"role": "user", "content": "hi"}]}) as resp:
+            assert resp.status == 200 and resp.headers["x-served-by"] == "coder"
+    assert _children_of(os.getpid()) <= before  # no server nor standby process of its own
+    assert sim.actors[(NS, "coder")].standby is None
+
+    await cluster.scale("coder", 0)
+    await cluster.wait_phase("coder", "Stopped")
+    assert await health(port) is None  # its listener closed with the unload
+    assert events(sim, "coder") == ["stopped", "pod_created", "server_started", "ready",
+                                    "pod_terminating", "server_stopped", "pod_deleted", "stopped"]
 
 
 async def test_quick_flip_finishes_the_unload_before_the_new_pod(cluster: Cluster, sims):

@@ -112,6 +112,10 @@ class ControlPlane:
             proc.stop(grace=10.0)
         self._procs.clear()
 
+    def pids(self) -> list[int]:
+        """The process ids of etcd and the API server while they run."""
+        return [p.pid for p in self._procs if p.pid is not None and p.running]
+
     def _launch(self, name: str, args: list[str]) -> ManagedProcess:
         proc = ManagedProcess(args, self.workdir / f"{name}.log", cwd=self.workdir).start()
         self._procs.append(proc)
