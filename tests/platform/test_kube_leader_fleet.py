@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -27,6 +28,7 @@ class Machines:
     def __init__(self) -> None:
         self.leading: dict[PoolKey, bool] = {}
         self.announced: dict[PoolKey, tuple[int, str]] = {}
+        self.told: Counter[PoolKey] = Counter()  # announcements heard, per pool
 
     def pool_changed(self, spec: PoolSpec, hints: StartHints) -> None:
         """Nothing to do."""
@@ -47,6 +49,7 @@ class Machines:
     def drain_announced(self, key: PoolKey, epoch: int, target: str) -> None:
         """Record."""
         self.announced[key] = (epoch, target)
+        self.told[key] += 1
 
     def replica_load(self) -> dict:
         """Nothing held, nothing in flight."""
@@ -177,3 +180,22 @@ async def test_a_renew_that_lands_after_the_lead_ran_out_is_a_new_term(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def test_one_pools_announcements_are_told_to_no_other_pool(emulator: Any, api: Any) -> None:
+    async with replica(api, "replica-a") as (a, seen_a), replica(api, "replica-b") as (b, seen_b):
+        await eventually(lambda: seen_a.leads_all() or seen_b.leads_all(), 10, "one leads all")
+        (lead, led), (_, followed) = sorted(
+            [(a, seen_a), (b, seen_b)], key=lambda pair: not pair[1].leads_all())
+        await eventually(lambda: all(led.told[key] for key in POOLS), 10, "in force at rest")
+        at_rest = dict(led.told)
+        for target in ("b", "", "a", ""):  # two swaps of one pool: the Lease's counter moves
+            lead.announce(POOLS[7], target)
+            await eventually(lambda: followed.announced.get(POOLS[7], (0, ""))[1] == target
+                             and led.announced[POOLS[7]] == followed.announced[POOLS[7]],
+                             10, f"{target!r} in force")
+        # the other pools' machines heard nothing of it, on either replica
+        others = [key for key in POOLS if key != POOLS[7]]
+        assert [key for key in others if followed.told[key]] == []
+        assert [key for key in others if led.told[key] != at_rest[key]] == []
+        assert led.told[POOLS[7]] == at_rest[POOLS[7]] + 4 and followed.told[POOLS[7]] == 4

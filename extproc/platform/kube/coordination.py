@@ -33,7 +33,8 @@ from pathlib import Path
 
 from extproc.logs import get_logger
 from extproc.platform.contract import PoolListener
-from extproc.platform.kube.leader import LEADER_ROLE, LeaderLease, announcements_of
+from extproc.platform.kube.leader import LEADER_ROLE, LeaderLease, announcements_of, \
+    worth_telling
 from extproc.platform.kube.leases import Lease, LeaseClient
 from extproc.platform.contract import Peer
 from extproc.names import ROLE_LABEL
@@ -92,6 +93,7 @@ class Replicas:
         self._peers_told: tuple[Peer, ...] | None = None
         self.listed = asyncio.Event()  # the Lease watch's first list is in
         self._told: dict[str, tuple[int, str]] = {}  # announcements told to the machines
+        self._holder_told = ""  # the leader Lease's holder when the machines were last told
 
     async def start(self) -> None:
         """Write the membership Lease (retrying until it lands); call before any watch."""
@@ -275,14 +277,19 @@ class Replicas:
         self.leader.observe(lease)
         if self._listener is None:
             return
-        if lease is not None and lease.holder == self.identity:
+        holder = lease.holder if lease is not None else ""
+        # a new holder: every pool hears what is in force once (a machine that was leading
+        # may still wait for an announcement of its own), then only what changed for it
+        changed, self._holder_told = holder != self._holder_told, holder
+        if holder == self.identity:
             for news in self.leader.news():  # our own write came through the watch
                 self._tell_pool(*news)
             return
         announced = announcements_of(lease)
         for pool in sorted(set(announced.drains) | set(self._told) | set(self._pools)):
             now = announced.of(pool)
-            if self._told.get(pool, (0, "")) != now:
+            before = self._told.get(pool, (0, ""))
+            if before != now and (changed or worth_telling(before, now)):
                 namespace, _, name = pool.partition("/")
                 self._tell(self._pools.get(pool) or PoolKey(namespace, name), *now)
 

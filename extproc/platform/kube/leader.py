@@ -62,6 +62,18 @@ class Announcements(NamedTuple):
         return self.drains.get(pool, (self.counter, ""))
 
 
+def worth_telling(before: tuple[int, str] | None, now: tuple[int, str]) -> bool:
+    """Whether a pool's machine must hear its announcement ``now``, having heard ``before``.
+
+    Not when only the Lease's counter moved under a pool that has no announcement (another
+    pool's swap wrote it): that tells the machine nothing, and told to every pool it made
+    each swap cost work in every other pool. A new target, or a recreated Lease (epoch 0),
+    is always told."""
+    if before == now:
+        return False
+    return before is None or before[1] != "" or now[1] != "" or now[0] == 0
+
+
 def announcements_of(lease: Lease | None) -> Announcements:
     """The announcements of a leader Lease (none: counter 0); malformed entries are skipped."""
     payload = lease.payload if lease is not None and isinstance(lease.payload, dict) else {}
@@ -195,7 +207,7 @@ class LeaderLease:
         for pool in sorted(self.pools if pools is None else pools):
             now = self.announced.of(pool)
             if self.at_rest(pool) and self.seen.of(pool) == now and \
-                    self._told.get(pool) != now:
+                    worth_telling(self._told.get(pool), now):
                 self._told[pool] = now
                 out.append((pool, *now))
         return out
