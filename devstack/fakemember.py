@@ -89,18 +89,19 @@ class UpstreamHandle:
 
 def build_app(name: str, token_delay_ms: float | None = None,
               slots: int | None = None, load_ms: float | None = None,
-              loaded: asyncio.Event | None = None) -> web.Application:
+              loaded: asyncio.Event | None = None,
+              slot_save: str | None = None) -> web.Application:
     """The aiohttp application of one fake member called `name` (slots None: from the
     environment, devstack/fakemember_slots.py; 0: one per request; load_ms None: from the
     environment, default 0: loaded at once; with `loaded`, the load lasts until it is set,
-    then load_ms more)."""
+    then load_ms more; slot_save: its --slot-save-path, None: from the environment)."""
     if token_delay_ms is None:
         token_delay_ms = float(os.environ.get(TOKEN_DELAY_ENV, DEFAULT_TOKEN_DELAY_MS))
     if load_ms is None:
         load_ms = float(os.environ.get(LOAD_MS_ENV, "") or 0)
     stats = UpstreamStats(name)
     fake = _Server(name, stats, load_ms, loaded)
-    answers = Answers(name, token_delay_ms, Slots.from_env(slots, name))
+    answers = Answers(name, token_delay_ms, Slots.from_env(slots, name, slot_save))
     app = web.Application(middlewares=[fake.loading, fake.count],
                           client_max_size=64 * 1024 * 1024)
     app.on_startup.append(fake.start_loading)
@@ -127,10 +128,11 @@ async def start_upstream(
     slots: int | None = None,
     load_ms: float | None = None,
     loaded: asyncio.Event | None = None,
+    slot_save: str | None = None,
 ) -> UpstreamHandle:
     """Serve a fake member on host:port (0 = any free port) in the running event loop; with
     ``load_ms`` it answers 503 that long first, as llama.cpp does while its model loads."""
-    app = build_app(name, token_delay_ms, slots, load_ms, loaded)
+    app = build_app(name, token_delay_ms, slots, load_ms, loaded, slot_save)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     # uvicorn's backlog (vLLM serves with it), not aiohttp's 128: a release sends every held

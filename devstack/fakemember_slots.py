@@ -160,9 +160,11 @@ class Slots:
         self._spare: list[int] = [0] if not self.bounded else []  # unbounded: idle slot ids
 
     @classmethod
-    def from_env(cls, n_slots: int | None, member: str = "") -> "Slots":
-        """Slots as the environment configures them for ``member`` (the simulator sets it)."""
-        path = os.environ.get(SLOT_SAVE_PATH_ENV, "")
+    def from_env(cls, n_slots: int | None, member: str = "",
+                 save_path: str | None = None) -> "Slots":
+        """Slots as the environment configures them for ``member`` (the simulator sets it);
+        ``save_path``, when given, instead of the environment's --slot-save-path."""
+        path = os.environ.get(SLOT_SAVE_PATH_ENV, "") if save_path is None else save_path
         return cls(n_slots if n_slots is not None else int(env_float(SLOTS_ENV, 0)),
                    env_float(PREFILL_ENV, 0.0), Path(path) if path else None,
                    os.environ.get(RESTORE_EFFECT_ENV, "full") or "full",

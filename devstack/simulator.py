@@ -69,7 +69,6 @@ from typing import Any, Iterable
 
 from kubernetes.aio import client
 
-from devstack.fakemember_slots import SLOT_SAVE_PATH_ENV
 from devstack.llamacpp import LlamaRuntime
 from devstack.procs import LOCALHOST, free_port
 from devstack.simulator_kube import GROUP, PLURAL, SERVICE_LABEL, VERSION, ApiSource, Kube, \
@@ -137,9 +136,6 @@ class MemberSimulator:
             llama = await asyncio.to_thread(
                 LlamaRuntime.create, Path(self._models or self.log_dir / "models"),
                 self.log_dir / "slot-save")
-        if self.runtime == "fake-in-process":
-            # what a member process gets (simulator_server._env), the caller's value first
-            os.environ.setdefault(SLOT_SAVE_PATH_ENV, str(self.log_dir / "slot-save"))
         self._ctx = SimContext(kube, self.timeline, self.default_load_delay,
                                self.default_unload_delay, self.port_for, self.log_dir,
                                self.rollout_delay, self.host_for, llama,

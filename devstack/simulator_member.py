@@ -231,7 +231,7 @@ class MemberActor:
         """The member's next fake server (not started): in here, or its standby process."""
         port, host = self.ctx.port_for(self.name), self.ctx.host_for(self.name)
         if self.ctx.in_process:
-            return InProcessServer(self.name, port, host)
+            return InProcessServer(self.name, port, self.ctx.log_dir, host)
         standby, self.standby = self.standby, None
         return UpstreamServer(self.name, port, self.ctx.log_dir, standby, host)
 

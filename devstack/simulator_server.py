@@ -177,8 +177,10 @@ class UpstreamServer(ProcessServer):
 class InProcessServer(MemberServer):
     """One member's fake server on its own port, served from the simulator's event loop."""
 
-    def __init__(self, member: str, port: int, host: str = LOCALHOST) -> None:
+    def __init__(self, member: str, port: int, log_dir: Path, host: str = LOCALHOST) -> None:
         super().__init__(member, port, host)
+        # what a member process gets (``_env``), passed in: the environment is the caller's
+        self._slot_save = _env(log_dir)[SLOT_SAVE_PATH_ENV]
         self._loaded = asyncio.Event()
         self._binding: asyncio.Task[UpstreamHandle] | None = None
         self._stopped = False
@@ -191,7 +193,8 @@ class InProcessServer(MemberServer):
     def begin_load(self) -> None:
         # bound now, answering 503 until `start` ends the load (as a standby does)
         self._binding = asyncio.get_running_loop().create_task(
-            start_upstream(self.member, self.host, self.port, loaded=self._loaded))
+            start_upstream(self.member, self.host, self.port, loaded=self._loaded,
+                           slot_save=self._slot_save))
         self.bound = True
 
     async def start(self, timeout: float | None = None) -> None:
