@@ -39,6 +39,10 @@ class PoolLoad:
     held: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
+# A pool a replica's counts leave out: none in flight, held or acknowledged.
+IDLE_LOAD = PoolLoad()
+
+
 @dataclasses.dataclass(frozen=True)
 class Peer:
     """Another replica as last read: ``pools`` (key ``<namespace>/<pool>``) is None when it

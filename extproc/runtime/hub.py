@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..logs import get_logger
-from ..platform.contract import Peer, Platform, PoolLoad
+from ..platform.contract import IDLE_LOAD, Peer, Platform, PoolLoad
 from ..policy.machine import Limits
 from ..policy.model import (
     Actuation,
@@ -29,7 +29,6 @@ from .driver import PoolDriver
 from .scaling import Retry
 
 log = get_logger(__name__)
-_IDLE = PoolLoad()  # a pool missing from a peer's counts: none in flight, held or acknowledged
 
 
 def _shape(peers: Sequence[Peer]) -> tuple[object, ...]:
@@ -232,7 +231,7 @@ class Hub:
             for old, new in zip(before, peers, strict=True):  # same shape: same peers
                 if old.pools is not None and new.pools is not None:
                     moved.update(k for k in old.pools.keys() | new.pools.keys()
-                                 if old.pools.get(k, _IDLE) != new.pools.get(k, _IDLE))
+                                 if old.pools.get(k, IDLE_LOAD) != new.pools.get(k, IDLE_LOAD))
             keys = [PoolKey(*k.split("/", 1)) for k in moved]
         for key in keys:
             driver = self._drivers.get(key)
@@ -255,7 +254,7 @@ class Hub:
         for peer in self._peers:
             if peer.scopes and key.namespace not in peer.scopes:
                 continue  # it does not serve this pool: nothing of it to wait for
-            load = None if peer.pools is None else peer.pools.get(str(key), _IDLE)
+            load = None if peer.pools is None else peer.pools.get(str(key), IDLE_LOAD)
             if load is None:
                 states.append(PeerState(peer.identity, peer.silent_since, lost=True))
             else:

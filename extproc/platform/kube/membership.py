@@ -32,7 +32,7 @@ from typing import Any
 
 from extproc.backoff import Backoff
 from extproc.logs import get_logger
-from extproc.platform.contract import Peer, PoolLoad
+from extproc.platform.contract import IDLE_LOAD, Peer, PoolLoad
 from extproc.platform.kube._calls import TRANSPORT_ERRORS, describe
 from extproc.platform.kube.leases import Lease, LeaseClient, LeaseConflict, lease_name
 from extproc.platform.kube.rest import ApiError, KubeClient
@@ -42,7 +42,6 @@ from extproc.names import ROLE_LABEL
 log = get_logger(__name__)
 
 MEMBER_ROLE = "member"
-_IDLE = PoolLoad()
 FAILURES = (ApiError, LeaseConflict, *TRANSPORT_ERRORS)
 
 
@@ -64,7 +63,7 @@ class Load:
         (a reader takes a missing pool for zeros), so a fleet at rest writes a small Lease."""
         return {"pools": {key: {"acked": load.acked, "inFlight": dict(load.in_flight),
                                 "held": dict(load.held)} for key, load in self.pools.items()
-                          if load != _IDLE}}
+                          if load != IDLE_LOAD}}
 
     @classmethod
     def from_payload(cls, payload: Any) -> Load | None:
